@@ -1,0 +1,51 @@
+# The two commands the README promises: `make run` and `make test`. Everything else is a step of them.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CONFIG ?= examples/orders.yaml
+
+.PHONY: run test lint typecheck unit integration broker-start broker-stop bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Provisions Kafka from Maven Central on first use, starts it, then runs a worker in the foreground.
+run: $(STAMP)
+	$(BIN)/sowstream broker start
+	$(BIN)/sowstream demo-hint --config $(CONFIG)
+	$(BIN)/sowstream worker --config $(CONFIG)
+
+test: $(STAMP) lint typecheck
+	$(BIN)/sowstream broker provision
+	$(BIN)/pytest -q -p no:cacheprovider
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check sowstream tests bench
+	$(BIN)/ruff format --check sowstream tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+broker-start: $(STAMP)
+	$(BIN)/sowstream broker start
+
+broker-stop: $(STAMP)
+	$(BIN)/sowstream broker stop
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .sowstream build *.egg-info

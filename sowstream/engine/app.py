@@ -1,0 +1,292 @@
+"""The worker: a faust application that owns SOW partitions, fed by the log and control topics.
+
+Per SOW topic it declares the log topic, the control topic and (for persistent topics) a RocksDB
+table with a changelog, all with the same partition count, so faust assigns partition p of each to
+the same worker. Kafka topics the engine needs are created up front with confluent-kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import faust
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from sowstream.config.models import SowstreamConfig, TopicConfig
+from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.wire import headers as h
+from sowstream.wire.avro import decode, encode
+from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
+from sowstream.wire.topics import TopicNames
+
+log = logging.getLogger("sowstream.engine")
+
+LOG_BATCH_MAX = 2_000
+LOG_BATCH_WITHIN = 0.005
+
+
+class FaustSender(Sender):
+    """Produces through the faust app's own producer, so faust flushes it before committing."""
+
+    def __init__(self, app: faust.App) -> None:
+        self._app = app
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        await self._app.producer.send(topic, key, value, partition, None, headers)
+
+
+class KafkaLogReader:
+    """Reads a log partition from the beginning with confluent-kafka, off the event loop."""
+
+    def __init__(self, bootstrap: str, topic: str, extra: Mapping[str, str]) -> None:
+        self._bootstrap = bootstrap
+        self._topic = topic
+        self._extra = dict(extra)
+
+    def _consumer(self) -> Consumer:
+        return Consumer({
+            "bootstrap.servers": self._bootstrap,
+            "group.id": "sowstream-rebuild",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            **self._extra,
+        })
+
+    async def end_offset(self, partition: int) -> int:
+        def read() -> int:
+            consumer = self._consumer()
+            try:
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, partition), timeout=30
+                )
+                return int(high) - 1
+            finally:
+                consumer.close()
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
+
+    async def batches(self, partition: int, until: int) -> AsyncIterator[list[RawRecord]]:
+        if until < 0:
+            return
+        loop = asyncio.get_running_loop()
+        consumer = self._consumer()
+        consumer.assign([TopicPartition(self._topic, partition, OFFSET_BEGINNING)])
+        try:
+            while True:
+                msgs = await loop.run_in_executor(None, consumer.consume, 5_000, 1.0)
+                batch: list[RawRecord] = []
+                done = False
+                for msg in msgs:
+                    if msg.error():
+                        continue
+                    offset = msg.offset()
+                    if offset > until:
+                        done = True
+                        break
+                    batch.append(RawRecord(partition, offset, msg.timestamp()[1], msg.key(),
+                                           msg.value(), h.header_map(msg.headers())))
+                    done = offset >= until
+                if batch:
+                    yield batch
+                if done:
+                    return
+        finally:
+            consumer.close()
+
+
+def _raw(event: Any) -> RawRecord:
+    msg = event.message
+    return RawRecord(
+        msg.partition,
+        msg.offset,
+        int(round(msg.timestamp * 1000)),
+        msg.key,
+        msg.value,
+        h.header_map(msg.headers),
+    )
+
+
+class Engine:
+    """Builds the faust app for a configuration; ``run()`` blocks until the worker stops."""
+
+    def __init__(
+        self,
+        config: SowstreamConfig,
+        *,
+        bootstrap: str,
+        worker_name: str | None = None,
+        data_dir: str | Path | None = None,
+        session_timeout: float = 30.0,
+        log_level: str = "info",
+    ) -> None:
+        self.config = config
+        self.bootstrap = bootstrap
+        self.names = TopicNames(config.engine.topic_prefix)
+        self.worker_name = worker_name or socket.gethostname()
+        base_dir = Path(data_dir or config.engine.data_dir)
+        self.data_dir = base_dir / self.worker_name
+        self.log_level = log_level
+        brokers = [f"kafka://{b.strip()}" for b in bootstrap.split(",") if b.strip()]
+        self.app = faust.App(
+            config.engine.app_id,
+            broker=brokers,
+            store="rocksdb://",
+            datadir=str(self.data_dir),
+            topic_replication_factor=config.engine.replication_factor,
+            topic_disable_leader=True,
+            web_enabled=False,
+            consumer_auto_offset_reset="earliest",
+            table_standby_replicas=0,
+            broker_session_timeout=session_timeout,
+            broker_heartbeat_interval=min(3.0, session_timeout / 4),
+            broker_commit_interval=1.0,
+            stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
+            stream_wait_empty=False,
+        )
+        self.sender = FaustSender(self.app)
+        self.processors: dict[str, TopicProcessor] = {}
+        for topic in config.topics:
+            self._wire(topic)
+        self._wire_lifecycle()
+
+    def _wire(self, topic: TopicConfig) -> None:
+        app = self.app
+        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
+               "value_serializer": "raw"}
+        log_topic = app.topic(self.names.log(topic.name), partitions=topic.partitions, **raw)
+        ctl_topic = app.topic(self.names.control(topic.name), partitions=topic.partitions, **raw)
+        table = None
+        if topic.durability == "persistent":
+            rocks = self.config.engine.rocksdb
+            table = app.Table(
+                f"sow-{topic.name}",
+                partitions=topic.partitions,
+                default=None,
+                options={
+                    "block_cache_size": rocks.block_cache_size,
+                    "write_buffer_size": rocks.write_buffer_size,
+                    "max_write_buffer_number": rocks.max_write_buffer_number,
+                },
+                **raw,
+            )
+        reader = KafkaLogReader(self.bootstrap, log_topic.get_topic_name(),
+                                self.config.engine.kafka)
+        proc = TopicProcessor(topic, self.names, self.sender, table=table, log_reader=reader)
+        self.processors[topic.name] = proc
+
+        async def apply_log(stream: Any) -> None:
+            async for events in stream.take_events(LOG_BATCH_MAX, within=LOG_BATCH_WITHIN):
+                await proc.process([_raw(e) for e in events])
+
+        async def answer_commands(stream: Any) -> None:
+            async for event in stream.events():
+                await self._command(proc, event)
+
+        app.agent(log_topic, name=f"sowstream.log.{topic.name}")(apply_log)
+        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+
+    async def _command(self, proc: TopicProcessor, event: Any) -> None:
+        msg = event.message
+        try:
+            cmd = decode("Command", msg.value)
+        except Exception as exc:  # anything a foreign producer may send
+            log.warning("ignored undecodable command on %s[%d]@%d: %s", msg.topic, msg.partition,
+                        msg.offset, exc)
+            return
+        if cmd["command"] == "sow":
+            await proc.query(cmd, msg.partition)
+        else:
+            await proc.reply(cmd["reply_to"], {
+                "command": "part_end", "command_id": cmd["command_id"],
+                "query_id": cmd.get("query_id") or "", "topic": proc.topic.name,
+                "partition": msg.partition, "status": "failure", "reason": "unknown_command",
+                "message": f"unknown command {cmd['command']!r}",
+            })
+
+    def _wire_lifecycle(self) -> None:
+        app = self.app
+
+        @app.timer(interval=1.0)
+        async def housekeeping() -> None:
+            # Warm up newly assigned partitions (recovery, expiry of records that expired while
+            # no worker held them), then expire what is due.
+            if app.in_recovery or app.rebalancing:
+                return
+            actives = app.assignor.assigned_actives()
+            for proc in self.processors.values():
+                for tp in actives:
+                    if tp.topic == proc.log_topic:
+                        await proc.ready(tp.partition)
+                await proc.expire_due()
+
+        @app.on_partitions_revoked.connect
+        async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+            for proc in self.processors.values():
+                proc.drop(tp.partition for tp in revoked if tp.topic == proc.log_topic)
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def topic_specs(self) -> list[TopicSpec]:
+        """Kafka topics the engine expects, with their settings."""
+        specs = [
+            TopicSpec(self.names.meta, 1, {"cleanup.policy": "compact"}),
+            TopicSpec(self.names.dead_letter, 1, {"retention.ms": "-1"}),
+        ]
+        for t in self.config.topics:
+            # LogAppendTime: the broker stamps each record, so expiration and history use one clock.
+            specs.append(TopicSpec(self.names.log(t.name), t.partitions, {
+                "retention.ms": "-1", "message.timestamp.type": "LogAppendTime"}))
+            specs.append(TopicSpec(self.names.control(t.name), t.partitions, {
+                "retention.ms": str(3_600_000)}))
+        return specs
+
+    def prepare(self) -> None:
+        """Create the Kafka topics and publish the topic definitions clients read."""
+        extra = self.config.engine.kafka
+        ensure_topics(self.bootstrap, self.topic_specs(),
+                      replication_factor=self.config.engine.replication_factor, extra=extra)
+        producer = Producer(producer_config(self.bootstrap, extra))
+        for t in self.config.topics:
+            producer.produce(self.names.meta, key=t.name.encode(),
+                             value=encode("TopicInfo", topic_info(t, self.names)))
+        if producer.flush(30) != 0:
+            raise RuntimeError("could not publish topic definitions to the meta topic")
+
+    def run(self) -> None:
+        """Prepare Kafka, then run the faust worker until it is stopped (SIGINT/SIGTERM)."""
+        self.prepare()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True,
+                              override_logging=False)
+        worker.execute_from_commandline()
+
+
+def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:
+    """The meta-topic record describing ``topic`` (schemas/TopicInfo.avsc)."""
+    exp = topic.expiration
+    expiration = exp.mode if exp.mode != "default" else f"{exp.default_ms}ms"
+    return {
+        "name": topic.name,
+        "message_type": topic.message_type,
+        "keys": list(topic.keys),
+        "key_domain": topic.effective_key_domain,
+        "partitions": topic.partitions,
+        "log_topic": names.log(topic.name),
+        "control_topic": names.control(topic.name),
+        "hash_indexes": [list(i) for i in topic.hash_indexes],
+        "expiration": expiration,
+        "durability": topic.durability,
+    }

@@ -1,0 +1,14 @@
+"""Prometheus metrics of a worker (served on ``engine.web_port`` when set)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+UPDATES = Counter("sowstream_updates_applied_total", "Log operations applied to the SOW", ["topic"])
+REJECTED = Counter(
+    "sowstream_updates_rejected_total", "Log records sent to the dead-letter topic", ["topic"]
+)
+EXPIRED = Counter("sowstream_records_expired_total", "SOW records removed on expiry", ["topic"])
+QUERY_SECONDS = Histogram(
+    "sowstream_query_seconds", "Time to answer one partition's share of a sow query", ["topic"]
+)

@@ -1,0 +1,530 @@
+"""One SOW topic's engine: applies log batches to partition state, answers queries, expires records.
+
+Everything here runs on the worker's event loop. A partition's lock is held while its state is
+read or written, so a query sees the state between two log batches: a consistent snapshot of that
+partition. Apply work is synchronous inside the lock, Kafka I/O happens outside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+from sowstream.config.models import TopicConfig
+from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
+from sowstream.filters import FilterError
+from sowstream.filters.values import canonical_text, get_path, is_null
+from sowstream.engine import metrics
+from sowstream.engine.store import (
+    WATERMARK_KEY,
+    MemoryPartition,
+    PartitionStore,
+    RocksPartition,
+    is_record_key,
+)
+from sowstream.sow.expiration import processes_expiration
+from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_filter
+from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
+from sowstream.sow.query import QueryOptions, result_order, validate_query
+from sowstream.sow.record import SowRecord
+from sowstream.wire import headers as h
+from sowstream.wire.avro import encode
+from sowstream.wire.topics import TopicNames
+
+log = logging.getLogger("sowstream.engine")
+
+# Kafka's default max message size is 1 MB; stay well under it when packing a reply batch.
+MAX_REPLY_BYTES = 900_000
+SCAN_YIELD_EVERY = 5_000
+APPLIED_WAIT_SECONDS = 30.0
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """A log record as read from Kafka."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str]
+
+
+class LogReader(Protocol):
+    """Reads a log partition directly, for rebuilding state that is not in a changelog."""
+
+    async def end_offset(self, partition: int) -> int:
+        """Offset of the last record in the partition (-1 when empty)."""
+
+    def batches(self, partition: int, until: int) -> AsyncIterator[list[RawRecord]]:
+        """The partition's records from the beginning up to ``until``, in batches."""
+
+
+class Sender:
+    """How the processor talks to Kafka; the app supplies a faust-backed one, rebuilds a no-op."""
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        """Queue one record for production."""
+        raise NotImplementedError
+
+
+@dataclass
+class _Outcome:
+    """Side effects of applying a batch, performed after the partition lock is released."""
+
+    rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
+    dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
+    acks: list[tuple[str, str, int, str, str]] = field(default_factory=list)
+
+
+@dataclass
+class PartitionState:
+    """State of one assigned partition: its store, applied offset and expiry schedule."""
+
+    store: PartitionStore
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    watermark: int = -1
+    applied: asyncio.Condition = field(default_factory=asyncio.Condition)
+    expiry: list[tuple[int, bytes]] = field(default_factory=list)
+    ready: bool = False
+
+
+class TopicProcessor:
+    """The engine for one SOW topic on one worker."""
+
+    def __init__(
+        self,
+        topic: TopicConfig,
+        names: TopicNames,
+        sender: Sender,
+        *,
+        table: Any | None = None,
+        log_reader: LogReader | None = None,
+    ) -> None:
+        self.topic = topic
+        self.names = names
+        self.log_topic = names.log(topic.name)
+        self._sender = sender
+        self._table = table
+        self._log_reader = log_reader
+        self._parts: dict[int, PartitionState] = {}
+        self._expires = processes_expiration(topic.expiration)
+        self._index_fields = [tuple(f) for f in topic.hash_indexes]
+
+    # -- partition lifecycle -------------------------------------------------------------------
+
+    def _new_store(self, partition: int) -> PartitionStore:
+        if self.topic.durability == "transient" or self._table is None:
+            return MemoryPartition()
+        return RocksPartition(self._table, partition)
+
+    async def ready(self, partition: int) -> PartitionState:
+        """The partition's state, loading it on first use after an assignment."""
+        ps = self._parts.get(partition)
+        if ps is None:
+            ps = self._parts[partition] = PartitionState(self._new_store(partition))
+        if not ps.ready:
+            async with ps.lock:
+                if not ps.ready:
+                    await self._load(partition, ps)
+                    ps.ready = True
+        return ps
+
+    async def _load(self, partition: int, ps: PartitionState) -> None:
+        raw = ps.store.get(WATERMARK_KEY)
+        transient = self.topic.durability == "transient"
+        if raw is not None and not transient:
+            ps.watermark = int(raw)
+        elif self._log_reader is not None:
+            await self._recover(partition, ps, transient)
+        if self._expires:
+            now = _now_ms()
+            for key, value in ps.store.scan():
+                if is_record_key(key):
+                    rec = SowRecord.from_bytes(value)
+                    if rec.expiration is not None:
+                        heapq.heappush(ps.expiry, (rec.expiration, key))
+            log.debug("topic %s partition %d: %d records scheduled to expire (now=%d)",
+                      self.topic.name, partition, len(ps.expiry), now)
+
+    async def _recover(self, partition: int, ps: PartitionState, transient: bool) -> None:
+        """Start a partition that has no state: fold the log from the RecoveryPoint.
+
+        Transient topics always come here; a persistent topic only when its state is new, where
+        ``epoch`` is left to the normal consumer (it starts at the beginning) and ``now`` skips
+        what the log already holds.
+        """
+        assert self._log_reader is not None
+        end = await self._log_reader.end_offset(partition)
+        if self.topic.recovery_point == "now":
+            ps.watermark = end
+        elif transient:
+            async for batch in self._log_reader.batches(partition, end):
+                self._apply(ps, batch, replay=True)
+            ps.watermark = max(ps.watermark, end)
+        else:
+            return
+        if not transient:
+            ps.store.write({WATERMARK_KEY: str(ps.watermark).encode()})
+        log.info("topic %s partition %d recovered from the log (RecoveryPoint %s) up to offset %d",
+                 self.topic.name, partition, self.topic.recovery_point, ps.watermark)
+
+    def drop(self, partitions: Iterable[int]) -> None:
+        """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
+        for p in partitions:
+            self._parts.pop(p, None)
+
+    @property
+    def partitions(self) -> list[int]:
+        """Partitions this worker currently holds state for."""
+        return sorted(self._parts)
+
+    # -- applying the log ----------------------------------------------------------------------
+
+    async def process(self, records: Sequence[RawRecord]) -> None:
+        """Apply a batch of log records (any mix of partitions, each in log order)."""
+        by_partition: dict[int, list[RawRecord]] = {}
+        for rec in records:
+            by_partition.setdefault(rec.partition, []).append(rec)
+        for partition, recs in by_partition.items():
+            ps = await self.ready(partition)
+            async with ps.lock:
+                outcome = self._apply(ps, recs, replay=False)
+            await self._perform(outcome)
+            async with ps.applied:
+                ps.applied.notify_all()
+
+    def _load_record(
+        self, ps: PartitionState, overlay: dict[bytes, SowRecord | None], key: bytes
+    ) -> SowRecord | None:
+        if key in overlay:
+            return overlay[key]
+        raw = ps.store.get(key)
+        return SowRecord.from_bytes(raw) if raw is not None else None
+
+    def _apply(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> _Outcome:
+        """Fold ``recs`` into the partition and write the result as one batch.
+
+        Every key an op touches is written again even when unchanged: after a crash the replayed
+        ops re-send their records, so a changelog that missed the last batch catches up.
+        """
+        outcome = _Outcome()
+        overlay: dict[bytes, SowRecord | None] = {}
+        before: dict[bytes, SowRecord | None] = {}
+        last = ps.watermark
+        applied = 0
+        for rec in recs:
+            if rec.offset <= ps.watermark:
+                continue
+            last = max(last, rec.offset)
+            try:
+                op = decode_log_record(self.topic, rec.key, rec.value, rec.headers, rec.offset,
+                                       rec.timestamp)
+            except InvalidMessageError as exc:
+                if not replay:
+                    outcome.dead.append((rec, exc))
+                    self._ack(outcome, rec.headers, "failure", 0, exc.reason, str(exc))
+                continue
+            if op.rekey:
+                if not replay and op.sow_key is not None:
+                    outcome.rekeys.append((op.sow_key, rec))
+                continue
+            if op.sow_key is None:
+                count = self._delete_by_filter(ps, overlay, before, op)
+            else:
+                key = op.sow_key.encode()
+                stored = self._load_record(ps, overlay, key)
+                if key not in before:
+                    before[key] = stored
+                new = apply_keyed(self.topic, stored, op)
+                overlay[key] = new
+                count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
+            applied += 1
+            if not replay and op.reply_to:
+                self._ack(outcome, rec.headers, "success", count, "", "")
+        if last > ps.watermark:
+            self._write(ps, overlay, before, last)
+        metrics.UPDATES.labels(self.topic.name).inc(applied)
+        if outcome.dead:
+            metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
+        return outcome
+
+    def _delete_by_filter(
+        self,
+        ps: PartitionState,
+        overlay: dict[bytes, SowRecord | None],
+        before: dict[bytes, SowRecord | None],
+        op: LogOp,
+    ) -> int:
+        count = 0
+        candidates = dict.fromkeys(self._candidate_keys(ps, plan(self.topic, op.filter)))
+        candidates.update(dict.fromkeys(overlay))
+        for key in candidates:
+            stored = self._load_record(ps, overlay, key)
+            if stored is None or not deleted_by_filter(stored, op):
+                continue
+            if key not in before:
+                before[key] = stored
+            overlay[key] = None
+            count += 1
+        return count
+
+    def _write(
+        self,
+        ps: PartitionState,
+        overlay: dict[bytes, SowRecord | None],
+        before: dict[bytes, SowRecord | None],
+        watermark: int,
+    ) -> None:
+        changes: dict[bytes, bytes | None] = {}
+        for key, new in overlay.items():
+            if self._index_fields:
+                self._index_changes(changes, key, before.get(key), new)
+            changes[key] = new.to_bytes() if new is not None else None
+            if new is not None and new.expiration is not None and self._expires:
+                heapq.heappush(ps.expiry, (new.expiration, key))
+        # Written last: a changelog prefix that holds the watermark holds the whole batch.
+        changes[WATERMARK_KEY] = str(watermark).encode()
+        ps.store.write(changes)
+        ps.watermark = watermark
+
+    def _index_entries(self, key: bytes, record: SowRecord | None) -> set[bytes]:
+        if record is None:
+            return set()
+        body = record.parsed()
+        entries: set[bytes] = set()
+        for number, fields in enumerate(self._index_fields):
+            per_field: list[list[str]] = []
+            for path in fields:
+                values = [canonical_text(v) for v in get_path(body, path) if not is_null(v)]
+                if not values:
+                    break
+                per_field.append(values)
+            else:
+                for combo in itertools.product(*per_field):
+                    entries.add(index_entry_prefix(number, combo) + key)
+        return entries
+
+    def _index_changes(
+        self,
+        changes: dict[bytes, bytes | None],
+        key: bytes,
+        old: SowRecord | None,
+        new: SowRecord | None,
+    ) -> None:
+        old_entries = self._index_entries(key, old)
+        new_entries = self._index_entries(key, new)
+        for entry in old_entries - new_entries:
+            changes[entry] = None
+        for entry in new_entries - old_entries:
+            changes[entry] = b""
+
+    def _ack(
+        self, outcome: _Outcome, headers: dict[str, str], status: str, count: int, reason: str,
+        message: str,
+    ) -> None:
+        reply_to = headers.get(h.REPLY_TO)
+        if reply_to:
+            outcome.acks.append((reply_to, headers.get(h.COMMAND_ID, ""), count, status,
+                                 f"{reason}\x00{message}"))
+
+    async def _perform(self, outcome: _Outcome) -> None:
+        for sow_key, rec in outcome.rekeys:
+            hdrs = {**rec.headers, h.ORIGIN: f"{rec.partition}:{rec.offset}"}
+            await self._sender.send(self.log_topic, rec.value, key=sow_key.encode(),
+                                    headers=h.to_kafka_headers(dict(hdrs)))
+        for rec, exc in outcome.dead:
+            log.warning("rejected record %s[%d]@%d: %s", self.log_topic, rec.partition,
+                        rec.offset, exc)
+            letter = {
+                "topic": self.topic.name,
+                "source_topic": self.log_topic,
+                "source_partition": rec.partition,
+                "source_offset": rec.offset,
+                "timestamp": rec.timestamp,
+                "key": rec.key,
+                "value": rec.value,
+                "headers": rec.headers,
+                "reason": exc.reason,
+                "error": str(exc),
+            }
+            await self._sender.send(self.names.dead_letter, encode("DeadLetter", letter),
+                                    key=self.topic.name.encode())
+        for reply_to, command_id, count, status, detail in outcome.acks:
+            reason, _, message = detail.partition("\x00")
+            await self.reply(reply_to, {
+                "command": "ack", "command_id": command_id, "topic": self.topic.name,
+                "status": status, "reason": reason, "message": message, "count": count,
+            })
+
+    async def reply(self, reply_to: str, body: dict[str, Any]) -> None:
+        """Send one Reply message to a client's reply topic."""
+        await self._sender.send(reply_to, encode("Reply", body))
+
+    # -- expiration ----------------------------------------------------------------------------
+
+    async def expire_due(self, now_ms: int | None = None) -> int:
+        """Delete every record whose expiration has passed; returns how many were deleted."""
+        if not self._expires:
+            return 0
+        now = now_ms if now_ms is not None else _now_ms()
+        total = 0
+        for ps in list(self._parts.values()):
+            if not ps.ready or not ps.expiry or ps.expiry[0][0] > now:
+                continue
+            async with ps.lock:
+                overlay: dict[bytes, SowRecord | None] = {}
+                before: dict[bytes, SowRecord | None] = {}
+                while ps.expiry and ps.expiry[0][0] <= now:
+                    due, key = heapq.heappop(ps.expiry)
+                    stored = self._load_record(ps, overlay, key)
+                    # Entries go stale when an update moves the expiration; only the current one
+                    # counts.
+                    if stored is None or stored.expiration != due:
+                        continue
+                    before[key] = stored
+                    overlay[key] = None
+                if overlay:
+                    changes: dict[bytes, bytes | None] = {}
+                    for key, old in before.items():
+                        if self._index_fields:
+                            self._index_changes(changes, key, old, None)
+                        changes[key] = None
+                    ps.store.write(changes)
+                    total += len(overlay)
+        if total:
+            metrics.EXPIRED.labels(self.topic.name).inc(total)
+        return total
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def _candidate_keys(self, ps: PartitionState, how: Plan) -> Iterator[bytes]:
+        if isinstance(how, KeyLookup):
+            yield from (k.encode() for k in how.sow_keys)
+        elif isinstance(how, IndexLookup):
+            for prefix in how.prefixes:
+                for entry, _ in ps.store.scan(prefix=prefix):
+                    yield entry[len(prefix):]
+        else:
+            for key, _ in ps.store.scan():
+                if is_record_key(key):
+                    yield key
+
+    async def _matching(
+        self, ps: PartitionState, how: Plan, opts: QueryOptions
+    ) -> list[tuple[SowRecord, dict[str, Any] | None]]:
+        """Records of the partition that match, read under the partition lock."""
+        out: list[tuple[SowRecord, dict[str, Any] | None]] = []
+        flt = opts.filter
+        need_parsed = flt is not None or bool(opts.order_by)
+        seen = 0
+        if isinstance(how, FullScan):
+            pairs: Iterator[tuple[bytes, bytes | None]] = (
+                (k, v) for k, v in ps.store.scan() if is_record_key(k)
+            )
+        else:
+            pairs = ((k, ps.store.get(k)) for k in self._candidate_keys(ps, how))
+        for _, raw in pairs:
+            seen += 1
+            if seen % SCAN_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if raw is None:
+                continue
+            rec = SowRecord.from_bytes(raw)
+            parsed = orjson.loads(rec.data) if need_parsed else None
+            if flt is not None and not flt.matches(parsed):  # type: ignore[arg-type]
+                continue
+            out.append((rec, parsed))
+        return out
+
+    async def query(self, cmd: dict[str, Any], partition: int) -> None:
+        """Answer one partition's share of a ``sow`` command on the client's reply topic."""
+        reply_to = cmd["reply_to"]
+        base = {"command_id": cmd["command_id"], "query_id": cmd.get("query_id") or "",
+                "topic": self.topic.name, "partition": partition}
+        try:
+            opts = validate_query(filter=cmd.get("filter"), order_by=cmd.get("order_by"),
+                                  top_n=cmd.get("top_n"), skip_n=cmd.get("skip_n"),
+                                  batch_size=cmd.get("batch_size") or 1)
+        except (FilterError, InvalidCommandError) as exc:
+            reason = "bad_filter" if isinstance(exc, FilterError) else "bad_option"
+            await self.reply(reply_to, {**base, "command": "part_end", "status": "failure",
+                                        "reason": reason, "message": str(exc)})
+            return
+        ps = await self.ready(partition)
+        try:
+            await self._wait_applied(ps, cmd.get("after_offset", -1))
+        except SowstreamError as exc:
+            await self.reply(reply_to, {**base, "command": "part_end", "status": "failure",
+                                        "reason": "timeout", "message": str(exc)})
+            return
+        how = plan(self.topic, opts.filter, cmd.get("sow_keys"))
+        started = time.perf_counter()
+        async with ps.lock:
+            matched = await self._matching(ps, how, opts)
+        if opts.ordered:
+            order = result_order(opts.order_by)
+            matched.sort(key=lambda pair: order((pair[0].sow_key, pair[1] or {})))
+            if opts.keep is not None:
+                matched = matched[: opts.keep]
+        await self._send_batches(reply_to, base, matched, opts.batch_size)
+        await self.reply(reply_to, {**base, "command": "part_end", "count": len(matched)})
+        metrics.QUERY_SECONDS.labels(self.topic.name).observe(time.perf_counter() - started)
+
+    async def _send_batches(
+        self,
+        reply_to: str,
+        base: dict[str, Any],
+        matched: list[tuple[SowRecord, dict[str, Any] | None]],
+        batch_size: int,
+    ) -> None:
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for rank, (rec, _) in enumerate(matched):
+            item = {"sow_key": rec.sow_key, "data": rec.data, "timestamp": rec.log_timestamp,
+                    "log_offset": rec.log_offset, "sort_rank": rank}
+            if batch and (len(batch) >= batch_size or size + len(rec.data) > MAX_REPLY_BYTES):
+                await self.reply(reply_to, {**base, "command": "sow", "records": batch})
+                batch, size = [], 0
+            batch.append(item)
+            size += len(rec.data) + len(rec.sow_key) + 32
+        if batch:
+            await self.reply(reply_to, {**base, "command": "sow", "records": batch})
+
+    async def _wait_applied(self, ps: PartitionState, offset: int) -> None:
+        if offset < 0 or ps.watermark >= offset:
+            return
+        deadline = time.monotonic() + APPLIED_WAIT_SECONDS
+        async with ps.applied:
+            while ps.watermark < offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SowstreamError(
+                        f"topic {self.topic.name!r}: the log was not applied up to offset "
+                        f"{offset} within {APPLIED_WAIT_SECONDS:.0f}s"
+                    )
+                try:
+                    await asyncio.wait_for(ps.applied.wait(), remaining)
+                except TimeoutError:
+                    continue
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,123 @@
+"""Per-partition state stores behind one small interface.
+
+Persistent topics live in faust's RocksDB store (rocksdict) and replicate through the table's
+changelog topic; transient topics live in memory and are rebuilt from the log. Writes are applied
+as one batch per partition so RocksDB gets a single WriteBatch and the changelog keeps the order
+the batch was written in (the applied-offset watermark goes last, see ``processor``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from rocksdict import WriteBatch
+
+from sowstream.errors import StateStoreError
+
+RESERVED_PREFIX = b"\x00"
+WATERMARK_KEY = b"\x00sowstream.applied"
+INDEX_PREFIX = b"\x01"
+FAUST_OFFSET_KEY = b"__faust\x00offset__"
+RECORDS_START = b"\x02"
+
+
+def is_record_key(key: bytes) -> bool:
+    """Whether a store key holds a SOW record (not a watermark, index entry or faust's offset)."""
+    return key[:1] > INDEX_PREFIX and key != FAUST_OFFSET_KEY
+
+
+class PartitionStore(Protocol):
+    """What the processor needs from one partition's state."""
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value under ``key`` or None."""
+
+    def write(self, changes: Mapping[bytes, bytes | None]) -> None:
+        """Apply puts (bytes) and deletes (None) atomically, in the mapping's order."""
+
+    def scan(self, start: bytes = RECORDS_START, prefix: bytes | None = None) -> Iterator[
+        tuple[bytes, bytes]
+    ]:
+        """Iterate ``(key, value)`` in key order from ``start`` (or over ``prefix``)."""
+
+
+class RocksPartition:
+    """One partition of a faust RocksDB table, written in batches and mirrored to its changelog."""
+
+    def __init__(self, table: Any, partition: int) -> None:
+        self._table = table
+        self._partition = partition
+
+    def _db(self) -> Any:
+        # Looked up each time: faust closes and reopens partition databases on rebalances.
+        try:
+            return self._table.data._db_for_partition(self._partition)
+        except Exception as exc:  # rocksdict raises bare Exception (e.g. lock held)
+            raise StateStoreError(
+                f"cannot open RocksDB for table {self._table.name!r} partition "
+                f"{self._partition}: {exc}"
+            ) from exc
+
+    def get(self, key: bytes) -> bytes | None:
+        value: bytes | None = self._db().get(key)
+        return value
+
+    def write(self, changes: Mapping[bytes, bytes | None]) -> None:
+        if not changes:
+            return
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes.items():
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        try:
+            self._db().write(batch)
+        except StateStoreError:
+            raise
+        except Exception as exc:
+            raise StateStoreError(f"RocksDB write failed for {self._table.name!r}: {exc}") from exc
+        send = self._table.send_changelog
+        for key, value in changes.items():
+            send(self._partition, key, value)
+
+    def scan(
+        self, start: bytes = RECORDS_START, prefix: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db().iter()
+        it.seek(prefix if prefix is not None else start)
+        while it.valid():
+            key = it.key()
+            if prefix is not None and not key.startswith(prefix):
+                return
+            yield key, it.value()
+            it.next()
+
+
+class MemoryPartition:
+    """A transient partition: a dict, sorted on scan so iteration order matches RocksDB's."""
+
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def write(self, changes: Mapping[bytes, bytes | None]) -> None:
+        for key, value in changes.items():
+            if value is None:
+                self._data.pop(key, None)
+            else:
+                self._data[key] = value
+
+    def scan(
+        self, start: bytes = RECORDS_START, prefix: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        first = prefix if prefix is not None else start
+        for key in sorted(k for k in self._data if k >= first):
+            if prefix is not None and not key.startswith(prefix):
+                return
+            value = self._data.get(key)
+            if value is not None:
+                yield key, value

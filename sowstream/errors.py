@@ -1,0 +1,49 @@
+"""The exceptions sowstream raises: one hierarchy, so callers can catch broadly or precisely."""
+
+from __future__ import annotations
+
+
+class SowstreamError(Exception):
+    """Base class of every error sowstream raises on purpose."""
+
+
+class InvalidMessageError(SowstreamError):
+    """A message could not be used: malformed JSON, a missing key field, a bad SowKey.
+
+    ``topic`` names the SOW topic and ``reason`` is the machine-readable code that also travels
+    in dead-letter records and failed acks.
+    """
+
+    def __init__(self, message: str, *, topic: str = "", reason: str = "invalid_message") -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.reason = reason
+
+
+class UnknownTopicError(SowstreamError):
+    """The command names a topic that has no SOW definition (and so cannot be queried)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"unknown topic {topic!r}: no SOW topic of that name is defined")
+        self.topic = topic
+
+
+class InvalidCommandError(SowstreamError):
+    """A command's options are wrong (BatchSize over the limit, skip_n without top_n, ...)."""
+
+
+class CommandFailedError(SowstreamError):
+    """The engine rejected a command; ``reason`` is its code and ``str()`` its explanation."""
+
+    def __init__(self, message: str, *, reason: str = "failed", command_id: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.command_id = command_id
+
+
+class CommandTimeoutError(SowstreamError, TimeoutError):
+    """No complete answer arrived in time, e.g. because no worker owns some partitions."""
+
+
+class StateStoreError(SowstreamError):
+    """The local RocksDB state could not be opened or written."""

@@ -1,0 +1,145 @@
+"""Transaction-log operations and how each changes the SOW: the one definition of the semantics.
+
+The engine, the test oracle and the Spark rebuild all fold the log with these functions, so they
+agree by construction. Every function here is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sowstream.config.models import TopicConfig
+from sowstream.errors import InvalidMessageError
+from sowstream.filters import Filter, FilterError, compile_filter
+from sowstream.sow.expiration import expiration_time, parse_expiration_header
+from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
+from sowstream.sow.merge import merge_delta
+from sowstream.sow.record import SowRecord
+from sowstream.wire import headers as h
+
+
+@dataclass(slots=True)
+class LogOp:
+    """One decoded log record, ready to apply.
+
+    ``sow_key`` is None only for a delete by filter, which applies to the whole partition it was
+    written to. ``rekey`` is set when the record arrived without the right Kafka key: the engine
+    then writes a correctly keyed copy to the log instead of applying it here, so that all updates
+    of a record stay ordered in one partition.
+    """
+
+    command: str
+    sow_key: str | None
+    offset: int
+    timestamp: int
+    body: dict[str, Any] | None = None
+    data: bytes | None = None
+    filter: Filter | None = None
+    expiration_ms: int | None = None
+    reply_to: str | None = None
+    command_id: str | None = None
+    rekey: bool = False
+
+
+def _parse_body(topic: str, value: bytes | None) -> dict[str, Any]:
+    if not value:
+        raise InvalidMessageError(f"topic {topic!r}: empty message body", topic=topic,
+                                  reason="malformed_json")
+    try:
+        body = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessageError(f"topic {topic!r}: malformed JSON: {exc}", topic=topic,
+                                  reason="malformed_json") from exc
+    if not isinstance(body, dict):
+        raise InvalidMessageError(
+            f"topic {topic!r}: a JSON message must be an object, got {type(body).__name__}",
+            topic=topic, reason="malformed_json")
+    return body
+
+
+def resolve_sow_key(
+    topic: TopicConfig, body: Mapping[str, Any] | None, supplied: str | None
+) -> str:
+    """The SowKey of a message: computed from its Key fields, or the publisher's own."""
+    if topic.user_supplied_keys:
+        return validate_user_sow_key(topic.name, supplied)
+    if body is None:
+        # Without data only the key itself can identify a record (delete by SowKey).
+        if supplied:
+            return supplied
+        raise InvalidMessageError(f"topic {topic.name!r}: a delete needs data, keys or a filter",
+                                  topic=topic.name, reason="missing_key_field")
+    return generated_sow_key(topic.name, topic.effective_key_domain, topic.keys, body)
+
+
+def decode_log_record(
+    topic: TopicConfig,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Mapping[str, str],
+    offset: int,
+    timestamp: int,
+) -> LogOp:
+    """Turn a raw log record into a :class:`LogOp`; bad input raises InvalidMessageError."""
+    command = headers.get(h.COMMAND) or h.PUBLISH
+    if command not in h.LOG_COMMANDS:
+        raise InvalidMessageError(
+            f"topic {topic.name!r}: unknown command {command!r} in header {h.COMMAND} "
+            f"(expected one of {', '.join(sorted(h.LOG_COMMANDS))})",
+            topic=topic.name, reason="unknown_command")
+    kafka_key = key.decode("utf-8", "replace") if key else None
+    op = LogOp(command, None, offset, timestamp, reply_to=headers.get(h.REPLY_TO) or None,
+               command_id=headers.get(h.COMMAND_ID) or None)
+    if command == h.SOW_DELETE:
+        filter_text = headers.get(h.FILTER)
+        if filter_text is not None:
+            try:
+                op.filter = compile_filter(filter_text)
+            except FilterError as exc:
+                raise InvalidMessageError(f"topic {topic.name!r}: sow_delete filter: {exc}",
+                                          topic=topic.name, reason="bad_filter") from exc
+            return op
+        if not value:
+            op.sow_key = resolve_sow_key(topic, None, kafka_key or headers.get(h.SOW_KEY))
+            op.rekey = kafka_key is None
+            return op
+    op.body = _parse_body(topic.name, value)
+    op.data = value
+    supplied = kafka_key if topic.user_supplied_keys and kafka_key else headers.get(h.SOW_KEY)
+    op.sow_key = resolve_sow_key(topic, op.body, supplied)
+    op.rekey = kafka_key != op.sow_key
+    if command != h.SOW_DELETE:
+        op.expiration_ms = parse_expiration_header(topic.name, headers.get(h.EXPIRATION))
+    return op
+
+
+def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowRecord | None:
+    """The record's state after ``op`` (None = absent).
+
+    An op at or below the stored record's log offset was applied before (a replay after a crash)
+    and changes nothing, which makes replay idempotent.
+    """
+    if stored is not None and stored.log_offset >= op.offset:
+        return stored
+    if op.command == h.SOW_DELETE:
+        return None
+    assert op.sow_key is not None and op.body is not None and op.data is not None
+    if op.command == h.DELTA_PUBLISH and stored is not None:
+        data = orjson.dumps(merge_delta(stored.parsed(), op.body))
+    else:
+        data = op.data
+    expires = expiration_time(topic.expiration, op.expiration_ms, op.timestamp)
+    return SowRecord(op.sow_key, data, op.offset, op.timestamp, expires)
+
+
+def deleted_by_filter(stored: SowRecord, op: LogOp) -> bool:
+    """Whether a delete-by-filter at ``op.offset`` removes ``stored``.
+
+    Records written after the delete (a higher log offset, seen again during a replay) are kept.
+    """
+    assert op.filter is not None
+    return stored.log_offset < op.offset and op.filter.matches(stored.parsed())

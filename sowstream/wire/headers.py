@@ -1,0 +1,40 @@
+"""Kafka header names on transaction-log records, so a plain Kafka producer can speak to the engine.
+
+A log record's value is the message body (JSON); everything else travels in these headers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+COMMAND = "sow.cmd"  # publish (default) | delta_publish | sow_delete
+SOW_KEY = "sow.key"  # SowKey for topics whose publishers supply keys, when the record has no key
+EXPIRATION = "sow.expiration"  # per-message expiration in seconds; 0 = never
+FILTER = "sow.filter"  # sow_delete by content filter (partition-scoped: send one per partition)
+REPLY_TO = "sow.reply_to"  # reply topic for the processed ack
+COMMAND_ID = "sow.cmd_id"  # correlates the ack with the command
+ORIGIN = "sow.origin"  # "partition:offset" of the unkeyed record this keyed copy came from
+
+PUBLISH = "publish"
+DELTA_PUBLISH = "delta_publish"
+SOW_DELETE = "sow_delete"
+LOG_COMMANDS = frozenset({PUBLISH, DELTA_PUBLISH, SOW_DELETE})
+
+RawHeaders = Sequence[tuple[str, bytes | None]] | None
+
+
+def header_map(headers: RawHeaders) -> dict[str, str]:
+    """Kafka headers as a ``str -> str`` dict (last one wins; undecodable bytes are replaced)."""
+    if not headers:
+        return {}
+    return {k: (v.decode("utf-8", "replace") if v is not None else "") for k, v in headers}
+
+
+def to_kafka_headers(values: dict[str, str | None]) -> list[tuple[str, bytes]]:
+    """A header dict as Kafka's list of pairs, dropping unset values."""
+    return [(k, v.encode()) for k, v in values.items() if v is not None]
+
+
+def pairs(headers: Iterable[tuple[str, bytes | None]] | None) -> list[tuple[str, bytes]]:
+    """Normalise whatever a Kafka client returned for headers into ``[(name, bytes)]``."""
+    return [(k, v or b"") for k, v in (headers or [])]

@@ -1,0 +1,109 @@
+"""confluent-kafka plumbing shared by the client, the engine's bootstrap step and the tools."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from sowstream.errors import SowstreamError
+
+BOOTSTRAP_ENV = "SOWSTREAM_BOOTSTRAP"
+
+
+def resolve_bootstrap(explicit: str | None = None) -> str:
+    """The bootstrap servers: the explicit value, else ``$SOWSTREAM_BOOTSTRAP``, else the local
+    broker that ``sowstream broker start`` recorded."""
+    if explicit:
+        return explicit
+    env = os.environ.get(BOOTSTRAP_ENV)
+    if env:
+        return env
+    from sowstream.broker.local import LocalBroker  # the embedded default, only when asked for
+
+    status = LocalBroker().status()
+    if status.running and status.bootstrap:
+        return status.bootstrap
+    raise SowstreamError(
+        f"no Kafka cluster: set {BOOTSTRAP_ENV}, pass --bootstrap, or run `sowstream broker start`"
+    )
+
+
+def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Settings for every confluent-kafka producer we create.
+
+    ``murmur2_random`` makes librdkafka pick the same partition for a key as the Java client and
+    aiokafka (faust) do; librdkafka's own default (CRC32) would scatter a record's updates.
+    """
+    conf: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "partitioner": "murmur2_random",
+        "enable.idempotence": True,
+        "linger.ms": 5,
+        "compression.type": "lz4",
+    }
+    conf.update(extra or {})
+    return conf
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic we need, with the settings that matter to sowstream."""
+
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+def ensure_topics(
+    bootstrap: str,
+    specs: list[TopicSpec],
+    *,
+    replication_factor: int = 1,
+    extra: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
+) -> None:
+    """Create the topics that are missing; fail if an existing one has another partition count.
+
+    A changed partition count would silently re-route keys, so it is an error, not a fix-up.
+    """
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+    existing = admin.list_topics(timeout=timeout).topics
+    for spec in specs:
+        meta = existing.get(spec.name)
+        if meta is not None and meta.error is None and len(meta.partitions) != spec.partitions:
+            raise SowstreamError(
+                f"Kafka topic {spec.name!r} has {len(meta.partitions)} partitions but the "
+                f"configuration needs {spec.partitions}; keys would land on other partitions"
+            )
+    missing = [
+        NewTopic(s.name, num_partitions=s.partitions, replication_factor=replication_factor,
+                 config=s.config)
+        for s in specs
+        if s.name not in existing
+    ]
+    if not missing:
+        return
+    for name, future in admin.create_topics(missing, operation_timeout=timeout).items():
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
+                continue
+            raise SowstreamError(f"could not create Kafka topic {name!r}: {exc}") from exc
+
+
+def delete_topics(bootstrap: str, names: list[str], extra: Mapping[str, str] | None = None,
+                  timeout: float = 10.0) -> None:
+    """Delete topics, ignoring ones that are already gone."""
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+    for future in admin.delete_topics(names, operation_timeout=timeout).values():
+        try:
+            future.result(timeout)
+        except KafkaException:
+            pass
