@@ -1,0 +1,451 @@
+"""Text to AST for content filters (and OrderBy headers), with precise, caret-marked errors."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from typing import Any
+
+from lark import Lark, Token, Transformer
+from lark.exceptions import (
+    LarkError,
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
+
+from . import ast
+
+__all__ = ["MAX_DEPTH", "FilterError", "parse_filter"]
+
+# Evaluation compiles the tree into nested closures, one or two Python frames per level; this
+# bound keeps absurd nesting far from the interpreter's recursion limit.
+MAX_DEPTH = 100
+
+_EXCERPT_WIDTH = 72
+
+
+class FilterError(ValueError):
+    """A filter (or OrderBy) text that cannot be parsed or compiled, with where and why.
+
+    ``position`` is a 0-based character offset into ``text``; ``line`` and ``column`` are
+    1-based; ``expected`` lists what the parser would have accepted there (may be empty).
+    """
+
+    def __init__(
+        self, message: str, *, text: str, position: int, expected: Iterable[str] = ()
+    ) -> None:
+        position = max(0, min(position, len(text)))
+        line = text.count("\n", 0, position) + 1
+        column = position - (text.rfind("\n", 0, position) + 1) + 1
+        full = (
+            f"filter error at position {position} (line {line}, column {column}): {message}\n"
+            f"{_excerpt(text, position)}"
+        )
+        super().__init__(full)
+        self.reason = message
+        self.text = text
+        self.position = position
+        self.line = line
+        self.column = column
+        self.expected: list[str] = list(expected)
+
+
+def _excerpt(text: str, position: int) -> str:
+    """The line holding ``position``, clipped around it, with a caret under it."""
+    start = text.rfind("\n", 0, position) + 1
+    end = text.find("\n", position)
+    line = text[start : end if end != -1 else len(text)]
+    column = position - start
+    left = max(0, min(column - _EXCERPT_WIDTH // 2, len(line) - _EXCERPT_WIDTH))
+    shown = line[left : left + _EXCERPT_WIDTH]
+    prefix = "..." if left > 0 else ""
+    suffix = "..." if left + _EXCERPT_WIDTH < len(line) else ""
+    # Control characters would misplace the caret or garble a terminal.
+    shown = "".join(ch if ch.isprintable() else " " for ch in shown)
+    return f"  {prefix}{shown}{suffix}\n  {' ' * (len(prefix) + column - left)}^"
+
+
+class _SemanticError(Exception):
+    """Raised from tree-building callbacks, which do not know the text; parse adds it."""
+
+    def __init__(self, message: str, position: int, expected: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.position = position
+        self.expected = list(expected)
+
+
+_DISPLAY = {
+    "$END": "end of input",
+    "PATH": "path",
+    "NAME": "function name",
+    "NUMBER": "number",
+    "STRING": "string",
+    "COMPARE_OP": "comparison operator",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "STAR": "'*'",
+    "SLASH": "'/'",
+    "PERCENT": "'%'",
+    "_LPAR": "'('",
+    "_RPAR": "')'",
+    "_COMMA": "','",
+}
+_KEYWORDS = (
+    "OR AND NOT IN BETWEEN LIKE IS BEGINS ENDS WITH TRUE FALSE NULL ASC DESC".split()  # noqa: SIM905
+)
+_DISPLAY.update({k: f"'{k}'" for k in _KEYWORDS})
+
+
+def _display_expected(names: Iterable[str]) -> list[str]:
+    shown = {_DISPLAY[n] for n in names if n in _DISPLAY}
+    # Quoted tokens first, in a stable order, then the descriptive words.
+    return sorted(shown, key=lambda s: (not s.startswith("'"), s))
+
+
+def _describe_found(text: str) -> str:
+    if len(text) > 24:
+        text = text[:21] + "..."
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def _expected_message(expected: list[str], found: str) -> str:
+    if not expected:
+        return f"unexpected {found}"
+    if len(expected) == 1:
+        return f"expected {expected[0]} but found {found}"
+    return f"expected one of {', '.join(expected)} but found {found}"
+
+
+def decode_string(raw: str) -> str:
+    """The value of a quoted string token: ``\\`` escapes a quote or a backslash, ``''`` is ``'``.
+
+    Other backslash sequences are kept verbatim so that regexes such as ``'\\d+'`` read naturally.
+    """
+    quote, body = raw[0], raw[1:-1]
+    if "\\" not in body and quote * 2 not in body:
+        return body
+    out: list[str] = []
+    i, n = 0, len(body)
+    while i < n:
+        ch = body[i]
+        if ch == "\\" and i + 1 < n:
+            nxt = body[i + 1]
+            out.append(nxt if nxt in "\\'\"" else ch + nxt)
+            i += 2
+        elif ch == quote:  # the lexer only lets quotes through in doubled pairs
+            out.append(quote)
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+_COMPARE_OPS: dict[str, ast.CompareOp] = {
+    "=": "=",
+    "==": "=",
+    "!=": "!=",
+    "<>": "!=",
+    "<": "<",
+    "<=": "<=",
+    ">": ">",
+    ">=": ">=",
+}
+_ARITH_OPS: dict[str, ast.ArithOp] = {"+": "+", "-": "-", "*": "*", "/": "/", "%": "%"}
+
+
+def _exprs(children: list[Any]) -> list[ast.Expr]:
+    return [c for c in children if isinstance(c, ast.Expr)]
+
+
+def _token(children: list[Any], kind: str) -> Token:
+    return next(c for c in children if isinstance(c, Token) and c.type == kind)
+
+
+def _pos(tok: Token) -> int:
+    return tok.start_pos if tok.start_pos is not None else -1
+
+
+class _Builder(Transformer[Token, Any]):
+    """Builds AST nodes while the LALR parser reduces, so no intermediate parse tree exists."""
+
+    # ---- leaves
+
+    def path(self, c: list[Token]) -> ast.Path:
+        return ast.Path(str(c[0]), pos=_pos(c[0]))
+
+    def string(self, c: list[Token]) -> ast.Literal:
+        return ast.Literal(decode_string(str(c[0])), pos=_pos(c[0]))
+
+    def number(self, c: list[Token]) -> ast.Literal:
+        tok = c[0]
+        text = str(tok)
+        value: int | float
+        try:
+            value = int(text) if text.isdigit() else float(text)
+        except ValueError:
+            raise _SemanticError("number literal has too many digits", _pos(tok)) from None
+        if value in (float("inf"), float("-inf")):
+            raise _SemanticError("number literal is out of range", _pos(tok))
+        return ast.Literal(value, pos=_pos(tok))
+
+    def true(self, c: list[Token]) -> ast.Literal:
+        return ast.Literal(True, pos=_pos(c[0]))
+
+    def false(self, c: list[Token]) -> ast.Literal:
+        return ast.Literal(False, pos=_pos(c[0]))
+
+    def null(self, c: list[Token]) -> ast.Literal:
+        return ast.Literal(None, pos=_pos(c[0]))
+
+    # ---- values
+
+    def func_args(self, c: list[Any]) -> tuple[ast.Expr, ...]:
+        return tuple(_exprs(c))
+
+    def value_list(self, c: list[Any]) -> tuple[ast.Expr, ...]:
+        return tuple(_exprs(c))
+
+    def func(self, c: list[Any]) -> ast.Func:
+        name_tok = c[0]
+        args: tuple[ast.Expr, ...] = c[1] if len(c) > 1 else ()
+        name = str(name_tok).upper()
+        if name not in ast.FUNCTIONS:
+            raise _SemanticError(
+                f"unknown function '{name_tok}'",
+                _pos(name_tok),
+                expected=sorted(ast.FUNCTIONS),
+            )
+        low, high = ast.FUNCTIONS[name]
+        if len(args) < low or (high is not None and len(args) > high):
+            wanted = f"{low}" if low == high else f"at least {low}"
+            plural = "" if low == 1 else "s"
+            raise _SemanticError(
+                f"{name} takes {wanted} argument{plural} but was given {len(args)}",
+                _pos(name_tok),
+            )
+        return ast.Func(name, args, pos=_pos(name_tok))
+
+    def neg(self, c: list[Any]) -> ast.Expr:
+        minus, operand = c
+        value = operand.value if isinstance(operand, ast.Literal) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return ast.Literal(-value, pos=_pos(minus))
+        return ast.Neg(operand, pos=_pos(minus))
+
+    def arith(self, c: list[Any]) -> ast.Arith:
+        left, op, right = c
+        return ast.Arith(_ARITH_OPS[str(op)], left, right, pos=left.pos)
+
+    # ---- predicates
+
+    def compare(self, c: list[Any]) -> ast.Compare:
+        left, op, right = c
+        return ast.Compare(_COMPARE_OPS[str(op)], left, right, pos=left.pos)
+
+    def in_(self, c: list[Any]) -> ast.In:
+        return ast.In(c[0], c[-1], pos=c[0].pos)
+
+    def not_in(self, c: list[Any]) -> ast.Not:
+        return ast.Not(self.in_(c), pos=_pos(_token(c, "NOT")))
+
+    def between(self, c: list[Any]) -> ast.Between:
+        value, low, high = _exprs(c)
+        return ast.Between(value, low, high, pos=value.pos)
+
+    def not_between(self, c: list[Any]) -> ast.Not:
+        return ast.Not(self.between(c), pos=_pos(_token(c, "NOT")))
+
+    def like(self, c: list[Any]) -> ast.Like:
+        value, tok = c[0], c[-1]
+        pattern = decode_string(str(tok))
+        try:
+            re.compile(pattern)
+        except Exception as exc:  # re.error, OverflowError, RecursionError on odd patterns
+            detail = getattr(exc, "msg", None) or str(exc) or type(exc).__name__
+            raise _SemanticError(f"invalid regular expression: {detail}", _pos(tok)) from None
+        return ast.Like(value, pattern, pos=value.pos)
+
+    def not_like(self, c: list[Any]) -> ast.Not:
+        return ast.Not(self.like(c), pos=_pos(_token(c, "NOT")))
+
+    def is_null(self, c: list[Any]) -> ast.IsNull:
+        return ast.IsNull(c[0], pos=c[0].pos)
+
+    def is_not_null(self, c: list[Any]) -> ast.Not:
+        return ast.Not(self.is_null(c), pos=_pos(_token(c, "NOT")))
+
+    def begins_with(self, c: list[Any]) -> ast.BeginsWith:
+        return ast.BeginsWith(c[0], c[-1], pos=c[0].pos)
+
+    def not_begins_with(self, c: list[Any]) -> ast.Not:
+        return ast.Not(self.begins_with(c), pos=_pos(_token(c, "NOT")))
+
+    def ends_with(self, c: list[Any]) -> ast.EndsWith:
+        return ast.EndsWith(c[0], c[-1], pos=c[0].pos)
+
+    def not_ends_with(self, c: list[Any]) -> ast.Not:
+        return ast.Not(self.ends_with(c), pos=_pos(_token(c, "NOT")))
+
+    # ---- logic
+
+    def not_(self, c: list[Any]) -> ast.Not:
+        return ast.Not(c[-1], pos=_pos(c[0]))
+
+    def and_(self, c: list[Any]) -> ast.And:
+        ops = _exprs(c)
+        flat = tuple(x for o in ops for x in (o.operands if isinstance(o, ast.And) else (o,)))
+        return ast.And(flat, pos=ops[0].pos)
+
+    def or_(self, c: list[Any]) -> ast.Or:
+        ops = _exprs(c)
+        flat = tuple(x for o in ops for x in (o.operands if isinstance(o, ast.Or) else (o,)))
+        return ast.Or(flat, pos=ops[0].pos)
+
+    # ---- OrderBy: plain tuples, order_by.py turns them into SortField objects
+
+    def sort_field(self, c: list[Token]) -> tuple[str, bool, int]:
+        descending = len(c) > 1 and c[1].type == "DESC"
+        return (str(c[0]), descending, _pos(c[0]))
+
+    def order_by(self, c: list[Any]) -> tuple[tuple[str, bool, int], ...]:
+        return tuple(x for x in c if isinstance(x, tuple))
+
+
+@functools.cache
+def _lark() -> Lark:
+    grammar = resources.files(__package__).joinpath("grammar.lark").read_text(encoding="utf-8")
+    return Lark(
+        grammar,
+        parser="lalr",
+        lexer="contextual",
+        start=["filter", "order_by"],
+        transformer=_Builder(),
+        maybe_placeholders=False,
+    )
+
+
+def _expected_at(text: str, start: str, position: int) -> set[str] | None:
+    """The terminals that can continue ``text[:position]``, or None if that can't be worked out.
+
+    The exception's own parser state is not used: LALR may already have reduced on the bad
+    token (its merged lookaheads allow that), which hides operators that were still possible.
+    So the prefix is replayed up to the error and every terminal is tried from there.
+    """
+    try:
+        interactive = _lark().parse_interactive(text, start=start)
+        state: Any = interactive.parser_state
+        state.parse_conf = copy.copy(state.parse_conf)
+        state.parse_conf.callbacks = {}  # building AST nodes for a replay would be wasted work
+        tokens = interactive.lexer_thread.lex(state)
+        while True:
+            try:
+                token = next(tokens)
+            except (StopIteration, UnexpectedInput):
+                break
+            if token.start_pos is None or token.start_pos >= position:
+                break
+            state.feed_token(token)
+        accepted: set[str] = set()
+        for name in state.parse_conf.states[state.position]:
+            if not name.isupper():
+                continue
+            trial = state.copy(deepcopy_values=False)
+            try:
+                trial.feed_token(Token(name, ""), is_end=name == "$END")
+            except UnexpectedInput:
+                continue
+            accepted.add(name)
+        return accepted or None
+    except Exception:
+        return None
+
+
+def _convert(exc: BaseException, text: str, start: str) -> FilterError:
+    """Turn whatever the parsing machinery raised into a FilterError pointing into ``text``."""
+    if isinstance(exc, VisitError):
+        exc = exc.orig_exc
+    if isinstance(exc, _SemanticError):
+        return FilterError(exc.message, text=text, position=exc.position, expected=exc.expected)
+    if isinstance(exc, UnexpectedToken):
+        if exc.token.type == "$END":
+            position = len(text)
+            found = "end of input" + (" (the filter is empty)" if not text.strip() else "")
+        else:
+            position = exc.token.start_pos if exc.token.start_pos is not None else 0
+            found = _describe_found(str(exc.token))
+        names = _expected_at(text, start, position) or set(exc.expected)
+        expected = _display_expected(names)
+        message = _expected_message(expected, found)
+        if names == {"_LPAR"}:
+            message += " (a name must be a function call; field paths start with '/')"
+        return FilterError(message, text=text, position=position, expected=expected)
+    if isinstance(exc, UnexpectedCharacters):
+        position = exc.pos_in_stream or 0
+        names = _expected_at(text, start, position) or set(exc.allowed or ())
+        expected = _display_expected(names)
+        char = text[position] if position < len(text) else ""
+        if char in ("'", '"'):
+            message = "unterminated string literal"
+        else:
+            message = _expected_message(expected, _describe_found(char))
+        return FilterError(message, text=text, position=position, expected=expected)
+    if isinstance(exc, UnexpectedEOF):
+        expected = _display_expected(exc.expected)
+        return FilterError(
+            _expected_message(expected, "end of input"),
+            text=text,
+            position=len(text),
+            expected=expected,
+        )
+    if isinstance(exc, RecursionError):
+        return FilterError("filter is nested too deeply", text=text, position=0)
+    if isinstance(exc, LarkError):
+        return FilterError(f"cannot parse filter: {exc}", text=text, position=0)
+    return FilterError(f"internal error while parsing: {exc!r}", text=text, position=0)
+
+
+def _parse(text: str, start: str) -> Any:
+    if not isinstance(text, str):
+        raise TypeError(f"filter text must be a str, not {type(text).__name__}")
+    try:
+        return _lark().parse(text, start=start)
+    except FilterError:
+        raise
+    except Exception as exc:  # the contract: only FilterError leaves, whatever lark does
+        raise _convert(exc, text, start) from None
+
+
+def parse_filter(text: str) -> ast.Expr:
+    """Parse filter text into its AST; any problem is a FilterError with a position."""
+    tree = _parse(text, "filter")
+    if not isinstance(tree, ast.Expr):  # pragma: no cover - the grammar only yields nodes
+        raise FilterError("internal error: no expression", text=text, position=0)
+    _check_depth(tree, text)
+    return tree
+
+
+def _check_depth(tree: ast.Expr, text: str) -> None:
+    stack = [(tree, 1)]
+    while stack:
+        node, level = stack.pop()
+        if level > MAX_DEPTH:
+            raise FilterError(
+                f"filter is nested too deeply (more than {MAX_DEPTH} levels)",
+                text=text,
+                position=max(node.pos, 0),
+            )
+        stack.extend((child, level + 1) for child in ast.children(node))
+
+
+def parse_order_by_fields(text: str) -> Sequence[tuple[str, bool, int]]:
+    """The raw (path, descending, position) triples of an OrderBy header; see order_by.py."""
+    result: Sequence[tuple[str, bool, int]] = _parse(text, "order_by")
+    return result
