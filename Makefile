@@ -18,7 +18,6 @@ venv: $(STAMP)
 # Provisions Kafka from Maven Central on first use, starts it, then runs a worker in the foreground.
 run: $(STAMP)
 	$(BIN)/sowstream broker start
-	$(BIN)/sowstream demo-hint --config $(CONFIG)
 	$(BIN)/sowstream worker --config $(CONFIG)
 
 test: $(STAMP) lint typecheck
@@ -45,7 +44,7 @@ broker-stop: $(STAMP)
 	$(BIN)/sowstream broker stop
 
 bench: $(STAMP)
-	$(BIN)/python -m bench.run_all
+	$(BIN)/python -m bench.sow_bench
 
 clean:
 	rm -rf $(VENV) .sowstream build *.egg-info

@@ -16,6 +16,7 @@ from typing import Any
 
 import faust
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
@@ -129,15 +130,18 @@ class Engine:
         bootstrap: str,
         worker_name: str | None = None,
         data_dir: str | Path | None = None,
-        session_timeout: float = 30.0,
+        session_timeout: float = 10.0,
         log_level: str = "info",
+        metrics_port: int | None = None,
     ) -> None:
         self.config = config
+        self.metrics_port = metrics_port if metrics_port is not None else config.engine.web_port
         self.bootstrap = bootstrap
         self.names = TopicNames(config.engine.topic_prefix)
         self.worker_name = worker_name or socket.gethostname()
         base_dir = Path(data_dir or config.engine.data_dir)
-        self.data_dir = base_dir / self.worker_name
+        # One directory per engine and worker: RocksDB locks a partition database per process.
+        self.data_dir = base_dir / config.engine.app_id / self.worker_name
         self.log_level = log_level
         brokers = [f"kafka://{b.strip()}" for b in bootstrap.split(",") if b.strip()]
         self.app = faust.App(
@@ -152,6 +156,7 @@ class Engine:
             table_standby_replicas=0,
             broker_session_timeout=session_timeout,
             broker_heartbeat_interval=min(3.0, session_timeout / 4),
+            broker_rebalance_timeout=max(30.0, session_timeout * 3),
             broker_commit_interval=1.0,
             stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
             stream_wait_empty=False,
@@ -180,7 +185,8 @@ class Engine:
                     "write_buffer_size": rocks.write_buffer_size,
                     "max_write_buffer_number": rocks.max_write_buffer_number,
                 },
-                **raw,
+                key_type=bytes,
+                value_type=bytes,
             )
         reader = KafkaLogReader(self.bootstrap, log_topic.get_topic_name(),
                                 self.config.engine.kafka)
@@ -269,6 +275,8 @@ class Engine:
         """Prepare Kafka, then run the faust worker until it is stopped (SIGINT/SIGTERM)."""
         self.prepare()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.metrics_port:
+            start_http_server(self.metrics_port, addr="127.0.0.1")
         worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True,
                               override_logging=False)
         worker.execute_from_commandline()

@@ -1,0 +1,5 @@
+"""``python -m sowstream``."""
+
+from sowstream.cli.main import main
+
+main()

@@ -1,0 +1,188 @@
+"""The ``sowstream`` command line: broker, worker, publish, delta-publish, sow, delete."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sowstream.cli.broker import broker_app
+from sowstream.client import Client
+from sowstream.config import ConfigError, load_config
+from sowstream.errors import SowstreamError
+from sowstream.filters import FilterError
+
+app = typer.Typer(help="sowstream: a State-of-the-World engine on Apache Kafka.",
+                  no_args_is_help=True, add_completion=False)
+app.add_typer(broker_app, name="broker", help="Run the embedded local Kafka broker.")
+
+err = Console(stderr=True)
+out = Console()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Bootstrap = Annotated[str | None, typer.Option(
+    "--bootstrap", "-b", envvar="SOWSTREAM_BOOTSTRAP",
+    help="Kafka bootstrap servers (default: the local broker).")]
+Prefix = Annotated[str, typer.Option(help="Topic prefix of the engine.")]
+
+
+def friendly_errors(fn: F) -> F:
+    """Turn our errors into one red line and exit status 1 instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (SowstreamError, FilterError, ConfigError) as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(1) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.command()
+@friendly_errors
+def worker(
+    config: Annotated[Path, typer.Option("--config", "-c", help="YAML or AMPS XML config.")],
+    bootstrap: Bootstrap = None,
+    name: Annotated[str | None, typer.Option(help="Worker name; keeps its RocksDB dir.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Overrides engine.data_dir.")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    skip_unsupported: Annotated[bool, typer.Option(
+        help="Skip AMPS topics/elements sowstream does not support yet, with a warning.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Serve Prometheus metrics on 127.0.0.1:PORT.")] = None,
+) -> None:
+    """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
+    from sowstream.engine.app import Engine
+    from sowstream.wire.kafka import resolve_bootstrap
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = load_config(config, skip_unsupported=skip_unsupported)
+    servers = resolve_bootstrap(bootstrap or cfg.engine.bootstrap_servers)
+    engine = Engine(cfg, bootstrap=servers, worker_name=name, data_dir=data_dir,
+                    log_level=log_level, metrics_port=metrics_port)
+    _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
+    engine.run()
+
+
+def _banner(topic: str, bootstrap: str, config: Path) -> None:
+    err.print(f"[bold green]sowstream worker[/] on Kafka {bootstrap}, config {config}")
+    err.print("In another terminal (source .venv/bin/activate first):")
+    err.print(f"  sowstream publish {topic} '{{\"order\": 1, \"customer\": \"Ann\", \"qty\": 5}}'",
+              highlight=False)
+    err.print(f"  sowstream delta-publish {topic} '{{\"order\": 1, \"qty\": 7}}'", highlight=False)
+    err.print(f"  sowstream sow {topic} --filter '/qty > 1' --order-by '/order DESC'",
+              highlight=False)
+    err.print(f"  sowstream delete {topic} --filter '1=1'", highlight=False)
+
+
+def _messages(payload: str) -> Iterator[str]:
+    if payload != "-":
+        yield payload
+        return
+    for line in sys.stdin:
+        if line.strip():
+            yield line.strip()
+
+
+def _publish(command: str, topic: str, payload: str, bootstrap: str | None, prefix: str,
+             sow_key: str | None, expiration: str | None, ack: bool) -> None:
+    with Client(bootstrap, prefix=prefix) as client:
+        send = client.publish if command == "publish" else client.delta_publish
+        count = 0
+        for body in _messages(payload):
+            key = send(topic, body, sow_key=sow_key, expiration=expiration, ack=ack)
+            count += 1
+        client.flush()
+    err.print(f"{command}: {count} message(s) to {topic}" + (f", SowKey {key}" if count == 1
+                                                               else ""))
+
+
+Payload = Annotated[str, typer.Argument(help="JSON message, or - to read one per line on stdin.")]
+SowKeyOpt = Annotated[str | None, typer.Option(
+    "--sow-key", help="SowKey, for topics without Key fields.")]
+ExpirationOpt = Annotated[str | None, typer.Option(
+    help="Per-message expiration in seconds (0 = never).")]
+AckOpt = Annotated[bool, typer.Option(help="Wait until the engine applied each message.")]
+
+
+@app.command()
+@friendly_errors
+def publish(topic: str, payload: Payload, bootstrap: Bootstrap = None,
+            prefix: Prefix = "sowstream", sow_key: SowKeyOpt = None,
+            expiration: ExpirationOpt = None, ack: AckOpt = False) -> None:
+    """Publish (insert or replace) messages."""
+    _publish("publish", topic, payload, bootstrap, prefix, sow_key, expiration, ack)
+
+
+@app.command("delta-publish")
+@friendly_errors
+def delta_publish(topic: str, payload: Payload, bootstrap: Bootstrap = None,
+                  prefix: Prefix = "sowstream", sow_key: SowKeyOpt = None,
+                  expiration: ExpirationOpt = None, ack: AckOpt = False) -> None:
+    """Merge messages into the stored records (delta_publish)."""
+    _publish("delta_publish", topic, payload, bootstrap, prefix, sow_key, expiration, ack)
+
+
+@app.command()
+@friendly_errors
+def sow(
+    topic: Annotated[str, typer.Argument(help="SOW topic, or a regular expression over them.")],
+    filter: Annotated[str | None, typer.Option("--filter", "-f", help="Content filter.")] = None,
+    order_by: Annotated[str | None, typer.Option(help="e.g. '/price DESC, /id'.")] = None,
+    top_n: Annotated[int | None, typer.Option(help="At most this many records.")] = None,
+    skip_n: Annotated[int | None, typer.Option(help="Skip this many (needs --top-n).")] = None,
+    key: Annotated[list[str] | None, typer.Option("--key", help="Only these SowKeys.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Records per reply message.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "sowstream",
+) -> None:
+    """Query the State of the World."""
+    with Client(bootstrap, prefix=prefix) as client:
+        messages = client.sow(topic, filter, order_by=order_by, top_n=top_n, skip_n=skip_n,
+                              sow_keys=key, batch_size=batch_size)
+        records = [m for m in messages if m.command == "sow"]
+    if as_json:
+        for m in records:
+            sys.stdout.write(orjson.dumps({"topic": m.topic, "sow_key": m.sow_key,
+                                           "data": m.json()}).decode() + "\n")
+        return
+    table = Table(title=f"{topic}: {len(records)} record(s)")
+    table.add_column("SowKey", style="dim")
+    table.add_column("data")
+    for m in records:
+        table.add_row(m.sow_key, m.data.decode("utf-8", "replace"))
+    out.print(table)
+
+
+@app.command()
+@friendly_errors
+def delete(
+    topic: str,
+    filter: Annotated[str | None, typer.Option("--filter", "-f", help="'1=1' deletes all.")] = None,
+    key: Annotated[list[str] | None, typer.Option("--key", help="SowKey to delete.")] = None,
+    data: Annotated[str | None, typer.Option(help="Delete the record this message keys to.")] = None,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "sowstream",
+) -> None:
+    """Delete records from the SOW (sow_delete) by filter, SowKeys or data."""
+    with Client(bootstrap, prefix=prefix) as client:
+        count = client.sow_delete(topic, filter=filter, keys=key, data=data)
+    out.print(f"deleted {count} record(s) from {topic}")
+
+
+def main() -> None:
+    """Entry point for ``python -m sowstream``."""
+    app()

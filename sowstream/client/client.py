@@ -1,0 +1,479 @@
+"""The Python client: publish, delta_publish, sow_delete and sow over confluent-kafka.
+
+A client owns one reply topic (created on connect, deleted on close) where the engine's answers
+arrive; it learns the SOW topics' definitions from the engine's compacted meta topic, so it can
+compute SowKeys itself and route every update of a record to the partition that owns it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import defaultdict, deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Message as KafkaMessage, Producer, TopicPartition
+
+from sowstream.client.messages import Command, Message
+from sowstream.errors import (
+    CommandFailedError,
+    CommandTimeoutError,
+    InvalidCommandError,
+    InvalidMessageError,
+    SowstreamError,
+    UnknownTopicError,
+)
+from sowstream.filters import compile_filter
+from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
+from sowstream.sow.query import CLIENT_DEFAULT_BATCH_SIZE, result_order, validate_query
+from sowstream.wire import headers as h
+from sowstream.wire.avro import decode, encode
+from sowstream.wire.kafka import (
+    TopicSpec,
+    delete_topics,
+    ensure_topics,
+    producer_config,
+    resolve_bootstrap,
+)
+from sowstream.wire.topics import DEFAULT_PREFIX, TopicNames
+
+_REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    """A SOW topic as the engine described it on the meta topic."""
+
+    name: str
+    keys: tuple[str, ...]
+    key_domain: str
+    partitions: int
+    log_topic: str
+    control_topic: str
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> TopicInfo:
+        """Build from a decoded TopicInfo Avro record."""
+        return cls(d["name"], tuple(d["keys"]), d["key_domain"], d["partitions"],
+                   d["log_topic"], d["control_topic"])
+
+
+class Client:
+    """A connection to a sowstream engine through Kafka.
+
+    ``config`` is passed to every confluent-kafka client as-is (TLS, SASL, ...). Use it as a
+    context manager so the reply topic is removed on exit.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | None = None,
+        *,
+        name: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.bootstrap = resolve_bootstrap(bootstrap)
+        self.name = name or f"client-{uuid.uuid4().hex[:12]}"
+        self.names = TopicNames(prefix)
+        self.timeout = timeout
+        self._extra = dict(config or {})
+        self.reply_topic = self.names.reply(self.name)
+        self._producer: Producer | None = None
+        self._replies: Consumer | None = None
+        self._topics: dict[str, TopicInfo] = {}
+        self._pending: dict[str, deque[dict[str, Any]]] = defaultdict(deque)
+        self._written: dict[tuple[str, int], int] = {}
+        self._delivery_errors: list[str] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def connect(self) -> Client:
+        """Create the reply topic and read the SOW topic definitions; idempotent."""
+        if self._producer is not None:
+            return self
+        ensure_topics(self.bootstrap, [TopicSpec(self.reply_topic, 1, {"retention.ms": "3600000"})],
+                      extra=self._extra)
+        self._producer = Producer(producer_config(self.bootstrap, self._extra))
+        self._replies = self._consumer()
+        self._replies.assign([TopicPartition(self.reply_topic, 0, 0)])
+        self.refresh_topics()
+        return self
+
+    def close(self) -> None:
+        """Flush pending publishes, close the Kafka clients and delete the reply topic."""
+        if self._producer is None:
+            return
+        self._producer.flush(self.timeout)
+        if self._replies is not None:
+            self._replies.close()
+        delete_topics(self.bootstrap, [self.reply_topic], extra=self._extra)
+        self._producer = None
+        self._replies = None
+
+    def __enter__(self) -> Client:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _consumer(self) -> Consumer:
+        return Consumer({
+            "bootstrap.servers": self.bootstrap,
+            "group.id": f"{self.name}-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,
+            **self._extra,
+        })
+
+    def refresh_topics(self) -> dict[str, TopicInfo]:
+        """Re-read the meta topic (the engine republishes it whenever a worker starts)."""
+        consumer = self._consumer()
+        try:
+            tp = TopicPartition(self.names.meta, 0)
+            _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout)
+            topics: dict[str, TopicInfo] = {}
+            if high > 0:
+                consumer.assign([TopicPartition(self.names.meta, 0, 0)])
+                deadline = time.monotonic() + self.timeout
+                position = 0
+                while position < high and time.monotonic() < deadline:
+                    for msg in consumer.consume(1000, 0.5):
+                        if msg.error():
+                            continue
+                        position = msg.offset() + 1
+                        if msg.value() is None:
+                            topics.pop(msg.key().decode(), None)
+                        else:
+                            info = TopicInfo.from_wire(decode("TopicInfo", msg.value()))
+                            topics[info.name] = info
+            self._topics = topics
+            return topics
+        finally:
+            consumer.close()
+
+    @property
+    def topics(self) -> dict[str, TopicInfo]:
+        """The SOW topics the engine serves, by name."""
+        return dict(self._topics)
+
+    def _require(self) -> tuple[Producer, Consumer]:
+        if self._producer is None or self._replies is None:
+            self.connect()
+        assert self._producer is not None and self._replies is not None
+        return self._producer, self._replies
+
+    def topic_info(self, topic: str) -> TopicInfo:
+        """The definition of SOW topic ``topic``, refreshing once if it is not known yet."""
+        info = self._topics.get(topic) or self.refresh_topics().get(topic)
+        if info is None:
+            raise UnknownTopicError(topic)
+        return info
+
+    # -- publishing -----------------------------------------------------------------------------
+
+    def _on_delivery(self, err: KafkaError | None, msg: KafkaMessage) -> None:
+        if err is not None:
+            self._delivery_errors.append(f"{msg.topic()}: {err.str()}")
+            return
+        key = (msg.topic(), msg.partition())
+        self._written[key] = max(self._written.get(key, -1), msg.offset())
+
+    def flush(self) -> None:
+        """Wait until every publish is acknowledged by Kafka; raise if any failed."""
+        producer, _ = self._require()
+        remaining = producer.flush(self.timeout)
+        if remaining:
+            raise CommandTimeoutError(f"{remaining} messages were not delivered to Kafka in time")
+        if self._delivery_errors:
+            errors, self._delivery_errors = self._delivery_errors, []
+            raise SowstreamError(f"publish failed: {'; '.join(errors[:5])}")
+
+    @staticmethod
+    def _body(topic: str, data: bytes | str | dict[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
+        if data is None:
+            raise InvalidMessageError(f"topic {topic!r}: no message data", topic=topic,
+                                      reason="malformed_json")
+        if isinstance(data, dict):
+            return orjson.dumps(data), data
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidMessageError(f"topic {topic!r}: malformed JSON: {exc}", topic=topic,
+                                      reason="malformed_json") from exc
+        if not isinstance(parsed, dict):
+            raise InvalidMessageError(f"topic {topic!r}: a JSON message must be an object",
+                                      topic=topic, reason="malformed_json")
+        return raw, parsed
+
+    def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str:
+        if not info.keys:
+            return validate_user_sow_key(info.name, sow_key)
+        return generated_sow_key(info.name, info.key_domain, info.keys, parsed)
+
+    def _produce(
+        self, topic: str, value: bytes | None, *, key: str | None = None,
+        partition: int | None = None, headers: dict[str, str | None],
+    ) -> None:
+        producer, _ = self._require()
+        kwargs: dict[str, Any] = {"key": key.encode() if key is not None else None,
+                                  "value": value, "headers": h.to_kafka_headers(headers),
+                                  "on_delivery": self._on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let deliveries drain
+        producer.poll(0)
+
+    def publish(
+        self,
+        topic: str,
+        data: bytes | str | dict[str, Any],
+        *,
+        sow_key: str | None = None,
+        expiration: int | str | None = None,
+        ack: bool = False,
+    ) -> str:
+        """Insert or fully replace a record; returns its SowKey.
+
+        ``expiration`` (seconds, ``0`` = never) overrides the topic's default. With ``ack`` the
+        call waits until the engine applied the publish and raises if it was rejected.
+        """
+        return self._publish(h.PUBLISH, topic, data, sow_key, expiration, ack)
+
+    def delta_publish(
+        self,
+        topic: str,
+        data: bytes | str | dict[str, Any],
+        *,
+        sow_key: str | None = None,
+        expiration: int | str | None = None,
+        ack: bool = False,
+    ) -> str:
+        """Merge ``data`` into the stored record (insert if absent); returns its SowKey."""
+        return self._publish(h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack)
+
+    def _publish(
+        self, command: str, topic: str, data: bytes | str | dict[str, Any] | None,
+        sow_key: str | None, expiration: int | str | None, ack: bool,
+    ) -> str:
+        info = self.topic_info(topic)
+        raw, parsed = self._body(topic, data)
+        key = self._sow_key(info, parsed, sow_key)
+        command_id = uuid.uuid4().hex if ack else None
+        self._produce(info.log_topic, raw, key=key, headers={
+            h.COMMAND: command if command != h.PUBLISH else None,
+            h.EXPIRATION: str(expiration) if expiration is not None else None,
+            h.REPLY_TO: self.reply_topic if ack else None,
+            h.COMMAND_ID: command_id,
+        })
+        if command_id is not None:
+            self.flush()
+            self._await_acks(command_id, 1)
+        return key
+
+    def sow_delete(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        keys: list[str] | tuple[str, ...] | None = None,
+        data: bytes | str | dict[str, Any] | None = None,
+    ) -> int:
+        """Delete records by content filter (``1=1`` = all), by SowKeys, or by message data.
+
+        Returns how many records were deleted, once every partition has answered.
+        """
+        given = [x is not None for x in (filter, keys, data)]
+        if sum(given) != 1:
+            raise InvalidCommandError("sow_delete takes exactly one of filter=, keys= or data=")
+        info = self.topic_info(topic)
+        command_id = uuid.uuid4().hex
+        base: dict[str, str | None] = {h.COMMAND: h.SOW_DELETE, h.REPLY_TO: self.reply_topic,
+                                       h.COMMAND_ID: command_id}
+        if filter is not None:
+            compile_filter(filter)  # a bad filter fails here, with its position
+            for partition in range(info.partitions):
+                self._produce(info.log_topic, None, partition=partition,
+                              headers={**base, h.FILTER: filter})
+            expected = info.partitions
+        elif keys is not None:
+            for sow_key in keys:
+                self._produce(info.log_topic, None, key=sow_key, headers=base)
+            expected = len(keys)
+        else:
+            raw, parsed = self._body(topic, data)
+            self._produce(info.log_topic, raw, key=self._sow_key(info, parsed, None),
+                          headers=base)
+            expected = 1
+        self.flush()
+        return self._await_acks(command_id, expected) if expected else 0
+
+    # -- replies --------------------------------------------------------------------------------
+
+    def _next_reply(self, command_id: str, deadline: float) -> dict[str, Any]:
+        """The next reply for ``command_id``, parking replies for other commands."""
+        _, replies = self._require()
+        queue = self._pending[command_id]
+        while not queue:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeoutError(
+                    f"no complete answer to command {command_id} within {self.timeout:.0f}s: "
+                    "is a worker running for every partition?"
+                )
+            for msg in replies.consume(500, min(remaining, 0.2)):
+                if msg.error() or msg.value() is None:
+                    continue
+                reply = decode("Reply", msg.value())
+                self._pending[reply["command_id"]].append(reply)
+        reply = queue.popleft()
+        if not queue:
+            self._pending.pop(command_id, None)
+        return reply
+
+    def _await_acks(self, command_id: str, expected: int) -> int:
+        deadline = time.monotonic() + self.timeout
+        total = 0
+        for _ in range(expected):
+            reply = self._next_reply(command_id, deadline)
+            if reply["status"] != "success":
+                raise CommandFailedError(reply["message"] or reply["reason"],
+                                         reason=reply["reason"], command_id=command_id)
+            total += reply["count"]
+        return total
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def _resolve_topics(self, topic: str) -> list[TopicInfo]:
+        if topic in self._topics or topic in self.refresh_topics():
+            return [self._topics[topic]]
+        if _REGEX_CHARS.search(topic):
+            try:
+                pattern = re.compile(topic)
+            except re.error as exc:
+                raise InvalidCommandError(f"topic pattern {topic!r} is not a valid regular "
+                                          f"expression: {exc}") from exc
+            matched = [t for name, t in sorted(self._topics.items()) if pattern.fullmatch(name)]
+            if matched:
+                return matched
+        raise UnknownTopicError(topic)
+
+    def sow(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        query_id: str | None = None,
+    ) -> Iterator[Message]:
+        """Query the SOW: ``group_begin``, one ``sow`` message per matching record, ``group_end``.
+
+        ``topic`` is a SOW topic name or a regular expression over them. Results are complete
+        across all partitions; each partition's part is a consistent snapshot that includes this
+        client's own earlier publishes.
+        """
+        opts = validate_query(filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n,
+                              batch_size=batch_size)
+        infos = self._resolve_topics(topic)
+        query_id = query_id or uuid.uuid4().hex[:16]
+        command_id = uuid.uuid4().hex
+        self.flush()  # read-your-writes: know the offsets of our own publishes first
+        producer, _ = self._require()
+        for info in infos:
+            for partition in range(info.partitions):
+                command = {
+                    "command": "sow", "command_id": command_id, "query_id": query_id,
+                    "reply_to": self.reply_topic, "topic": info.name, "filter": filter,
+                    "sow_keys": list(sow_keys) if sow_keys is not None else None,
+                    "order_by": order_by, "top_n": top_n, "skip_n": skip_n,
+                    "batch_size": batch_size,
+                    "after_offset": self._written.get((info.log_topic, partition), -1),
+                    "options": {},
+                }
+                producer.produce(info.control_topic, value=encode("Command", command),
+                                 partition=partition)
+        producer.flush(self.timeout)
+        expected = sum(info.partitions for info in infos)
+        return self._collect(command_id, query_id, expected, opts.ordered, order_by,
+                             opts.skip_n, top_n)
+
+    def _collect(
+        self, command_id: str, query_id: str, expected: int, ordered: bool,
+        order_by: str | None, skip_n: int, top_n: int | None,
+    ) -> Iterator[Message]:
+        deadline = time.monotonic() + self.timeout
+        yield Message("group_begin", query_id=query_id)
+        buffered: list[Message] = []
+        done = 0
+        sent = 0
+        while done < expected:
+            reply = self._next_reply(command_id, deadline)
+            if reply["status"] != "success":
+                raise CommandFailedError(
+                    f"topic {reply['topic']!r}: {reply['message'] or reply['reason']}",
+                    reason=reply["reason"], command_id=command_id)
+            if reply["command"] == "part_end":
+                done += 1
+                continue
+            for rec in reply["records"]:
+                msg = Message("sow", topic=reply["topic"], sow_key=rec["sow_key"],
+                              query_id=query_id, data=rec["data"], timestamp=rec["timestamp"],
+                              batch_size=len(reply["records"]))
+                if ordered:
+                    buffered.append(msg)
+                else:
+                    sent += 1
+                    yield msg
+        if ordered:
+            order = validate_query(order_by=order_by).order_by
+            key = result_order(order)
+            buffered.sort(key=lambda m: key((m.sow_key, m.json() or {})))
+            end = None if top_n is None else skip_n + top_n
+            for msg in buffered[skip_n:end]:
+                sent += 1
+                yield msg
+        yield Message("group_end", query_id=query_id, count=sent)
+
+    def sow_records(self, topic: str, filter: str | None = None, **options: Any) -> list[Any]:
+        """Convenience: the parsed bodies of a :meth:`sow` query's records, in order."""
+        return [m.json() for m in self.sow(topic, filter, **options) if m.command == "sow"]
+
+    # -- generic --------------------------------------------------------------------------------
+
+    def execute(self, command: Command) -> Iterator[Message]:
+        """Run any :class:`Command` now; publishes and deletes answer with one ``ack`` message."""
+        name = command.command
+        if name == "sow":
+            return self.sow(
+                command.topic, command.filter, sow_keys=command.sow_keys,
+                order_by=command.order_by, top_n=command.top_n, skip_n=command.skip_n,
+                batch_size=command.batch_size or CLIENT_DEFAULT_BATCH_SIZE,
+                query_id=command.query_id)
+        if name in (h.PUBLISH, h.DELTA_PUBLISH):
+            key = self._publish(name, command.topic, command.data, command.sow_key,
+                                command.expiration, command.ack)
+            return iter([Message("ack", topic=command.topic, sow_key=key, count=1)])
+        if name == h.SOW_DELETE:
+            count = self.sow_delete(
+                command.topic, filter=command.filter,
+                keys=list(command.sow_keys) if command.sow_keys is not None else None,
+                data=command.data)
+            return iter([Message("ack", topic=command.topic, count=count)])
+        raise InvalidCommandError(
+            f"unknown command {name!r}: expected publish, delta_publish, sow_delete or sow")

@@ -1,0 +1,55 @@
+"""What the client sends (:class:`Command`) and receives (:class:`Message`), in AMPS vocabulary."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message delivered to the application.
+
+    ``command`` is ``group_begin``, ``sow``, ``group_end`` or ``ack`` (later also ``publish`` and
+    ``oof``). ``data`` is the raw body; :meth:`json` parses it.
+    """
+
+    command: str
+    topic: str = ""
+    sow_key: str = ""
+    query_id: str = ""
+    data: bytes = b""
+    timestamp: int = 0
+    batch_size: int = 0
+    count: int = 0
+    status: str = "success"
+    reason: str = ""
+
+    def json(self) -> Any:
+        """The body parsed as JSON (None for an empty body)."""
+        return orjson.loads(self.data) if self.data else None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A generic command for :meth:`Client.execute`, with AMPS's names for its parts.
+
+    ``command`` is one of ``publish``, ``delta_publish``, ``sow_delete`` or ``sow``.
+    """
+
+    command: str
+    topic: str
+    data: bytes | str | dict[str, Any] | None = None
+    filter: str | None = None
+    sow_key: str | None = None
+    sow_keys: tuple[str, ...] | None = None
+    query_id: str | None = None
+    order_by: str | None = None
+    top_n: int | None = None
+    skip_n: int | None = None
+    batch_size: int | None = None
+    expiration: int | str | None = None
+    ack: bool = False
+    options: dict[str, str] = field(default_factory=dict)

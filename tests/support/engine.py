@@ -1,0 +1,101 @@
+"""Run real sowstream workers as subprocesses against the test broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sowstream.client import Client
+from sowstream.errors import SowstreamError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_config(path: Path, topics: list[dict[str, Any]], *, prefix: str) -> Path:
+    """Write a YAML config with an isolated app id and topic prefix."""
+    doc = {"engine": {"app_id": prefix, "topic_prefix": prefix}, "sow": topics}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+class EngineProcesses:
+    """A set of worker processes sharing one config, each with its own data dir and log file."""
+
+    def __init__(self, bootstrap: str, workdir: Path, topics: list[dict[str, Any]],
+                 prefix: str | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.workdir = workdir
+        self.prefix = prefix or f"t{uuid.uuid4().hex[:10]}"
+        self.config = write_config(workdir / "sowstream.yaml", topics, prefix=self.prefix)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str) -> None:
+        """Start worker ``name`` (its RocksDB dir survives restarts of the same name)."""
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "sowstream", "worker", "--config", str(self.config),
+             "--bootstrap", self.bootstrap, "--name", name,
+             "--data-dir", str(self.workdir / "data"), "--log-level", "info"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+        )
+
+    def stop(self, name: str, *, kill: bool = False, timeout: float = 30.0) -> None:
+        """Stop a worker gracefully (SIGTERM) or with SIGKILL."""
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def stop_all(self) -> None:
+        """Stop every worker."""
+        for name in list(self.procs):
+            self.stop(name)
+
+    def alive(self, name: str) -> bool:
+        """Whether worker ``name`` is running."""
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def log_tail(self, name: str, lines: int = 60) -> str:
+        """The end of a worker's log, for assertion messages."""
+        path = self.workdir / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def client(self, **kwargs: Any) -> Client:
+        """A connected client for this engine."""
+        return Client(self.bootstrap, prefix=self.prefix, **kwargs).connect()
+
+    def wait_ready(self, topics: list[str], timeout: float = 120.0) -> None:
+        """Block until every partition of every topic answers a query."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        with Client(self.bootstrap, prefix=self.prefix, timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                for name in self.procs:
+                    if not self.alive(name):
+                        raise RuntimeError(f"worker {name} died:\n{self.log_tail(name)}")
+                try:
+                    for topic in topics:
+                        list(client.sow(topic, top_n=0))
+                    return
+                except SowstreamError as exc:
+                    last = exc
+                    time.sleep(0.5)
+        tails = "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
+        raise RuntimeError(f"engine not ready after {timeout}s: {last}\n{tails}")
