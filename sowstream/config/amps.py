@@ -1,0 +1,323 @@
+"""Reading the ``<SOW>`` section of an AMPS configuration file as-is, so AMPS users can migrate.
+
+What sowstream cannot honour yet (other message types, key generators, enrichment, queues,
+views, ...) is an error, or with ``skip_unsupported`` a warning that skips the topic or element.
+Storage-sizing elements are accepted and ignored: RocksDB manages storage here.
+"""
+
+from __future__ import annotations
+
+import logging
+import xml.etree.ElementTree as ET
+from collections import Counter
+from typing import Any
+
+from pydantic import ValidationError
+
+from sowstream.config.errors import ConfigError, Loc, from_validation_error, skip_or_raise
+from sowstream.config.models import SUPPORTED_MESSAGE_TYPES, SowstreamConfig, TopicConfig
+from sowstream.config.units import parse_size
+
+log = logging.getLogger("sowstream.config")
+
+ROOTS = ("AMPSConfig", "SOW", "TopicMetaData")
+SOW_SECTIONS = ("SOW", "TopicMetaData")
+TOPIC_ELEMENTS = ("Topic", "TopicDefinition")
+UNSUPPORTED_DEFINITIONS = (
+    "Queue",
+    "LocalQueue",
+    "GroupLocalQueue",
+    "QueueDefinition",
+    "View",
+    "ConflatedTopic",
+)
+UNSUPPORTED_TOPIC_ELEMENTS = ("KeyGenerator", "Preprocessing", "Enrichment", "Pattern")
+
+_STORAGE_FILE = "sowstream keeps SOW state in RocksDB under engine.data_dir, not in a SOW file"
+_STORAGE_SIZE = "RocksDB manages storage growth itself, so AMPS slab and record sizing do not apply"
+IGNORED_TOPIC_ELEMENTS: dict[str, str] = {
+    "FileName": _STORAGE_FILE,
+    "SlabSize": _STORAGE_SIZE,
+    "InitialSlabCount": _STORAGE_SIZE,
+    "RecordSize": _STORAGE_SIZE,
+    "InitialSize": _STORAGE_SIZE,
+    "IncrementSize": _STORAGE_SIZE,
+    "ExpectedKeyCountHint": "RocksDB sizes its own key structures, so no hint is needed",
+}
+_SIZE_ELEMENTS = ("SlabSize", "RecordSize")
+
+# AMPS element -> TopicConfig field, for the elements that carry one value.
+_SCALARS: dict[str, str] = {
+    "MessageType": "message_type",
+    "KeyDomain": "key_domain",
+    "Durability": "durability",
+    "Duration": "durability",
+    "RecoveryPoint": "recovery_point",
+    "Expiration": "expiration",
+    "Partitions": "partitions",
+}
+_NAME_TAGS = ("Name", "Topic")
+_REPEATABLE = ("Key", "HashIndex", "Index")
+_KNOWN_TOPIC_ELEMENTS = frozenset(
+    [*_SCALARS, *_NAME_TAGS, *_REPEATABLE, "History", *IGNORED_TOPIC_ELEMENTS]
+)
+_HISTORY_FIELDS = {"Window": "window_ms", "Granularity": "granularity_ms"}
+_HISTORY_TAGS = {field: tag for tag, field in _HISTORY_FIELDS.items()}
+# Element named in errors about a field, unless the topic spelled it differently (Duration, Topic).
+_DEFAULT_TAGS = {
+    **{field: tag for tag, field in _SCALARS.items() if tag != "Duration"},
+    "name": "Name",
+    "keys": "Key",
+    "hash_indexes": "HashIndex",
+    "indexes": "Index",
+    "history": "History",
+}
+
+
+def load_amps_xml(
+    data: str | bytes, source: str = "<string>", *, skip_unsupported: bool = False
+) -> SowstreamConfig:
+    """The SOW topics of an AMPS configuration: a whole ``<AMPSConfig>`` or a bare ``<SOW>``."""
+    root = _parse(data, source)
+    if root.tag not in ROOTS:
+        raise ConfigError(
+            source=source,
+            element=root.tag,
+            problem="not an AMPS configuration: expected <AMPSConfig>, <SOW> or <TopicMetaData> "
+            "as the top element",
+        )
+    sections = [root] if root.tag in SOW_SECTIONS else [s for s in root if s.tag in SOW_SECTIONS]
+    topics: list[TopicConfig] = []
+    defined_at: dict[str, str] = {}
+    for section in sections:
+        position = 0
+        for child in section:
+            if child.tag in TOPIC_ELEMENTS:
+                position += 1
+                found = _topic(child, section.tag, position, source, skip_unsupported)
+                if found is None:
+                    continue
+                topic, path = found
+                if topic.name in defined_at:
+                    raise ConfigError(
+                        source=source,
+                        element=f"{path}/Name",
+                        problem=f"topic {topic.name!r} is already defined at "
+                        f"{defined_at[topic.name]}; each SOW topic needs its own Name",
+                    )
+                defined_at[topic.name] = path
+                topics.append(topic)
+            else:
+                _not_a_topic(child, section.tag, source, skip_unsupported)
+    try:
+        return SowstreamConfig(topics=tuple(topics), source=source)
+    except ValidationError as exc:
+        raise from_validation_error(exc, source=source, element_of=lambda _: "SOW") from None
+
+
+def _parse(data: str | bytes, source: str) -> ET.Element:
+    """The document's root element, or a ConfigError with the line of the syntax error."""
+    if isinstance(data, str):
+        data = data.lstrip("\ufeff")
+    try:
+        return ET.fromstring(data)
+    except ET.ParseError as exc:
+        line, column = exc.position
+        message = str(exc).split(": line ")[0]
+        raise ConfigError(
+            source=source,
+            element=f"line {line}, column {column + 1}",
+            problem=f"malformed XML: {message}",
+        ) from None
+
+
+def _not_a_topic(element: ET.Element, section: str, source: str, skip: bool) -> None:
+    """Report a SOW-section element that does not define a SOW topic."""
+    label = _child_text(element, "Name") or _child_text(element, "Topic")
+    path = f"{section}/{element.tag}" + (f"[{label}]" if label else "")
+    if element.tag in UNSUPPORTED_DEFINITIONS:
+        problem = f"<{element.tag}> definitions are not supported by sowstream yet"
+    else:
+        problem = f"unknown element <{element.tag}> in <{section}>"
+    error = ConfigError(source=source, element=path, problem=problem)
+    skip_or_raise(error, skip=skip, skipping=f"the <{element.tag}> element")
+
+
+def _topic(
+    element: ET.Element, section: str, position: int, source: str, skip: bool
+) -> tuple[TopicConfig, str] | None:
+    """One ``<Topic>`` as a TopicConfig and its element path, or None when skipped."""
+    name = _child_text(element, "Name") or _child_text(element, "Topic")
+    path = f"{section}/{element.tag}[{name or f'#{position}'}]"
+    skipping = f"topic {name!r}" if name else f"topic #{position} of <{section}>"
+    children = list(element)
+
+    for tag, count in Counter(c.tag for c in children).items():
+        if count > 1 and tag not in _REPEATABLE:
+            raise ConfigError(
+                source=source,
+                element=f"{path}/{tag}",
+                problem=f"<{tag}> appears {count} times; it may appear only once",
+            )
+    for child in children:
+        if child.tag in UNSUPPORTED_TOPIC_ELEMENTS or child.tag not in _KNOWN_TOPIC_ELEMENTS:
+            problem = (
+                f"<{child.tag}> is not supported by sowstream yet"
+                if child.tag in UNSUPPORTED_TOPIC_ELEMENTS
+                else f"unknown element <{child.tag}> in a SOW topic"
+            )
+            error = ConfigError(source=source, element=f"{path}/{child.tag}", problem=problem)
+            skip_or_raise(error, skip=skip, skipping=skipping)
+            return None
+        if child.tag == "MessageType":
+            message_type = _text(child, f"{path}/MessageType", source)
+            if message_type.lower() not in SUPPORTED_MESSAGE_TYPES:
+                supported = ", ".join(SUPPORTED_MESSAGE_TYPES)
+                error = ConfigError(
+                    source=source,
+                    element=f"{path}/MessageType",
+                    problem=f"message type {message_type!r} is not supported by sowstream yet "
+                    f"(supported: {supported})",
+                )
+                skip_or_raise(error, skip=skip, skipping=skipping)
+                return None
+
+    fields: dict[str, Any] = {}
+    tag_of: dict[str, str] = {}
+    # AMPS before 5.0 named the topic with <Topic>; both may appear only if they agree.
+    named = {c.tag: _text(c, f"{path}/{c.tag}", source) for c in children if c.tag in _NAME_TAGS}
+    if len(set(named.values())) > 1:
+        raise ConfigError(
+            source=source,
+            element=f"{path}/Topic",
+            problem=f"<Topic> {named['Topic']!r} disagrees with <Name> {named['Name']!r}",
+        )
+    for tag in _NAME_TAGS:
+        if tag in named:
+            fields["name"], tag_of["name"] = named[tag], tag
+            break
+    keys: list[str] = []
+    hash_indexes: list[list[str]] = []
+    indexes: list[str] = []
+    for child in children:
+        tag, where = child.tag, f"{path}/{child.tag}"
+        if tag in IGNORED_TOPIC_ELEMENTS:
+            _check_ignored(child, where, source)
+            log.info("%s: %s: ignored: %s", source, where, IGNORED_TOPIC_ELEMENTS[tag])
+        elif tag in _NAME_TAGS:
+            pass  # read above
+        elif tag == "Key":
+            keys.append(_text(child, where, source))
+        elif tag == "Index":
+            indexes.append(_text(child, where, source))
+        elif tag == "HashIndex":
+            hash_indexes.append(_hash_index(child, f"{where}[{len(hash_indexes) + 1}]", source))
+        elif tag == "History":
+            fields["history"] = _history(child, where, source)
+            tag_of["history"] = "History"
+        else:
+            field = _SCALARS[tag]
+            if field in tag_of and tag_of[field] != tag:
+                raise ConfigError(
+                    source=source,
+                    element=where,
+                    problem=f"give <{tag_of[field]}> or <{tag}>, not both (they are synonyms)",
+                )
+            fields[field] = _text(child, where, source)
+            tag_of[field] = tag
+    if keys:
+        fields["keys"] = tuple(keys)
+    if hash_indexes:
+        fields["hash_indexes"] = tuple(tuple(i) for i in hash_indexes)
+    if indexes:
+        fields["indexes"] = tuple(indexes)
+
+    def element_of(loc: Loc) -> str:
+        if not loc:
+            return path
+        field = str(loc[0])
+        tag = tag_of.get(field, _DEFAULT_TAGS.get(field, field))
+        if field == "history" and len(loc) > 1:
+            return f"{path}/{tag}/{_HISTORY_TAGS.get(str(loc[1]), str(loc[1]))}"
+        return f"{path}/{tag}"
+
+    try:
+        return TopicConfig(**fields), path
+    except ValidationError as exc:
+        raise from_validation_error(exc, source=source, element_of=element_of) from None
+
+
+def _child_text(element: ET.Element, tag: str) -> str | None:
+    """Stripped text of the first ``tag`` child, if it holds any."""
+    child = element.find(tag)
+    if child is None or len(child) or not (child.text or "").strip():
+        return None
+    return (child.text or "").strip()
+
+
+def _text(element: ET.Element, where: str, source: str) -> str:
+    """The element's text, which must be present and not nested elements."""
+    if len(element):
+        raise ConfigError(
+            source=source,
+            element=where,
+            problem=f"<{element.tag}> must hold text, not <{element[0].tag}>",
+        )
+    text = (element.text or "").strip()
+    if not text:
+        raise ConfigError(source=source, element=where, problem=f"<{element.tag}> is empty")
+    return text
+
+
+def _hash_index(element: ET.Element, where: str, source: str) -> list[str]:
+    """The ``<Key>`` paths of one ``<HashIndex>``."""
+    paths = []
+    for child in element:
+        if child.tag != "Key":
+            raise ConfigError(
+                source=source,
+                element=f"{where}/{child.tag}",
+                problem="a <HashIndex> holds only <Key> elements",
+            )
+        paths.append(_text(child, f"{where}/Key", source))
+    if not paths:
+        raise ConfigError(
+            source=source, element=where, problem="a <HashIndex> needs at least one <Key>"
+        )
+    return paths
+
+
+def _history(element: ET.Element, where: str, source: str) -> dict[str, str]:
+    """``<Window>`` and ``<Granularity>`` of a ``<History>``, as HistoryConfig fields."""
+    history = {}
+    for child in element:
+        if child.tag not in _HISTORY_FIELDS:
+            raise ConfigError(
+                source=source,
+                element=f"{where}/{child.tag}",
+                problem="a <History> holds only <Window> and <Granularity>",
+            )
+        if _HISTORY_FIELDS[child.tag] in history:
+            raise ConfigError(
+                source=source,
+                element=f"{where}/{child.tag}",
+                problem=f"<{child.tag}> may appear only once",
+            )
+        history[_HISTORY_FIELDS[child.tag]] = _text(child, f"{where}/{child.tag}", source)
+    return history
+
+
+def _check_ignored(element: ET.Element, where: str, source: str) -> None:
+    """Refuse malformed values even in ignored elements, as AMPS itself would."""
+    text = _text(element, where, source)
+    if element.tag in _SIZE_ELEMENTS:
+        try:
+            parse_size(text)
+        except ValueError as exc:
+            raise ConfigError(source=source, element=where, problem=str(exc)) from None
+    elif element.tag != "FileName" and not text.isdigit():
+        raise ConfigError(
+            source=source,
+            element=where,
+            problem=f"<{element.tag}> must be a whole number, got {text!r}",
+        )

@@ -1,0 +1,318 @@
+"""Loading a configuration: sowstream YAML, or an AMPS XML file, told apart by the first character.
+
+The YAML topic keys are the AMPS element names (``Name``, ``Key``, ``HashIndex``, ...) so AMPS
+users recognise them; the ``engine`` keys are snake_case like the model fields.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from sowstream.config.amps import UNSUPPORTED_TOPIC_ELEMENTS, load_amps_xml
+from sowstream.config.errors import ConfigError, Loc, from_validation_error, skip_or_raise
+from sowstream.config.models import (
+    SUPPORTED_MESSAGE_TYPES,
+    EngineConfig,
+    RocksDBConfig,
+    SowstreamConfig,
+    TopicConfig,
+)
+
+# YAML key -> TopicConfig field.
+TOPIC_KEYS: dict[str, str] = {
+    "Name": "name",
+    "MessageType": "message_type",
+    "Key": "keys",
+    "KeyDomain": "key_domain",
+    "Durability": "durability",
+    "RecoveryPoint": "recovery_point",
+    "Expiration": "expiration",
+    "HashIndex": "hash_indexes",
+    "Index": "indexes",
+    "Partitions": "partitions",
+    "History": "history",
+}
+HISTORY_KEYS: dict[str, str] = {"Window": "window_ms", "Granularity": "granularity_ms"}
+_TOPIC_FIELD_KEYS = {field: key for key, field in TOPIC_KEYS.items()}
+_HISTORY_FIELD_KEYS = {field: key for key, field in HISTORY_KEYS.items()}
+
+_BOM = "\ufeff"
+
+
+def load_config(path: str | os.PathLike[str], *, skip_unsupported: bool = False) -> SowstreamConfig:
+    """The configuration in the file at ``path``: AMPS XML if it starts with ``<``, else YAML.
+
+    ``skip_unsupported`` turns "not supported yet" errors into warnings that skip the topic or
+    element, so an AMPS file can be migrated step by step.
+    """
+    source = os.fspath(path)
+    try:
+        data = Path(source).read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            source=source, element="file", problem=f"cannot read it: {exc.strerror or exc}"
+        ) from None
+    if data.lstrip(_BOM.encode()).lstrip()[:1] == b"<":
+        # Bytes, so that the XML declaration's encoding is honoured.
+        return load_amps_xml(data, source, skip_unsupported=skip_unsupported)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            source=source, element=f"byte {exc.start}", problem="the file is not UTF-8 text"
+        ) from None
+    return load_yaml_text(text, source, skip_unsupported=skip_unsupported)
+
+
+def load_config_text(
+    text: str, source: str = "<string>", *, skip_unsupported: bool = False
+) -> SowstreamConfig:
+    """Like :func:`load_config` for text already in memory; ``source`` names it in errors."""
+    if text.lstrip(_BOM).lstrip()[:1] == "<":
+        return load_amps_xml(text, source, skip_unsupported=skip_unsupported)
+    return load_yaml_text(text, source, skip_unsupported=skip_unsupported)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key repeated in one mapping is an error.
+
+    Plain ``safe_load`` keeps the last value, so an AMPS habit like two ``Key:`` lines would
+    silently lose a key field.
+    """
+
+
+def _mapping_without_repeats(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        try:
+            repeated = key in seen
+            seen.add(key)
+        except TypeError:
+            continue  # unhashable; construct_mapping reports it
+        if repeated:
+            hint = "; list a composite key as Key: [/a, /b]" if key == "Key" else ""
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{key!r} appears twice in the same mapping{hint}", key_node.start_mark
+            )
+    return loader.construct_mapping(node)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    """The YAML document, or a ConfigError with the line of the syntax error."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # safe: _Loader derives from SafeLoader
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        element = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
+        problem = exc.problem or exc.context or "unreadable"
+        raise ConfigError(
+            source=source, element=element, problem=f"malformed YAML: {problem}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            source=source, element="document", problem=f"malformed YAML: {exc}"
+        ) from None
+
+
+def load_yaml_text(
+    text: str, source: str = "<string>", *, skip_unsupported: bool = False
+) -> SowstreamConfig:
+    """The configuration in sowstream YAML ``text`` (top-level ``engine`` and ``sow``)."""
+    document = _parse_yaml(text, source)
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise ConfigError(
+            source=source,
+            element="document",
+            problem=f"expected a mapping with 'engine' and 'sow' keys, got {_kind(document)}",
+        )
+    _check_keys(document, ("engine", "sow"), "", source)
+    engine = _engine(document.get("engine"), source)
+
+    sow = document.get("sow")
+    if sow is None:
+        sow = []
+    if not isinstance(sow, list):
+        raise ConfigError(
+            source=source,
+            element="sow",
+            problem=f"must be a list of topics ('- Name: orders' items), got {_kind(sow)}",
+        )
+    topics: list[TopicConfig] = []
+    defined_at: dict[str, str] = {}
+    for number, item in enumerate(sow):
+        element = f"sow[{number}]"
+        topic = _topic(item, element, source, skip_unsupported)
+        if topic is None:
+            continue
+        if topic.name in defined_at:
+            raise ConfigError(
+                source=source,
+                element=f"{element}.Name",
+                problem=f"topic {topic.name!r} is already defined by {defined_at[topic.name]}",
+            )
+        defined_at[topic.name] = element
+        topics.append(topic)
+    try:
+        return SowstreamConfig(engine=engine, topics=tuple(topics), source=source)
+    except ValidationError as exc:
+        raise from_validation_error(exc, source=source, element_of=lambda _: "sow") from None
+
+
+def _engine(raw: Any, source: str) -> EngineConfig:
+    """The ``engine:`` mapping as an EngineConfig; absent means all defaults."""
+    if raw is None:
+        return EngineConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            source=source, element="engine", problem=f"must be a mapping, got {_kind(raw)}"
+        )
+    _check_keys(raw, EngineConfig.model_fields, "engine.", source)
+    if isinstance(raw.get("rocksdb"), dict):
+        _check_keys(raw["rocksdb"], RocksDBConfig.model_fields, "engine.rocksdb.", source)
+    settings = {key: value for key, value in raw.items() if value is not None}
+    try:
+        return EngineConfig(**settings)
+    except ValidationError as exc:
+        raise from_validation_error(
+            exc, source=source, element_of=lambda loc: ".".join(["engine", *map(str, loc)])
+        ) from None
+
+
+def _topic(item: Any, element: str, source: str, skip: bool) -> TopicConfig | None:
+    """One ``sow:`` item as a TopicConfig, or None when skipped as unsupported."""
+    if not isinstance(item, dict):
+        raise ConfigError(
+            source=source,
+            element=element,
+            problem=f"each topic must be a mapping like '- Name: orders', got {_kind(item)}",
+        )
+    name = item.get("Name")
+    skipping = f"topic {name!r}" if isinstance(name, str) else f"topic {element}"
+    for key in item:
+        if key in UNSUPPORTED_TOPIC_ELEMENTS:
+            error = ConfigError(
+                source=source,
+                element=f"{element}.{key}",
+                problem=f"{key} is not supported by sowstream yet",
+            )
+            skip_or_raise(error, skip=skip, skipping=skipping)
+            return None
+    message_type = item.get("MessageType")
+    if isinstance(message_type, str) and message_type.strip().lower() not in (
+        SUPPORTED_MESSAGE_TYPES
+    ):
+        error = ConfigError(
+            source=source,
+            element=f"{element}.MessageType",
+            problem=f"message type {message_type!r} is not supported by sowstream yet "
+            f"(supported: {', '.join(SUPPORTED_MESSAGE_TYPES)})",
+        )
+        skip_or_raise(error, skip=skip, skipping=skipping)
+        return None
+    _check_keys(item, TOPIC_KEYS, f"{element}.", source)
+
+    fields: dict[str, Any] = {}
+    for key, value in item.items():
+        if value is None:
+            continue  # "Key:" with nothing after it means "not given", as if the line were absent
+        if key == "HashIndex":
+            value = _hash_indexes(value, f"{element}.HashIndex", source)
+        elif key == "History":
+            value = _history(value, f"{element}.History", source)
+        fields[TOPIC_KEYS[key]] = value
+
+    def element_of(loc: Loc) -> str:
+        if not loc:
+            return element
+        field = str(loc[0])
+        path = f"{element}.{_TOPIC_FIELD_KEYS.get(field, field)}"
+        if field == "history" and len(loc) > 1:
+            path += f".{_HISTORY_FIELD_KEYS.get(str(loc[1]), str(loc[1]))}"
+        return path
+
+    try:
+        return TopicConfig(**fields)
+    except ValidationError as exc:
+        raise from_validation_error(exc, source=source, element_of=element_of) from None
+
+
+def _hash_indexes(value: Any, element: str, source: str) -> list[Any]:
+    """HashIndex in any accepted shape as a list of path lists.
+
+    Each item is a list of paths (one composite index), a ``{Key: ...}`` map, or a single path
+    (an index on that one field). A bare string is one single-field index.
+    """
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise ConfigError(
+            source=source,
+            element=element,
+            problem=f"must be a list of indexes, each a list of paths, got {_kind(value)}",
+        )
+    indexes: list[Any] = []
+    for number, item in enumerate(items):
+        if isinstance(item, dict):
+            _check_keys(item, ("Key",), f"{element}[{number}].", source)
+            if item.get("Key") is None:
+                raise ConfigError(
+                    source=source,
+                    element=f"{element}[{number}].Key",
+                    problem="a HashIndex needs at least one Key",
+                )
+            item = item["Key"]
+        indexes.append([item] if isinstance(item, str) else item)
+    return indexes
+
+
+def _history(value: Any, element: str, source: str) -> dict[str, Any]:
+    """``History: {Window: 7d, Granularity: 15m}`` as HistoryConfig fields."""
+    if not isinstance(value, dict):
+        raise ConfigError(
+            source=source,
+            element=element,
+            problem=f"must be a mapping like {{Window: 7d, Granularity: 15m}}, got {_kind(value)}",
+        )
+    _check_keys(value, HISTORY_KEYS, f"{element}.", source)
+    history: dict[str, Any] = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        if isinstance(item, int | float) and not isinstance(item, bool):
+            item = str(item)  # a bare number is seconds, as in AMPS
+        history[HISTORY_KEYS[key]] = item
+    return history
+
+
+def _check_keys(mapping: dict[Any, Any], allowed: Iterable[str], prefix: str, source: str) -> None:
+    """Refuse keys outside ``allowed`` (typos would otherwise be dropped silently)."""
+    allowed = list(allowed)
+    for key in mapping:
+        if isinstance(key, str) and key in allowed:
+            continue
+        close = difflib.get_close_matches(str(key), allowed, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            source=source,
+            element=f"{prefix}{key}",
+            problem=f"unknown key; {hint}expected one of: {', '.join(allowed)}",
+        )
+
+
+def _kind(value: Any) -> str:
+    """How YAML would describe ``value``'s type, for error messages."""
+    names: dict[type, str] = {dict: "a mapping", list: "a list", str: "a string"}
+    return names.get(type(value), repr(value))

@@ -1,0 +1,441 @@
+"""The validated, immutable configuration: engine settings and the SOW topic definitions.
+
+Field names are snake_case; the loaders map the AMPS element names (``Key``, ``HashIndex``, ...)
+onto them. Constructing a model directly raises pydantic's ``ValidationError`` (a ``ValueError``);
+the loaders turn that into a ``ConfigError`` that names the file and element.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from sowstream.config.errors import FieldProblem
+from sowstream.config.units import parse_interval, parse_size
+from sowstream.errors import InvalidCommandError, UnknownTopicError
+
+# Grow these Literals as message types and modes are implemented; validation follows them.
+MessageType = Literal["json"]
+Durability = Literal["persistent", "transient"]
+RecoveryPoint = Literal["epoch", "now"]
+ExpirationMode = Literal["disabled", "enabled", "default"]
+
+SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = get_args(MessageType)
+
+# Kafka caps topic names at 249 characters; the engine derives names such as
+# "<prefix>.log.<topic>" and "<app_id>-sow-<topic>-changelog", so both parts get a share.
+MAX_TOPIC_NAME = 180
+MAX_PREFIX = 48
+MIN_PARTITIONS = 1
+MAX_PARTITIONS = 1024
+
+_KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_KAFKA_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
+
+MIB = 1024 * 1024
+
+
+class _Frozen(BaseModel):
+    """Immutable and closed: unknown fields are errors, not silently dropped typos."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _kafka_name(value: object, what: str, limit: int) -> str:
+    """``value`` if Kafka can use it inside a topic name, else a ValueError that says why."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {value!r} (quote it in YAML)")
+    if not value:
+        raise ValueError(f"{what} is empty")
+    if not _KAFKA_NAME.fullmatch(value):
+        bad = "".join(sorted(set(_KAFKA_BAD_CHAR.findall(value))))
+        suggestion = _KAFKA_BAD_CHAR.sub("_", value)
+        raise ValueError(
+            f"{what} {value!r} contains {bad!r}, which Kafka topic names cannot hold: use only "
+            f"letters, digits, '.', '_' and '-' (for example {suggestion!r})"
+        )
+    if len(value) > limit:
+        raise ValueError(
+            f"{what} {value[:20]!r}... is {len(value)} characters; the limit is {limit} so the "
+            "Kafka topic names derived from it stay within Kafka's 249"
+        )
+    return value
+
+
+def _bounded_int(value: object, what: str, low: int, high: int) -> int:
+    """``value`` as an int in ``low..high``; bools and fractions are refused, digit strings not."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{what} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _choice(value: object, what: str, options: tuple[str, ...]) -> str:
+    """``value`` lower-cased if it is one of ``options``; AMPS spells these in lower case."""
+    if isinstance(value, str) and value.strip().lower() in options:
+        return value.strip().lower()
+    raise ValueError(f"{what} must be one of {', '.join(options)}, got {value!r}")
+
+
+def check_path(path: object, what: str = "path") -> str:
+    """An XPath-like field path such as ``/order/id``: leading ``/``, no empty segments."""
+    if not isinstance(path, str):
+        raise ValueError(f"{what} must be a path like '/id', got {path!r}")
+    text = path.strip()
+    if not text.startswith("/"):
+        raise ValueError(f"{what} {path!r} must start with '/', like '/id' or '/order/id'")
+    if any(not segment.strip() for segment in text[1:].split("/")):
+        raise ValueError(f"{what} {path!r} has an empty segment: write it like '/order/id'")
+    return text
+
+
+def _paths(value: object, what: str) -> tuple[str, ...]:
+    """One path or a list of them, each checked, order kept."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"{what} must be a path or a list of paths, got {value!r}")
+    return tuple(check_path(p, what) for p in value)
+
+
+def _interval_ms(value: object, what: str) -> int:
+    """Milliseconds from an interval string (``15m``) or an int that already counts milliseconds."""
+    if isinstance(value, str):
+        try:
+            return parse_interval(value)
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an interval like '15m', got {value!r}")
+    return value
+
+
+def _no_repeats(paths: tuple[str, ...], what: str) -> tuple[str, ...]:
+    seen: set[str] = set()
+    for path in paths:
+        if path in seen:
+            raise ValueError(f"{what} lists {path!r} twice")
+        seen.add(path)
+    return paths
+
+
+class ExpirationPolicy(_Frozen):
+    """How a topic expires records (AMPS ``Expiration``): not at all, per message, or by default.
+
+    ``disabled`` still stores per-message expirations without acting on them; ``enabled`` acts
+    only on per-message values; ``default`` gives messages without one ``default_ms`` to live.
+    """
+
+    mode: ExpirationMode = "disabled"
+    default_ms: int | None = None
+
+    @classmethod
+    def parse(cls, value: str | int | float) -> ExpirationPolicy:
+        """The policy an AMPS ``Expiration`` value names: disabled, enabled or an interval.
+
+        An interval of zero means ``enabled`` with no default; a bare number is seconds.
+        """
+        if isinstance(value, str) and value.strip().lower() in ("disabled", "enabled"):
+            return cls(mode="disabled" if value.strip().lower() == "disabled" else "enabled")
+        try:
+            millis = parse_interval(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"Expiration must be 'disabled', 'enabled' or an interval like '30s': {exc}"
+            ) from None
+        return cls(mode="enabled") if millis == 0 else cls(mode="default", default_ms=millis)
+
+    @model_validator(mode="after")
+    def _default_matches_mode(self) -> ExpirationPolicy:
+        if self.mode == "default" and (self.default_ms is None or self.default_ms <= 0):
+            raise FieldProblem("default_ms", "mode 'default' needs a default_ms above 0")
+        if self.mode != "default" and self.default_ms is not None:
+            raise FieldProblem("default_ms", f"mode {self.mode!r} takes no default_ms")
+        return self
+
+
+class HistoryConfig(_Frozen):
+    """Point-in-time query support (AMPS ``History``); stored now, used by a later feature."""
+
+    window_ms: int | None = None
+    granularity_ms: int = 0
+
+    @field_validator("window_ms", mode="before")
+    @classmethod
+    def _window(cls, value: object) -> int | None:
+        if value is None:
+            return None
+        millis = _interval_ms(value, "Window")
+        if millis <= 0:
+            raise ValueError("Window must be longer than 0 (leave it out to keep history forever)")
+        return millis
+
+    @field_validator("granularity_ms", mode="before")
+    @classmethod
+    def _granularity(cls, value: object) -> int:
+        return _interval_ms(value, "Granularity")
+
+    @model_validator(mode="after")
+    def _granularity_fits(self) -> HistoryConfig:
+        if self.granularity_ms < 0:
+            raise FieldProblem("granularity_ms", "Granularity cannot be negative")
+        if self.window_ms is not None and self.granularity_ms > self.window_ms:
+            raise FieldProblem(
+                "granularity_ms",
+                f"Granularity ({self.granularity_ms} ms) is longer than Window "
+                f"({self.window_ms} ms), so no history would be kept",
+            )
+        return self
+
+
+class TopicConfig(_Frozen):
+    """One SOW topic: how records are identified, indexed, stored, expired and partitioned."""
+
+    name: str
+    message_type: MessageType = "json"
+    keys: tuple[str, ...] = ()
+    key_domain: str | None = None
+    durability: Durability = "persistent"
+    recovery_point: RecoveryPoint = "epoch"
+    expiration: ExpirationPolicy = ExpirationPolicy()
+    hash_indexes: tuple[tuple[str, ...], ...] = ()
+    indexes: tuple[str, ...] = ()
+    partitions: int = 4
+    history: HistoryConfig | None = None
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: object) -> str:
+        return _kafka_name(value, "topic name", MAX_TOPIC_NAME)
+
+    @field_validator("message_type", mode="before")
+    @classmethod
+    def _message_type(cls, value: object) -> str:
+        if isinstance(value, str) and value.strip().lower() in SUPPORTED_MESSAGE_TYPES:
+            return value.strip().lower()
+        supported = ", ".join(SUPPORTED_MESSAGE_TYPES)
+        raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
+
+    @field_validator("keys", mode="before")
+    @classmethod
+    def _keys(cls, value: object) -> tuple[str, ...]:
+        return _no_repeats(_paths(value, "Key"), "Key")
+
+    @field_validator("key_domain", mode="before")
+    @classmethod
+    def _key_domain(cls, value: object) -> object:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"KeyDomain must be a non-empty string, got {value!r}")
+        return value
+
+    @field_validator("durability", mode="before")
+    @classmethod
+    def _durability(cls, value: object) -> str:
+        return _choice(value, "Durability", get_args(Durability))
+
+    @field_validator("recovery_point", mode="before")
+    @classmethod
+    def _recovery_point(cls, value: object) -> str:
+        return _choice(value, "RecoveryPoint", get_args(RecoveryPoint))
+
+    @field_validator("expiration", mode="before")
+    @classmethod
+    def _expiration(cls, value: object) -> object:
+        if isinstance(value, str | int | float) and not isinstance(value, bool):
+            return ExpirationPolicy.parse(value)
+        if isinstance(value, bool):
+            raise ValueError(
+                f"Expiration must be 'disabled', 'enabled' or an interval like '30s', got {value!r}"
+                " (quote the word in YAML: a bare off/on/no/yes is a boolean there)"
+            )
+        return value
+
+    @field_validator("hash_indexes", mode="before")
+    @classmethod
+    def _hash_indexes(cls, value: object) -> tuple[tuple[str, ...], ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"HashIndex must be a list of path lists, got {value!r}")
+        result = []
+        for index in value:
+            paths = _no_repeats(_paths(index, "HashIndex Key"), "a HashIndex")
+            if not paths:
+                raise ValueError("a HashIndex needs at least one Key")
+            result.append(paths)
+        return tuple(result)
+
+    @field_validator("hash_indexes", mode="after")
+    @classmethod
+    def _drop_implicit_and_repeated(
+        cls, value: tuple[tuple[str, ...], ...], info: ValidationInfo
+    ) -> tuple[tuple[str, ...], ...]:
+        # An index is a set of fields; the one on the Key fields always exists (all_hash_indexes),
+        # so declaring it again, or any index twice, would only maintain a redundant copy.
+        seen = {frozenset(info.data.get("keys", ()))}
+        kept = []
+        for index in value:
+            if frozenset(index) not in seen:
+                seen.add(frozenset(index))
+                kept.append(index)
+        return tuple(kept)
+
+    @field_validator("indexes", mode="before")
+    @classmethod
+    def _indexes(cls, value: object) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(_paths(value, "Index")))
+
+    @field_validator("partitions", mode="before")
+    @classmethod
+    def _partitions(cls, value: object) -> int:
+        return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> TopicConfig:
+        if self.key_domain is not None and not self.keys:
+            raise FieldProblem(
+                "key_domain",
+                "KeyDomain is only valid with Key fields: without them publishers supply the "
+                "SowKey and no key is generated",
+            )
+        if self.history is not None and self.expiration.mode != "disabled":
+            raise FieldProblem(
+                "expiration",
+                "Expiration must be 'disabled' when History is configured (historical state "
+                "cannot expire)",
+            )
+        return self
+
+    @property
+    def effective_key_domain(self) -> str:
+        """The seed of generated SowKeys: ``key_domain`` if set, else the topic name."""
+        return self.key_domain if self.key_domain is not None else self.name
+
+    @property
+    def user_supplied_keys(self) -> bool:
+        """True when no Key fields are configured, so each publish must carry its SowKey."""
+        return not self.keys
+
+    @property
+    def all_hash_indexes(self) -> tuple[tuple[str, ...], ...]:
+        """Every hash index to maintain: the implicit one on the Key fields first, if any."""
+        if not self.keys:
+            return self.hash_indexes
+        key_set = frozenset(self.keys)
+        return (self.keys, *(i for i in self.hash_indexes if frozenset(i) != key_set))
+
+
+class RocksDBConfig(_Frozen):
+    """Per-partition RocksDB sizing, kept small so several topics fit on a laptop."""
+
+    block_cache_size: int = 64 * MIB
+    write_buffer_size: int = 16 * MIB
+    max_write_buffer_number: int = 2
+
+    @field_validator("block_cache_size", "write_buffer_size", mode="before")
+    @classmethod
+    def _size(cls, value: object, info: ValidationInfo) -> int:
+        size = parse_size(value) if isinstance(value, str) else value
+        return _bounded_int(size, str(info.field_name), 1, 2**62)
+
+    @field_validator("max_write_buffer_number", mode="before")
+    @classmethod
+    def _count(cls, value: object) -> int:
+        return _bounded_int(value, "max_write_buffer_number", 1, 64)
+
+
+class EngineConfig(_Frozen):
+    """Settings of the engine process: Kafka connection, naming, local state and metrics."""
+
+    app_id: str = "sowstream"
+    bootstrap_servers: str | None = None
+    data_dir: str = ".sowstream/data"
+    topic_prefix: str = "sowstream"
+    replication_factor: int = 1
+    web_port: int | None = None
+    kafka: dict[str, str] = Field(default_factory=dict)
+    rocksdb: RocksDBConfig = RocksDBConfig()
+
+    @field_validator("app_id", "topic_prefix", mode="before")
+    @classmethod
+    def _names(cls, value: object, info: ValidationInfo) -> str:
+        return _kafka_name(value, str(info.field_name), MAX_PREFIX)
+
+    @field_validator("bootstrap_servers", "data_dir", mode="before")
+    @classmethod
+    def _non_empty(cls, value: object, info: ValidationInfo) -> object:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"{info.field_name} must be a non-empty string, got {value!r}")
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("replication_factor", mode="before")
+    @classmethod
+    def _replication(cls, value: object) -> int:
+        return _bounded_int(value, "replication_factor", 1, 32767)
+
+    @field_validator("web_port", mode="before")
+    @classmethod
+    def _port(cls, value: object) -> int | None:
+        return None if value is None else _bounded_int(value, "web_port", 1, 65535)
+
+    @field_validator("kafka", mode="before")
+    @classmethod
+    def _client_settings(cls, value: object) -> dict[str, str]:
+        # librdkafka wants every setting as text; YAML hands over ints and bools.
+        if not isinstance(value, Mapping):
+            raise ValueError(f"kafka must be a mapping of client settings, got {value!r}")
+        settings = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"kafka setting names must be strings, got {key!r}")
+            if isinstance(item, bool):
+                item = "true" if item else "false"
+            elif isinstance(item, int | float):
+                item = str(item)
+            elif not isinstance(item, str):
+                raise ValueError(f"kafka setting {key!r} must be a single value, got {item!r}")
+            settings[key] = item
+        return settings
+
+
+class SowstreamConfig(_Frozen):
+    """A whole configuration: the engine settings and the SOW topics, read from ``source``."""
+
+    engine: EngineConfig = EngineConfig()
+    topics: tuple[TopicConfig, ...] = ()
+    source: str = "<string>"
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> SowstreamConfig:
+        seen: set[str] = set()
+        for topic in self.topics:
+            if topic.name in seen:
+                raise FieldProblem("topics", f"topic {topic.name!r} is defined more than once")
+            seen.add(topic.name)
+        return self
+
+    def topic(self, name: str) -> TopicConfig:
+        """The topic called ``name``; UnknownTopicError if there is none."""
+        for topic in self.topics:
+            if topic.name == name:
+                return topic
+        raise UnknownTopicError(name)
+
+    def topics_matching(self, pattern: str) -> list[TopicConfig]:
+        """Topics whose whole name matches the regular expression ``pattern``, as AMPS queries do.
+
+        A plain name matches itself; an invalid pattern raises InvalidCommandError.
+        """
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise InvalidCommandError(
+                f"topic pattern {pattern!r} is not a valid regular expression: {exc}"
+            ) from None
+        return [t for t in self.topics if regex.fullmatch(t.name)]

@@ -1,0 +1,737 @@
+"""AMPS XML configuration: the spec chapters' own examples, loaded verbatim, strict and skipping."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from sowstream.config import ConfigError, ExpirationPolicy, HistoryConfig, load_config
+from sowstream.config import load_config_text as load
+
+# --- Examples copied verbatim from the AMPS documentation chapters in /work/shared/spec ---
+
+# Chapter 05 (SOW configuration), the SOW/Topic example.
+SPEC_05_SOW_EXAMPLE = """\
+<SOW>
+    <!-- Simple SOW topic definition -->
+    <Topic>
+        <Name>orders</Name>
+        <Key>/orderId</Key>
+        <MessageType>nvfix</MessageType>
+        <FileName>./sow/%n.sow</FileName>
+    </Topic>
+
+    <!-- SOW with hash indexes -->
+    <Topic>
+        <Name>customers</Name>
+        <Key>/customerId</Key>
+        <MessageType>json</MessageType>
+        <FileName>./sow/%n.sow</FileName>
+
+        <!-- Index for exact match on customerName -->
+        <HashIndex>
+            <Key>/customerName</Key>
+        </HashIndex>
+
+        <!-- Index for exact match on company -->
+        <HashIndex>
+             <Key>/company</Key>
+        </HashIndex>
+
+        <!-- Index for exact match on *both*
+            customerName and company.
+         -->
+        <HashIndex>
+            <Key>/customerName</Key>
+            <Key>/company</Key>
+        </HashIndex>
+
+    </Topic>
+
+    <!-- Historical SOW -->
+    <Topic>
+        <Name>catalog</Name>
+        <Key>/sku</Key>
+        <MessageType>json</MessageType>
+        <FileName>./sow/%n.sow</FileName>
+        <History>
+            <Window>7d</Window>
+            <Granularity>15m</Granularity>
+        </History>
+    </Topic>
+
+    <!-- SOW with enrichment
+
+        Add a /fullName field constructed
+        from /firstName and /lastName. -->
+    <Topic>
+        <Name>sales-reps</Name>
+        <Key>/employeeId</Key>
+        <MessageType>bflat</MessageType>
+        <FileName>./sow/%n.sow</FileName>
+        <Key>/id</Key>
+        <Enrichment>
+            <Field>CONCAT(/firstName, " ", /lastName) AS /fullName</Field>
+        </Enrichment>
+    </Topic>
+</SOW>
+"""
+
+# Chapter 05, SOW/Queue examples.
+SPEC_05_QUEUE_EXAMPLE = """\
+<!-- Notice that the topics to use for the queue (ORDERS_.*) must be
+    recorded in a transaction log. -->
+<SOW>
+    <Queue>
+        <Name>MQ</Name>
+        <MessageType>json</MessageType>
+        <UnderlyingTopic>ORDERS_.*</UnderlyingTopic>
+        <DefaultPublishTarget>ORDERS_DIRECT</DefaultPublishTarget>
+        <LeasePeriod>60s</LeasePeriod>
+        <Expiration>1d</Expiration>
+        <MaxBacklog>3</MaxBacklog>
+    </Queue>
+  </SOW>
+"""
+
+SPEC_05_GROUP_LOCAL_QUEUE_EXAMPLE = """\
+<SOW>
+    <GroupLocalQueue>
+        <Name>GroupQueue</Name>
+        <MessageType>json</MessageType>
+        <UnderlyingTopic>ORDERS_.*</UnderlyingTopic>
+        <DefaultPublishTarget>ORDERS_DIRECT</DefaultPublishTarget>
+        <GroupLocalQueueDomain>CONSUME_INSTANCES</GroupLocalQueueDomain>
+    </GroupLocalQueue>
+</SOW>
+"""
+
+# Chapter 05, SOW/View examples.
+SPEC_05_VIEW_EXAMPLE = """\
+<SOW>
+    <!-- Single topic aggregation -->
+    <Topic>
+        <Topic>/ett/order</Topic>
+        <MessageType>fix</MessageType>
+        <Key>/orderId</Key>
+    </Topic>
+    <View>
+        <MessageType>nvfix</MessageType>
+        <Topic>TOTAL_VALUE</Topic>
+        <UnderlyingTopic>/ett/order</UnderlyingTopic>
+        <Projection>
+            <Field>/109</Field>
+            <Field>SUM(/14 * /6) AS /71406</Field>
+        </Projection>
+        <Grouping>
+            <Field>/109</Field>
+        </Grouping>
+    </View>
+
+    <!-- Single topic aggregation with filter -->
+    <Topic>
+        <Name>orders</Name>
+        <MessageType>json</MessageType>
+        <Key>/orderId</Key>
+        <FileName>./sow/%n.sow</FileName>
+    </Topic>
+    <View>
+        <Name>CompleteByRegion</Name>
+        <UnderlyingTopic>orders</UnderlyingTopic>
+        <MessageType>json</MessageType>
+        <Projection>
+            <Field>COUNT(/orderId) AS /completedOrders</Field>
+            <Field>/region AS /region</Field>
+        </Projection>
+        <Grouping>
+            <Field>/region</Field>
+        </Grouping>
+        <Filter>/status = 'complete'</Filter>
+    </View>
+
+  <!-- Single topic aggregation with a hash index
+       for faster query. -->
+  <Topic>
+      <Name>source-for-hash-sample</Name>
+      <MessageType>json</MessageType>
+      <Key>/id</Key>
+      <FileName>./sow/%n.sow</FileName>
+  </Topic>
+  <View>
+      <Name>hash-sample-view</Name>
+      <MessageType>json</MessageType>
+      <UnderlyingTopic>source-for-hash-sample</UnderlyingTopic>
+      <Projection>
+         <Field>SUM(/qty) as /quantity</Field>
+         <Field>/customerName</Field>
+         <Field>/orderType</Field>
+       </Projection>
+       <Grouping>
+         <Field>/customerName</Field>
+         <Field>/orderType</Field>
+       </Grouping>
+       <!-- provide fast query for exact matches on
+            *either* name or orderType -->
+       <HashIndex>
+          <Key>/name</Key>
+       </HashIndex>
+       <HashIndex>
+          <Key>/orderType</Key>
+       </HashIndex>
+   </View>
+
+    <!-- Project from one message type to another -->
+    <Topic>
+        <Name>example</Name>
+        <MessageType>json</MessageType>
+        <Key>/id</Key>
+        <FileName>./sow/%n.sow</FileName>
+    </Topic>
+    <View>
+        <!-- notice that nvfix topic named 'example' is not the same topic as the json
+            topic named 'example' -->
+        <Name>example</Name>
+        <MessageType>nvfix</MessageType>
+        <UnderlyingTopic>[json].[example]</UnderlyingTopic>
+        <Projection>
+            <Field>[json].[example]./id AS /id</Field>
+        </Projection>
+        <Grouping>
+            <Field>[json].[example]./id</Field>
+        </Grouping>
+    </View>
+
+   <!-- JOIN topics -->
+   <Topic>
+        <Name>ORDERS</Name>
+        <MessageType>nvfix</MessageType>
+        <Key>/OrderID</Key>
+        <FileName>./sow/%n.sow</FileName>
+    </Topic>
+    <Topic>
+        <Name>COMPANIES</Name>
+        <MessageType>nvfix</MessageType>
+        <Key>/CompanyId</Key>
+        <FileName>./sow/%n.sow</FileName>
+    </Topic>
+    <View>
+        <Name>TOTAL_COMPANY_VOLUME</Name>
+        <UnderlyingTopic>
+            <Join>[ORDERS]./Tick = [COMPANIES]./Tick</Join>
+        </UnderlyingTopic>
+        <MessageType>nvfix</MessageType>
+        <Projection>
+            <Field>[COMPANIES]./CompanyId</Field>
+            <Field>[COMPANIES]./Tick</Field>
+            <Field>[COMPANIES]./Name</Field>
+            <Field>SUM([ORDERS]./Shares) AS /TotalVolume</Field>
+        </Projection>
+        <Grouping>
+            <Field>[ORDERS]./Tick</Field>
+        </Grouping>
+    </View>
+</SOW>
+"""
+
+# Chapter 01 (State of the World), custom SOW key generator.
+SPEC_01_KEY_GENERATOR = """\
+<AMPSConfig>
+...
+<!-- load the module -->
+<Modules>
+<Module>
+<Name>key-generator</Name>
+<Library>libmy_key_generator.so</Library>
+</Module>
+</Modules>
+<!-- use the module to generate keys -->
+<SOW>
+<Topic>
+<Name>custom-keyed-sow</Name>
+<FileName>./sow/%n.sow</FileName>
+<KeyGenerator>
+<Module>key-generator</Module>
+<Options>
+<OptionOne>module-specific-option</OptionOne>
+<OptionTwo>another-specific-option</OptionTwo>
+</Options>
+</KeyGenerator>
+</Topic>
+</SOW>
+...
+</AMPSConfig>
+"""
+
+# Chapter 01, Example 7.1: Topic Expiration.
+SPEC_01_EXAMPLE_7_1 = """\
+<SOW>
+<Topic>
+<Name>ORDERS</Name>
+<FileName>sow/%n.sow</FileName>
+<Expiration>30s</Expiration>
+<Key>/55</Key>
+<Key>/109</Key>
+<MessageType>fix</MessageType>
+</Topic>
+</SOW>
+"""
+
+# Chapter 01, Example 7.2: Topic Expiration.
+SPEC_01_EXAMPLE_7_2 = """\
+<SOW>
+<Topic>
+<Name>ORDERS</Name>
+<FileName>sow/%n.sow</FileName>
+<Expiration>enabled</Expiration>
+<Key>/55</Key>
+<Key>/109</Key>
+<MessageType>fix</MessageType>
+</Topic>
+</SOW>
+"""
+
+# Chapter 01, Example 7.3: Sample SOW Configuration.
+SPEC_01_EXAMPLE_7_3 = """\
+<SOW>
+<Topic>
+<Name>ORDERS</Name>
+<FileName>sow/%n.sow</FileName>
+<Key>/invoice</Key>
+<Key>/customerId</Key>
+<MessageType>json</MessageType>
+<SlabSize>1MB</SlabSize>
+<HashIndex>
+<Key>/region</Key>
+</HashIndex>
+</Topic>
+<Topic>
+<Name>ALERTS</Name>
+<FileName>sow/%n.sow</FileName>
+<Key>/alert/id</Key>
+<MessageType>xml</MessageType>
+<!-- Pregenerate an index for the /alert/type element. This is seldom necessary,
+since AMPS will generate the index when it is needed, but the directive is included here
+for example purposes. -->
+<Index>/alert/type</Index>
+</Topic>
+</SOW>
+"""
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SECONDS = 1000
+MINUTES = 60 * SECONDS
+DAYS = 24 * 60 * MINUTES
+
+
+def load_error(text: str, **kwargs: bool) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        load(text, "amps.xml", **kwargs)
+    return caught.value
+
+
+def sow(topics: str) -> str:
+    return f"<SOW>{topics}</SOW>"
+
+
+def json_topic(body: str, name: str = "t") -> str:
+    return f"<Topic><Name>{name}</Name><MessageType>json</MessageType>{body}</Topic>"
+
+
+# --- Chapter 05 SOW/Topic example ---
+
+
+def test_spec_05_example_strict_stops_at_the_nvfix_orders_topic() -> None:
+    err = load_error(SPEC_05_SOW_EXAMPLE)
+    assert err.source == "amps.xml"
+    assert err.element == "SOW/Topic[orders]/MessageType"
+    assert "'nvfix' is not supported" in err.problem
+    assert "json" in err.problem
+    assert str(err) == f"amps.xml: SOW/Topic[orders]/MessageType: {err.problem}"
+
+
+def test_spec_05_example_skipping_keeps_customers_and_catalog(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="sowstream.config")
+    config = load(SPEC_05_SOW_EXAMPLE, "amps.xml", skip_unsupported=True)
+
+    assert [t.name for t in config.topics] == ["customers", "catalog"]
+    customers = config.topic("customers")
+    assert customers.keys == ("/customerId",)
+    assert customers.hash_indexes == (
+        ("/customerName",),
+        ("/company",),
+        ("/customerName", "/company"),
+    )
+    assert customers.all_hash_indexes[0] == ("/customerId",)
+    assert len(customers.all_hash_indexes) == 4
+    catalog = config.topic("catalog")
+    assert catalog.keys == ("/sku",)
+    assert catalog.hash_indexes == ()
+    assert catalog.history == HistoryConfig(window_ms=7 * DAYS, granularity_ms=15 * MINUTES)
+    assert catalog.expiration == ExpirationPolicy(mode="disabled")
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        "SOW/Topic[orders]/MessageType" in w and "skipping topic 'orders'" in w for w in warnings
+    )
+    assert any("SOW/Topic[sales-reps]" in w for w in warnings)
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("SOW/Topic[customers]/FileName" in i and "RocksDB" in i for i in infos)
+
+
+def test_spec_05_example_from_a_file_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "amps.xml"
+    path.write_text(SPEC_05_SOW_EXAMPLE)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert caught.value.source == str(path)
+    assert caught.value.element == "SOW/Topic[orders]/MessageType"
+    assert [t.name for t in load_config(path, skip_unsupported=True).topics] == [
+        "customers",
+        "catalog",
+    ]
+
+
+# --- Chapter 01 examples ---
+
+
+def test_spec_01_example_7_3_strict_rejects_the_xml_alerts_topic() -> None:
+    err = load_error(SPEC_01_EXAMPLE_7_3)
+    assert err.element == "SOW/Topic[ALERTS]/MessageType"
+    assert "'xml' is not supported" in err.problem
+
+
+def test_spec_01_example_7_3_skipping_keeps_orders(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sowstream.config")
+    config = load(SPEC_01_EXAMPLE_7_3, "amps.xml", skip_unsupported=True)
+
+    (orders,) = config.topics
+    assert orders.name == "ORDERS"
+    assert orders.message_type == "json"
+    assert orders.keys == ("/invoice", "/customerId")
+    assert orders.hash_indexes == (("/region",),)
+    assert orders.all_hash_indexes == (("/invoice", "/customerId"), ("/region",))
+    assert orders.effective_key_domain == "ORDERS"
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any("SOW/Topic[ORDERS]/SlabSize" in i and "ignored" in i for i in infos)
+    assert any("skipping topic 'ALERTS'" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("example", [SPEC_01_EXAMPLE_7_1, SPEC_01_EXAMPLE_7_2])
+def test_spec_01_expiration_examples_use_fix_so_strict_fails(example: str) -> None:
+    err = load_error(example)
+    assert err.element == "SOW/Topic[ORDERS]/MessageType"
+    assert "'fix'" in err.problem
+    assert load(example, skip_unsupported=True).topics == ()
+
+
+def test_spec_01_example_7_1_as_json_expires_after_30s_by_default() -> None:
+    text = SPEC_01_EXAMPLE_7_1.replace("<MessageType>fix<", "<MessageType>json<")
+    (orders,) = load(text).topics
+    assert orders.expiration == ExpirationPolicy(mode="default", default_ms=30 * SECONDS)
+    assert orders.keys == ("/55", "/109")
+
+
+def test_spec_01_example_7_2_as_json_processes_per_message_expiration_only() -> None:
+    text = SPEC_01_EXAMPLE_7_2.replace("<MessageType>fix<", "<MessageType>json<")
+    (orders,) = load(text).topics
+    assert orders.expiration == ExpirationPolicy(mode="enabled", default_ms=None)
+
+
+def test_spec_01_key_generator_is_not_supported_yet() -> None:
+    err = load_error(SPEC_01_KEY_GENERATOR)
+    assert err.element == "SOW/Topic[custom-keyed-sow]/KeyGenerator"
+    assert "not supported" in err.problem
+    assert load(SPEC_01_KEY_GENERATOR, skip_unsupported=True).topics == ()
+
+
+# --- Queues and views inside SOW ---
+
+
+@pytest.mark.parametrize(
+    ("example", "element"),
+    [
+        (SPEC_05_QUEUE_EXAMPLE, "SOW/Queue[MQ]"),
+        (SPEC_05_GROUP_LOCAL_QUEUE_EXAMPLE, "SOW/GroupLocalQueue[GroupQueue]"),
+    ],
+)
+def test_spec_05_queues_are_not_supported_yet(
+    example: str, element: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    err = load_error(example)
+    assert err.element == element
+    assert "not supported by sowstream yet" in err.problem
+    assert load(example, skip_unsupported=True).topics == ()
+    assert any(element in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+def test_spec_05_view_example_keeps_only_json_topics_when_skipping() -> None:
+    err = load_error(SPEC_05_VIEW_EXAMPLE)
+    assert err.element == "SOW/Topic[/ett/order]/MessageType"
+    config = load(SPEC_05_VIEW_EXAMPLE, skip_unsupported=True)
+    assert [t.name for t in config.topics] == ["orders", "source-for-hash-sample", "example"]
+
+
+@pytest.mark.parametrize(
+    "tag", ["Queue", "LocalQueue", "GroupLocalQueue", "QueueDefinition", "View", "ConflatedTopic"]
+)
+def test_every_non_topic_definition_is_reported(tag: str) -> None:
+    text = sow(f"<{tag}><Name>x</Name></{tag}>" + json_topic("<Key>/id</Key>"))
+    err = load_error(text)
+    assert err.element == f"SOW/{tag}[x]"
+    assert f"<{tag}> definitions are not supported" in err.problem
+    assert [t.name for t in load(text, skip_unsupported=True).topics] == ["t"]
+
+
+# --- Document shapes and synonyms ---
+
+
+def test_whole_amps_config_with_other_sections() -> None:
+    text = (
+        "<?xml version='1.0'?><AMPSConfig><Name>inst</Name><Transports/>"
+        + sow(json_topic("<Key>/id</Key>"))
+        + "<TransactionLog><JournalDirectory>x</JournalDirectory></TransactionLog></AMPSConfig>"
+    )
+    assert [t.name for t in load(text).topics] == ["t"]
+
+
+def test_amps_config_without_sow_has_no_topics() -> None:
+    assert load("<AMPSConfig><Name>inst</Name></AMPSConfig>").topics == ()
+
+
+def test_pre_5_synonyms_topic_metadata_topic_definition_topic_and_duration() -> None:
+    text = """
+    <TopicMetaData>
+      <TopicDefinition>
+        <Topic>legacy</Topic>
+        <MessageType>json</MessageType>
+        <Key>/id</Key>
+        <Duration>transient</Duration>
+        <RecoveryPoint>now</RecoveryPoint>
+      </TopicDefinition>
+    </TopicMetaData>"""
+    (legacy,) = load(text).topics
+    assert legacy.name == "legacy"
+    assert legacy.durability == "transient"
+    assert legacy.recovery_point == "now"
+
+
+def test_topic_metadata_inside_amps_config() -> None:
+    text = "<AMPSConfig><TopicMetaData>" + json_topic("") + "</TopicMetaData></AMPSConfig>"
+    (topic,) = load(text).topics
+    assert topic.user_supplied_keys
+
+
+def test_name_wins_when_topic_agrees_and_disagreement_is_an_error() -> None:
+    same = "<SOW><Topic><Name>a</Name><Topic>a</Topic><MessageType>json</MessageType></Topic></SOW>"
+    assert load(same).topics[0].name == "a"
+    err = load_error(same.replace("<Topic>a</Topic>", "<Topic>b</Topic>"))
+    assert err.element == "SOW/Topic[a]/Topic"
+    assert "disagrees" in err.problem
+
+
+def test_missing_message_type_means_json_and_case_is_ignored() -> None:
+    text = sow(
+        "<Topic><Name>a</Name></Topic><Topic><Name>b</Name><MessageType>JSON</MessageType></Topic>"
+    )
+    assert [t.message_type for t in load(text).topics] == ["json", "json"]
+
+
+def test_all_supported_elements() -> None:
+    text = sow(
+        json_topic(
+            "<Key>/a</Key><Key>/b/c</Key><KeyDomain>dom</KeyDomain>"
+            "<Durability>persistent</Durability><RecoveryPoint>epoch</RecoveryPoint>"
+            "<Expiration>0s</Expiration><HashIndex><Key>/x</Key><Key>/y</Key></HashIndex>"
+            "<Index>/q</Index><Index>/r</Index><Partitions>8</Partitions>",
+            name="all",
+        )
+    )
+    (topic,) = load(text).topics
+    assert topic.keys == ("/a", "/b/c")
+    assert topic.effective_key_domain == "dom"
+    assert topic.expiration == ExpirationPolicy(mode="enabled")
+    assert topic.hash_indexes == (("/x", "/y"),)
+    assert topic.indexes == ("/q", "/r")
+    assert topic.partitions == 8
+
+
+def test_ignored_storage_elements_are_logged_with_topic_and_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="sowstream.config")
+    ignored = {
+        "FileName": "./sow/%n.sow",
+        "SlabSize": "5MB",
+        "InitialSlabCount": "1",
+        "RecordSize": "512",
+        "InitialSize": "2048",
+        "IncrementSize": "1000",
+        "ExpectedKeyCountHint": "536870912",
+    }
+    body = "".join(f"<{tag}>{value}</{tag}>" for tag, value in ignored.items())
+    (topic,) = load(sow(json_topic(body, name="big")), "amps.xml").topics
+    assert topic.name == "big"
+    messages = [r.getMessage() for r in caplog.records]
+    for tag in ignored:
+        assert any(f"SOW/Topic[big]/{tag}: ignored:" in m and "RocksDB" in m for m in messages), tag
+    assert all(r.name == "sowstream.config" and r.levelname == "INFO" for r in caplog.records)
+
+
+# --- Unsupported topic elements ---
+
+
+@pytest.mark.parametrize(
+    "element",
+    [
+        "<KeyGenerator><Module>m</Module></KeyGenerator>",
+        "<Preprocessing><Field>1 AS /x</Field></Preprocessing>",
+        "<Enrichment><Field>1 AS /x</Field></Enrichment>",
+        "<Pattern>orders_.*</Pattern>",
+    ],
+)
+def test_unsupported_topic_elements(element: str, caplog: pytest.LogCaptureFixture) -> None:
+    tag = element[1 : element.index(">")]
+    text = sow(json_topic("<Key>/id</Key>" + element, name="x") + json_topic("", name="y"))
+    err = load_error(text)
+    assert err.element == f"SOW/Topic[x]/{tag}"
+    assert err.problem == f"<{tag}> is not supported by sowstream yet"
+    assert [t.name for t in load(text, skip_unsupported=True).topics] == ["y"]
+    assert any("skipping topic 'x'" in r.getMessage() for r in caplog.records)
+
+
+def test_unknown_topic_element_is_an_error_or_skips_the_topic() -> None:
+    text = sow(json_topic("<Kye>/id</Kye>", name="x"))
+    err = load_error(text)
+    assert err.element == "SOW/Topic[x]/Kye"
+    assert "unknown element <Kye>" in err.problem
+    assert load(text, skip_unsupported=True).topics == ()
+
+
+def test_unknown_sow_element() -> None:
+    err = load_error(sow("<Topics><Name>x</Name></Topics>"))
+    assert err.element == "SOW/Topics[x]"
+    assert "unknown element <Topics> in <SOW>" in err.problem
+
+
+# --- Errors ---
+
+
+def test_malformed_xml_reports_the_line() -> None:
+    err = load_error("<SOW>\n  <Topic>\n    <Name>x</Nam>\n  </Topic>\n</SOW>\n")
+    assert err.element == "line 3, column 14"
+    assert err.problem == "malformed XML: mismatched tag"
+
+
+def test_not_an_amps_document() -> None:
+    err = load_error("<html><body/></html>")
+    assert err.element == "html"
+    assert "<AMPSConfig>, <SOW> or <TopicMetaData>" in err.problem
+
+
+def test_nameless_topic() -> None:
+    err = load_error(sow("<Topic><MessageType>json</MessageType></Topic>"))
+    assert err.element == "SOW/Topic[#1]/Name"
+    assert err.problem == "is required"
+
+
+def test_duplicate_topic_names() -> None:
+    err = load_error(sow(json_topic("", name="a") + json_topic("", name="a")))
+    assert err.element == "SOW/Topic[a]/Name"
+    assert "already defined at SOW/Topic[a]" in err.problem
+
+
+def test_element_given_twice() -> None:
+    err = load_error(sow(json_topic("<Expiration>1s</Expiration><Expiration>2s</Expiration>")))
+    assert err.element == "SOW/Topic[t]/Expiration"
+    assert "appears 2 times" in err.problem
+
+
+def test_durability_and_duration_together() -> None:
+    err = load_error(
+        sow(json_topic("<Durability>transient</Durability><Duration>transient</Duration>"))
+    )
+    assert err.element == "SOW/Topic[t]/Duration"
+    assert "not both" in err.problem
+
+
+@pytest.mark.parametrize(
+    ("body", "element", "problem"),
+    [
+        ("<Key></Key>", "SOW/Topic[t]/Key", "<Key> is empty"),
+        ("<Key><x/></Key>", "SOW/Topic[t]/Key", "must hold text"),
+        ("<Key>id</Key>", "SOW/Topic[t]/Key", "must start with '/'"),
+        ("<Key>/a//b</Key>", "SOW/Topic[t]/Key", "empty segment"),
+        ("<Key>/a</Key><Key>/a</Key>", "SOW/Topic[t]/Key", "twice"),
+        ("<HashIndex/>", "SOW/Topic[t]/HashIndex[1]", "at least one <Key>"),
+        (
+            "<HashIndex><Field>/a</Field></HashIndex>",
+            "SOW/Topic[t]/HashIndex[1]/Field",
+            "only <Key>",
+        ),
+        ("<HashIndex><Key>a</Key></HashIndex>", "SOW/Topic[t]/HashIndex", "must start with '/'"),
+        ("<Index>a</Index>", "SOW/Topic[t]/Index", "must start with '/'"),
+        ("<KeyDomain>d</KeyDomain>", "SOW/Topic[t]/KeyDomain", "only valid with Key"),
+        ("<Expiration>soon</Expiration>", "SOW/Topic[t]/Expiration", "'soon'"),
+        ("<Expiration>-1s</Expiration>", "SOW/Topic[t]/Expiration", "negative"),
+        ("<Durability>forever</Durability>", "SOW/Topic[t]/Durability", "persistent, transient"),
+        ("<Duration>forever</Duration>", "SOW/Topic[t]/Duration", "persistent, transient"),
+        ("<RecoveryPoint>2024</RecoveryPoint>", "SOW/Topic[t]/RecoveryPoint", "epoch, now"),
+        ("<Partitions>0</Partitions>", "SOW/Topic[t]/Partitions", "between 1 and 1024"),
+        ("<Partitions>many</Partitions>", "SOW/Topic[t]/Partitions", "whole number"),
+        (
+            "<History><Window>1d</Window></History><Expiration>1s</Expiration>",
+            "SOW/Topic[t]/Expiration",
+            "must be 'disabled' when History",
+        ),
+        ("<History><Window>1x</Window></History>", "SOW/Topic[t]/History/Window", "unknown unit"),
+        ("<History><Size>1</Size></History>", "SOW/Topic[t]/History/Size", "only <Window>"),
+        (
+            "<History><Window>1m</Window><Granularity>1h</Granularity></History>",
+            "SOW/Topic[t]/History/Granularity",
+            "longer than Window",
+        ),
+        ("<SlabSize>lots</SlabSize>", "SOW/Topic[t]/SlabSize", "'lots'"),
+        ("<InitialSlabCount>x</InitialSlabCount>", "SOW/Topic[t]/InitialSlabCount", "whole number"),
+    ],
+)
+def test_bad_values_name_the_element(body: str, element: str, problem: str) -> None:
+    err = load_error(sow(json_topic(body)))
+    assert err.element == element
+    assert problem in err.problem
+    # Bad values are never "unsupported": skipping does not hide them.
+    assert load_error(sow(json_topic(body)), skip_unsupported=True).element == element
+
+
+def test_amps_topic_names_must_suit_kafka() -> None:
+    err = load_error(sow(json_topic("<Key>/id</Key>", name="/ett/order")))
+    assert err.element == "SOW/Topic[/ett/order]/Name"
+    assert "Kafka" in err.problem
+    assert "'_ett_order'" in err.problem
+
+
+def test_history_defaults_and_xml_encoding_declaration(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.xml"
+    xml = sow(json_topic("<Key>/id</Key><History/>", name="caf\u00e9"))
+    path.write_bytes(b"<?xml version='1.0' encoding='ISO-8859-1'?>\n" + xml.encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert (
+        "caf\u00e9" in caught.value.element
+    )  # decoded per the declaration, then refused by Kafka rules
+    path.write_bytes(
+        b"<?xml version='1.0' encoding='ISO-8859-1'?>\n"
+        + xml.replace("caf\u00e9", "cafe").encode("latin-1")
+    )
+    (topic,) = load_config(path).topics
+    assert topic.history == HistoryConfig(window_ms=None, granularity_ms=0)
+
+
+def test_example_amps_file_loads_strictly() -> None:
+    config = load_config(EXAMPLES / "amps-sow.xml")
+    assert config.source.endswith("amps-sow.xml")
+    names = [t.name for t in config.topics]
+    assert names and all(t.message_type == "json" for t in config.topics)
