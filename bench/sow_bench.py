@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import psutil
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 from rich.console import Console
 from rich.table import Table
 
@@ -40,11 +40,19 @@ def make_updates(n: int, keys: int, seed: int = 1) -> list[bytes]:
     out = []
     for i in range(n):
         k = rng.randrange(keys)
-        out.append(orjson.dumps({
-            "id": k, "customer": f"c{k % 1000}", "region": f"r{k % 1000}",
-            "qty": rng.randrange(1000), "px": round(100 + rng.random() * 10, 2),
-            "side": sides[k % 2], "seq": i,
-        }))
+        out.append(
+            orjson.dumps(
+                {
+                    "id": k,
+                    "customer": f"c{k % 1000}",
+                    "region": f"r{k % 1000}",
+                    "qty": rng.randrange(1000),
+                    "px": round(100 + rng.random() * 10, 2),
+                    "side": sides[k % 2],
+                    "seq": i,
+                }
+            )
+        )
     return out
 
 
@@ -52,8 +60,14 @@ def relay_rate(bootstrap: str, source: str, n: int) -> float:
     """Bare confluent-kafka consume -> produce of the same n log records."""
     target = f"{source}.relay"
     ensure_topics(bootstrap, [TopicSpec(target, PARTITIONS)])
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([source])
     producer = Producer(producer_config(bootstrap))
     done = 0
@@ -67,8 +81,9 @@ def relay_rate(bootstrap: str, source: str, n: int) -> float:
                 continue
             while True:
                 try:
-                    producer.produce(target, key=msg.key(), value=msg.value(),
-                                     headers=msg.headers())
+                    producer.produce(
+                        target, key=msg.key(), value=msg.value(), headers=msg.headers()
+                    )
                     break
                 except BufferError:
                     producer.poll(0.01)
@@ -84,8 +99,9 @@ def relay_rate(bootstrap: str, source: str, n: int) -> float:
 def scrape(port: int, metric: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(metric + "{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(metric + "{")
+    )
 
 
 def free_port() -> int:
@@ -126,15 +142,40 @@ def main() -> None:
         stack.callback(shutil.rmtree, work, True)
         prefix = f"bench{uuid.uuid4().hex[:6]}"
         config = work / "bench.yaml"
-        config.write_text(yaml.safe_dump({
-            "engine": {"app_id": prefix, "topic_prefix": prefix},
-            "sow": [{"Name": "orders", "Key": "/id", "Partitions": PARTITIONS,
-                     "HashIndex": [["/customer"]]}],
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "engine": {"app_id": prefix, "topic_prefix": prefix},
+                    "sow": [
+                        {
+                            "Name": "orders",
+                            "Key": "/id",
+                            "Partitions": PARTITIONS,
+                            "HashIndex": [["/customer"]],
+                        }
+                    ],
+                }
+            )
+        )
         port = free_port()
-        cmd = [sys.executable, "-m", "sowstream", "worker", "--config", str(config),
-               "--bootstrap", bootstrap, "--name", "bench", "--data-dir", str(work / "data"),
-               "--log-level", "warning", "--metrics-port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sowstream",
+            "worker",
+            "--config",
+            str(config),
+            "--bootstrap",
+            bootstrap,
+            "--name",
+            "bench",
+            "--data-dir",
+            str(work / "data"),
+            "--log-level",
+            "warning",
+            "--metrics-port",
+            str(port),
+        ]
 
         def start_worker() -> subprocess.Popen[bytes]:
             log = open(work / "worker.log", "ab")  # noqa: SIM115
@@ -199,27 +240,44 @@ def main() -> None:
             raw_bytes = sum(final.values())
             rocks = dir_size(work / "data" / "bench")
 
-    table = Table(title=f"sowstream SOW benchmark: {args.updates:,} updates, {args.keys:,} keys, "
-                        f"{PARTITIONS} partitions, 1 worker")
+    table = Table(
+        title=f"sowstream SOW benchmark: {args.updates:,} updates, {args.keys:,} keys, "
+        f"{PARTITIONS} partitions, 1 worker"
+    )
     table.add_column("measure")
     table.add_column("value", justify="right")
     table.add_column("ratio", justify="right")
     table.add_row("bare confluent-kafka relay (consume→produce)", f"{relay:,.0f} msg/s", "1.00")
-    table.add_row("SOW updates applied (1 worker)", f"{apply_rate:,.0f} upd/s",
-                  f"{apply_rate / relay:.2f}× relay")
-    table.add_row("client publish", f"{publish_rate:,.0f} msg/s", f"{publish_rate / relay:.2f}×")
+    table.add_row(
+        "SOW updates applied (1 worker)",
+        f"{apply_rate:,.0f} upd/s",
+        f"{apply_rate / relay:.2f}x relay",
+    )
+    table.add_row("client publish", f"{publish_rate:,.0f} msg/s", f"{publish_rate / relay:.2f}x")
     table.add_row(f"query full scan ({full_n:,} records)", f"{full_n / full_t:,.0f} rec/s", "")
-    table.add_row(f"query range /qty > 900 ({range_n:,})", f"{range_t * 1000:,.0f} ms",
-                  f"{range_n / range_t:,.0f} rec/s")
-    table.add_row(f"query hash index /customer = 'c42' ({hash_n})", f"{hash_t * 1000:,.1f} ms",
-                  f"{scan_t / hash_t:.1f}× faster than scan")
-    table.add_row(f"query same equality, no index /region = 'r42' ({scan_n})",
-                  f"{scan_t * 1000:,.1f} ms", "1.0")
-    table.add_row(f"query Key lookup /id = 4242 ({key_n})", f"{key_t * 1000:,.1f} ms",
-                  f"{scan_t / key_t:.1f}× faster than scan")
+    table.add_row(
+        f"query range /qty > 900 ({range_n:,})",
+        f"{range_t * 1000:,.0f} ms",
+        f"{range_n / range_t:,.0f} rec/s",
+    )
+    table.add_row(
+        f"query hash index /customer = 'c42' ({hash_n})",
+        f"{hash_t * 1000:,.1f} ms",
+        f"{scan_t / hash_t:.1f}x faster than scan",
+    )
+    table.add_row(
+        f"query same equality, no index /region = 'r42' ({scan_n})",
+        f"{scan_t * 1000:,.1f} ms",
+        "1.0",
+    )
+    table.add_row(
+        f"query Key lookup /id = 4242 ({key_n})",
+        f"{key_t * 1000:,.1f} ms",
+        f"{scan_t / key_t:.1f}x faster than scan",
+    )
     table.add_row("raw SOW data (latest value per key)", f"{raw_bytes / 1e6:,.1f} MB", "1.00")
-    table.add_row("RocksDB directory", f"{rocks / 1e6:,.1f} MB", f"{rocks / raw_bytes:.2f}× raw")
-    table.add_row("worker RSS", f"{rss / 1e6:,.0f} MB", f"{rss / raw_bytes:.2f}× raw")
+    table.add_row("RocksDB directory", f"{rocks / 1e6:,.1f} MB", f"{rocks / raw_bytes:.2f}x raw")
+    table.add_row("worker RSS", f"{rss / 1e6:,.0f} MB", f"{rss / raw_bytes:.2f}x raw")
     Console().print(table)
 
 

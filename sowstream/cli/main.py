@@ -20,8 +20,11 @@ from sowstream.config import ConfigError, load_config
 from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError
 
-app = typer.Typer(help="sowstream: a State-of-the-World engine on Apache Kafka.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="sowstream: a State-of-the-World engine on Apache Kafka.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 app.add_typer(broker_app, name="broker", help="Run the embedded local Kafka broker.")
 
 err = Console(stderr=True)
@@ -29,9 +32,15 @@ out = Console()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-Bootstrap = Annotated[str | None, typer.Option(
-    "--bootstrap", "-b", envvar="SOWSTREAM_BOOTSTRAP",
-    help="Kafka bootstrap servers (default: the local broker).")]
+Bootstrap = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap",
+        "-b",
+        envvar="SOWSTREAM_BOOTSTRAP",
+        help="Kafka bootstrap servers (default: the local broker).",
+    ),
+]
 Prefix = Annotated[str, typer.Option(help="Topic prefix of the engine.")]
 
 
@@ -57,21 +66,33 @@ def worker(
     name: Annotated[str | None, typer.Option(help="Worker name; keeps its RocksDB dir.")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Overrides engine.data_dir.")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
-    skip_unsupported: Annotated[bool, typer.Option(
-        help="Skip AMPS topics/elements sowstream does not support yet, with a warning.")] = False,
-    metrics_port: Annotated[int | None, typer.Option(
-        help="Serve Prometheus metrics on 127.0.0.1:PORT.")] = None,
+    skip_unsupported: Annotated[
+        bool,
+        typer.Option(
+            help="Skip AMPS topics/elements sowstream does not support yet, with a warning."
+        ),
+    ] = False,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+    ] = None,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
     from sowstream.engine.app import Engine
     from sowstream.wire.kafka import resolve_bootstrap
 
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     cfg = load_config(config, skip_unsupported=skip_unsupported)
     servers = resolve_bootstrap(bootstrap or cfg.engine.bootstrap_servers)
-    engine = Engine(cfg, bootstrap=servers, worker_name=name, data_dir=data_dir,
-                    log_level=log_level, metrics_port=metrics_port)
+    engine = Engine(
+        cfg,
+        bootstrap=servers,
+        worker_name=name,
+        data_dir=data_dir,
+        log_level=log_level,
+        metrics_port=metrics_port,
+    )
     _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
     engine.run()
 
@@ -79,11 +100,14 @@ def worker(
 def _banner(topic: str, bootstrap: str, config: Path) -> None:
     err.print(f"[bold green]sowstream worker[/] on Kafka {bootstrap}, config {config}")
     err.print("In another terminal (source .venv/bin/activate first):")
-    err.print(f"  sowstream publish {topic} '{{\"order\": 1, \"customer\": \"Ann\", \"qty\": 5}}'",
-              highlight=False)
-    err.print(f"  sowstream delta-publish {topic} '{{\"order\": 1, \"qty\": 7}}'", highlight=False)
-    err.print(f"  sowstream sow {topic} --filter '/qty > 1' --order-by '/order DESC'",
-              highlight=False)
+    err.print(
+        f'  sowstream publish {topic} \'{{"order": 1, "customer": "Ann", "qty": 5}}\'',
+        highlight=False,
+    )
+    err.print(f'  sowstream delta-publish {topic} \'{{"order": 1, "qty": 7}}\'', highlight=False)
+    err.print(
+        f"  sowstream sow {topic} --filter '/qty > 1' --order-by '/order DESC'", highlight=False
+    )
     err.print(f"  sowstream delete {topic} --filter '1=1'", highlight=False)
 
 
@@ -96,8 +120,16 @@ def _messages(payload: str) -> Iterator[str]:
             yield line.strip()
 
 
-def _publish(command: str, topic: str, payload: str, bootstrap: str | None, prefix: str,
-             sow_key: str | None, expiration: str | None, ack: bool) -> None:
+def _publish(
+    command: str,
+    topic: str,
+    payload: str,
+    bootstrap: str | None,
+    prefix: str,
+    sow_key: str | None,
+    expiration: str | None,
+    ack: bool,
+) -> None:
     with Client(bootstrap, prefix=prefix) as client:
         send = client.publish if command == "publish" else client.delta_publish
         count = 0
@@ -105,32 +137,47 @@ def _publish(command: str, topic: str, payload: str, bootstrap: str | None, pref
             key = send(topic, body, sow_key=sow_key, expiration=expiration, ack=ack)
             count += 1
         client.flush()
-    err.print(f"{command}: {count} message(s) to {topic}" + (f", SowKey {key}" if count == 1
-                                                               else ""))
+    err.print(
+        f"{command}: {count} message(s) to {topic}" + (f", SowKey {key}" if count == 1 else "")
+    )
 
 
 Payload = Annotated[str, typer.Argument(help="JSON message, or - to read one per line on stdin.")]
-SowKeyOpt = Annotated[str | None, typer.Option(
-    "--sow-key", help="SowKey, for topics without Key fields.")]
-ExpirationOpt = Annotated[str | None, typer.Option(
-    help="Per-message expiration in seconds (0 = never).")]
+SowKeyOpt = Annotated[
+    str | None, typer.Option("--sow-key", help="SowKey, for topics without Key fields.")
+]
+ExpirationOpt = Annotated[
+    str | None, typer.Option(help="Per-message expiration in seconds (0 = never).")
+]
 AckOpt = Annotated[bool, typer.Option(help="Wait until the engine applied each message.")]
 
 
 @app.command()
 @friendly_errors
-def publish(topic: str, payload: Payload, bootstrap: Bootstrap = None,
-            prefix: Prefix = "sowstream", sow_key: SowKeyOpt = None,
-            expiration: ExpirationOpt = None, ack: AckOpt = False) -> None:
+def publish(
+    topic: str,
+    payload: Payload,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "sowstream",
+    sow_key: SowKeyOpt = None,
+    expiration: ExpirationOpt = None,
+    ack: AckOpt = False,
+) -> None:
     """Publish (insert or replace) messages."""
     _publish("publish", topic, payload, bootstrap, prefix, sow_key, expiration, ack)
 
 
 @app.command("delta-publish")
 @friendly_errors
-def delta_publish(topic: str, payload: Payload, bootstrap: Bootstrap = None,
-                  prefix: Prefix = "sowstream", sow_key: SowKeyOpt = None,
-                  expiration: ExpirationOpt = None, ack: AckOpt = False) -> None:
+def delta_publish(
+    topic: str,
+    payload: Payload,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "sowstream",
+    sow_key: SowKeyOpt = None,
+    expiration: ExpirationOpt = None,
+    ack: AckOpt = False,
+) -> None:
     """Merge messages into the stored records (delta_publish)."""
     _publish("delta_publish", topic, payload, bootstrap, prefix, sow_key, expiration, ack)
 
@@ -151,13 +198,22 @@ def sow(
 ) -> None:
     """Query the State of the World."""
     with Client(bootstrap, prefix=prefix) as client:
-        messages = client.sow(topic, filter, order_by=order_by, top_n=top_n, skip_n=skip_n,
-                              sow_keys=key, batch_size=batch_size)
+        messages = client.sow(
+            topic,
+            filter,
+            order_by=order_by,
+            top_n=top_n,
+            skip_n=skip_n,
+            sow_keys=key,
+            batch_size=batch_size,
+        )
         records = [m for m in messages if m.command == "sow"]
     if as_json:
         for m in records:
-            sys.stdout.write(orjson.dumps({"topic": m.topic, "sow_key": m.sow_key,
-                                           "data": m.json()}).decode() + "\n")
+            sys.stdout.write(
+                orjson.dumps({"topic": m.topic, "sow_key": m.sow_key, "data": m.json()}).decode()
+                + "\n"
+            )
         return
     table = Table(title=f"{topic}: {len(records)} record(s)")
     table.add_column("SowKey", style="dim")
@@ -173,7 +229,9 @@ def delete(
     topic: str,
     filter: Annotated[str | None, typer.Option("--filter", "-f", help="'1=1' deletes all.")] = None,
     key: Annotated[list[str] | None, typer.Option("--key", help="SowKey to delete.")] = None,
-    data: Annotated[str | None, typer.Option(help="Delete the record this message keys to.")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="Delete the record this message keys to.")
+    ] = None,
     bootstrap: Bootstrap = None,
     prefix: Prefix = "sowstream",
 ) -> None:

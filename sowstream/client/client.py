@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Message as KafkaMessage, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Message as KafkaMessage
 
 from sowstream.client.messages import Command, Message
 from sowstream.errors import (
@@ -58,8 +59,14 @@ class TopicInfo:
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> TopicInfo:
         """Build from a decoded TopicInfo Avro record."""
-        return cls(d["name"], tuple(d["keys"]), d["key_domain"], d["partitions"],
-                   d["log_topic"], d["control_topic"])
+        return cls(
+            d["name"],
+            tuple(d["keys"]),
+            d["key_domain"],
+            d["partitions"],
+            d["log_topic"],
+            d["control_topic"],
+        )
 
 
 class Client:
@@ -97,8 +104,11 @@ class Client:
         """Create the reply topic and read the SOW topic definitions; idempotent."""
         if self._producer is not None:
             return self
-        ensure_topics(self.bootstrap, [TopicSpec(self.reply_topic, 1, {"retention.ms": "3600000"})],
-                      extra=self._extra)
+        ensure_topics(
+            self.bootstrap,
+            [TopicSpec(self.reply_topic, 1, {"retention.ms": "3600000"})],
+            extra=self._extra,
+        )
         self._producer = Producer(producer_config(self.bootstrap, self._extra))
         self._replies = self._consumer()
         self._replies.assign([TopicPartition(self.reply_topic, 0, 0)])
@@ -123,14 +133,16 @@ class Client:
         self.close()
 
     def _consumer(self) -> Consumer:
-        return Consumer({
-            "bootstrap.servers": self.bootstrap,
-            "group.id": f"{self.name}-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "fetch.wait.max.ms": 10,
-            **self._extra,
-        })
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"{self.name}-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 10,
+                **self._extra,
+            }
+        )
 
     def refresh_topics(self) -> dict[str, TopicInfo]:
         """Re-read the meta topic (the engine republishes it whenever a worker starts)."""
@@ -147,11 +159,12 @@ class Client:
                     for msg in consumer.consume(1000, 0.5):
                         if msg.error():
                             continue
-                        position = msg.offset() + 1
-                        if msg.value() is None:
-                            topics.pop(msg.key().decode(), None)
+                        position = (msg.offset() or 0) + 1
+                        value = msg.value()
+                        if value is None:
+                            topics.pop((msg.key() or b"").decode(), None)
                         else:
-                            info = TopicInfo.from_wire(decode("TopicInfo", msg.value()))
+                            info = TopicInfo.from_wire(decode("TopicInfo", value))
                             topics[info.name] = info
             self._topics = topics
             return topics
@@ -182,8 +195,8 @@ class Client:
         if err is not None:
             self._delivery_errors.append(f"{msg.topic()}: {err.str()}")
             return
-        key = (msg.topic(), msg.partition())
-        self._written[key] = max(self._written.get(key, -1), msg.offset())
+        key = (msg.topic() or "", msg.partition() or 0)
+        self._written[key] = max(self._written.get(key, -1), msg.offset() or 0)
 
     def flush(self) -> None:
         """Wait until every publish is acknowledged by Kafka; raise if any failed."""
@@ -196,21 +209,28 @@ class Client:
             raise SowstreamError(f"publish failed: {'; '.join(errors[:5])}")
 
     @staticmethod
-    def _body(topic: str, data: bytes | str | dict[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
+    def _body(
+        topic: str, data: bytes | str | dict[str, Any] | None
+    ) -> tuple[bytes, dict[str, Any]]:
         if data is None:
-            raise InvalidMessageError(f"topic {topic!r}: no message data", topic=topic,
-                                      reason="malformed_json")
+            raise InvalidMessageError(
+                f"topic {topic!r}: no message data", topic=topic, reason="malformed_json"
+            )
         if isinstance(data, dict):
             return orjson.dumps(data), data
         raw = data.encode() if isinstance(data, str) else bytes(data)
         try:
             parsed = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise InvalidMessageError(f"topic {topic!r}: malformed JSON: {exc}", topic=topic,
-                                      reason="malformed_json") from exc
+            raise InvalidMessageError(
+                f"topic {topic!r}: malformed JSON: {exc}", topic=topic, reason="malformed_json"
+            ) from exc
         if not isinstance(parsed, dict):
-            raise InvalidMessageError(f"topic {topic!r}: a JSON message must be an object",
-                                      topic=topic, reason="malformed_json")
+            raise InvalidMessageError(
+                f"topic {topic!r}: a JSON message must be an object",
+                topic=topic,
+                reason="malformed_json",
+            )
         return raw, parsed
 
     def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str:
@@ -219,13 +239,21 @@ class Client:
         return generated_sow_key(info.name, info.key_domain, info.keys, parsed)
 
     def _produce(
-        self, topic: str, value: bytes | None, *, key: str | None = None,
-        partition: int | None = None, headers: dict[str, str | None],
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: str | None = None,
+        partition: int | None = None,
+        headers: dict[str, str | None],
     ) -> None:
         producer, _ = self._require()
-        kwargs: dict[str, Any] = {"key": key.encode() if key is not None else None,
-                                  "value": value, "headers": h.to_kafka_headers(headers),
-                                  "on_delivery": self._on_delivery}
+        kwargs: dict[str, Any] = {
+            "key": key.encode() if key is not None else None,
+            "value": value,
+            "headers": h.to_kafka_headers(headers),
+            "on_delivery": self._on_delivery,
+        }
         if partition is not None:
             kwargs["partition"] = partition
         while True:
@@ -265,19 +293,29 @@ class Client:
         return self._publish(h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack)
 
     def _publish(
-        self, command: str, topic: str, data: bytes | str | dict[str, Any] | None,
-        sow_key: str | None, expiration: int | str | None, ack: bool,
+        self,
+        command: str,
+        topic: str,
+        data: bytes | str | dict[str, Any] | None,
+        sow_key: str | None,
+        expiration: int | str | None,
+        ack: bool,
     ) -> str:
         info = self.topic_info(topic)
         raw, parsed = self._body(topic, data)
         key = self._sow_key(info, parsed, sow_key)
         command_id = uuid.uuid4().hex if ack else None
-        self._produce(info.log_topic, raw, key=key, headers={
-            h.COMMAND: command if command != h.PUBLISH else None,
-            h.EXPIRATION: str(expiration) if expiration is not None else None,
-            h.REPLY_TO: self.reply_topic if ack else None,
-            h.COMMAND_ID: command_id,
-        })
+        self._produce(
+            info.log_topic,
+            raw,
+            key=key,
+            headers={
+                h.COMMAND: command if command != h.PUBLISH else None,
+                h.EXPIRATION: str(expiration) if expiration is not None else None,
+                h.REPLY_TO: self.reply_topic if ack else None,
+                h.COMMAND_ID: command_id,
+            },
+        )
         if command_id is not None:
             self.flush()
             self._await_acks(command_id, 1)
@@ -300,13 +338,17 @@ class Client:
             raise InvalidCommandError("sow_delete takes exactly one of filter=, keys= or data=")
         info = self.topic_info(topic)
         command_id = uuid.uuid4().hex
-        base: dict[str, str | None] = {h.COMMAND: h.SOW_DELETE, h.REPLY_TO: self.reply_topic,
-                                       h.COMMAND_ID: command_id}
+        base: dict[str, str | None] = {
+            h.COMMAND: h.SOW_DELETE,
+            h.REPLY_TO: self.reply_topic,
+            h.COMMAND_ID: command_id,
+        }
         if filter is not None:
             compile_filter(filter)  # a bad filter fails here, with its position
             for partition in range(info.partitions):
-                self._produce(info.log_topic, None, partition=partition,
-                              headers={**base, h.FILTER: filter})
+                self._produce(
+                    info.log_topic, None, partition=partition, headers={**base, h.FILTER: filter}
+                )
             expected = info.partitions
         elif keys is not None:
             for sow_key in keys:
@@ -314,8 +356,7 @@ class Client:
             expected = len(keys)
         else:
             raw, parsed = self._body(topic, data)
-            self._produce(info.log_topic, raw, key=self._sow_key(info, parsed, None),
-                          headers=base)
+            self._produce(info.log_topic, raw, key=self._sow_key(info, parsed, None), headers=base)
             expected = 1
         self.flush()
         return self._await_acks(command_id, expected) if expected else 0
@@ -334,9 +375,10 @@ class Client:
                     "is a worker running for every partition?"
                 )
             for msg in replies.consume(500, min(remaining, 0.2)):
-                if msg.error() or msg.value() is None:
+                value = msg.value()
+                if msg.error() or value is None:
                     continue
-                reply = decode("Reply", msg.value())
+                reply = decode("Reply", value)
                 self._pending[reply["command_id"]].append(reply)
         reply = queue.popleft()
         if not queue:
@@ -349,8 +391,11 @@ class Client:
         for _ in range(expected):
             reply = self._next_reply(command_id, deadline)
             if reply["status"] != "success":
-                raise CommandFailedError(reply["message"] or reply["reason"],
-                                         reason=reply["reason"], command_id=command_id)
+                raise CommandFailedError(
+                    reply["message"] or reply["reason"],
+                    reason=reply["reason"],
+                    command_id=command_id,
+                )
             total += reply["count"]
         return total
 
@@ -363,8 +408,9 @@ class Client:
             try:
                 pattern = re.compile(topic)
             except re.error as exc:
-                raise InvalidCommandError(f"topic pattern {topic!r} is not a valid regular "
-                                          f"expression: {exc}") from exc
+                raise InvalidCommandError(
+                    f"topic pattern {topic!r} is not a valid regular expression: {exc}"
+                ) from exc
             matched = [t for name, t in sorted(self._topics.items()) if pattern.fullmatch(name)]
             if matched:
                 return matched
@@ -388,8 +434,9 @@ class Client:
         across all partitions; each partition's part is a consistent snapshot that includes this
         client's own earlier publishes.
         """
-        opts = validate_query(filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n,
-                              batch_size=batch_size)
+        opts = validate_query(
+            filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
+        )
         infos = self._resolve_topics(topic)
         query_id = query_id or uuid.uuid4().hex[:16]
         command_id = uuid.uuid4().hex
@@ -397,25 +444,39 @@ class Client:
         producer, _ = self._require()
         for info in infos:
             for partition in range(info.partitions):
-                command = {
-                    "command": "sow", "command_id": command_id, "query_id": query_id,
-                    "reply_to": self.reply_topic, "topic": info.name, "filter": filter,
+                command: dict[str, Any] = {
+                    "command": "sow",
+                    "command_id": command_id,
+                    "query_id": query_id,
+                    "reply_to": self.reply_topic,
+                    "topic": info.name,
+                    "filter": filter,
                     "sow_keys": list(sow_keys) if sow_keys is not None else None,
-                    "order_by": order_by, "top_n": top_n, "skip_n": skip_n,
+                    "order_by": order_by,
+                    "top_n": top_n,
+                    "skip_n": skip_n,
                     "batch_size": batch_size,
                     "after_offset": self._written.get((info.log_topic, partition), -1),
                     "options": {},
                 }
-                producer.produce(info.control_topic, value=encode("Command", command),
-                                 partition=partition)
+                producer.produce(
+                    info.control_topic, value=encode("Command", command), partition=partition
+                )
         producer.flush(self.timeout)
         expected = sum(info.partitions for info in infos)
-        return self._collect(command_id, query_id, expected, opts.ordered, order_by,
-                             opts.skip_n, top_n)
+        return self._collect(
+            command_id, query_id, expected, opts.ordered, order_by, opts.skip_n, top_n
+        )
 
     def _collect(
-        self, command_id: str, query_id: str, expected: int, ordered: bool,
-        order_by: str | None, skip_n: int, top_n: int | None,
+        self,
+        command_id: str,
+        query_id: str,
+        expected: int,
+        ordered: bool,
+        order_by: str | None,
+        skip_n: int,
+        top_n: int | None,
     ) -> Iterator[Message]:
         deadline = time.monotonic() + self.timeout
         yield Message("group_begin", query_id=query_id)
@@ -427,14 +488,22 @@ class Client:
             if reply["status"] != "success":
                 raise CommandFailedError(
                     f"topic {reply['topic']!r}: {reply['message'] or reply['reason']}",
-                    reason=reply["reason"], command_id=command_id)
+                    reason=reply["reason"],
+                    command_id=command_id,
+                )
             if reply["command"] == "part_end":
                 done += 1
                 continue
             for rec in reply["records"]:
-                msg = Message("sow", topic=reply["topic"], sow_key=rec["sow_key"],
-                              query_id=query_id, data=rec["data"], timestamp=rec["timestamp"],
-                              batch_size=len(reply["records"]))
+                msg = Message(
+                    "sow",
+                    topic=reply["topic"],
+                    sow_key=rec["sow_key"],
+                    query_id=query_id,
+                    data=rec["data"],
+                    timestamp=rec["timestamp"],
+                    batch_size=len(reply["records"]),
+                )
                 if ordered:
                     buffered.append(msg)
                 else:
@@ -461,19 +530,28 @@ class Client:
         name = command.command
         if name == "sow":
             return self.sow(
-                command.topic, command.filter, sow_keys=command.sow_keys,
-                order_by=command.order_by, top_n=command.top_n, skip_n=command.skip_n,
+                command.topic,
+                command.filter,
+                sow_keys=command.sow_keys,
+                order_by=command.order_by,
+                top_n=command.top_n,
+                skip_n=command.skip_n,
                 batch_size=command.batch_size or CLIENT_DEFAULT_BATCH_SIZE,
-                query_id=command.query_id)
+                query_id=command.query_id,
+            )
         if name in (h.PUBLISH, h.DELTA_PUBLISH):
-            key = self._publish(name, command.topic, command.data, command.sow_key,
-                                command.expiration, command.ack)
+            key = self._publish(
+                name, command.topic, command.data, command.sow_key, command.expiration, command.ack
+            )
             return iter([Message("ack", topic=command.topic, sow_key=key, count=1)])
         if name == h.SOW_DELETE:
             count = self.sow_delete(
-                command.topic, filter=command.filter,
+                command.topic,
+                filter=command.filter,
                 keys=list(command.sow_keys) if command.sow_keys is not None else None,
-                data=command.data)
+                data=command.data,
+            )
             return iter([Message("ack", topic=command.topic, count=count)])
         raise InvalidCommandError(
-            f"unknown command {name!r}: expected publish, delta_publish, sow_delete or sow")
+            f"unknown command {name!r}: expected publish, delta_publish, sow_delete or sow"
+        )

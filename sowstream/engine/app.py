@@ -12,7 +12,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
@@ -45,8 +45,9 @@ class FaustSender(Sender):
         key: bytes | None = None,
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
-        await self._app.producer.send(topic, key, value, partition, None, headers)
+    ) -> asyncio.Future[Any] | None:
+        fut = await self._app.producer.send(topic, key, value, partition, None, headers)
+        return cast("asyncio.Future[Any]", fut)
 
 
 class KafkaLogReader:
@@ -58,13 +59,15 @@ class KafkaLogReader:
         self._extra = dict(extra)
 
     def _consumer(self) -> Consumer:
-        return Consumer({
-            "bootstrap.servers": self._bootstrap,
-            "group.id": "sowstream-rebuild",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            **self._extra,
-        })
+        return Consumer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": "sowstream-rebuild",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                **self._extra,
+            }
+        )
 
     async def end_offset(self, partition: int) -> int:
         def read() -> int:
@@ -93,12 +96,20 @@ class KafkaLogReader:
                 for msg in msgs:
                     if msg.error():
                         continue
-                    offset = msg.offset()
+                    offset = msg.offset() or 0
                     if offset > until:
                         done = True
                         break
-                    batch.append(RawRecord(partition, offset, msg.timestamp()[1], msg.key(),
-                                           msg.value(), h.header_map(msg.headers())))
+                    batch.append(
+                        RawRecord(
+                            partition,
+                            offset,
+                            msg.timestamp()[1],
+                            msg.key(),
+                            msg.value(),
+                            h.header_map(cast(h.RawHeaders, msg.headers())),
+                        )
+                    )
                     done = offset >= until
                 if batch:
                     yield batch
@@ -113,7 +124,7 @@ def _raw(event: Any) -> RawRecord:
     return RawRecord(
         msg.partition,
         msg.offset,
-        int(round(msg.timestamp * 1000)),
+        round(msg.timestamp * 1000),
         msg.key,
         msg.value,
         h.header_map(msg.headers),
@@ -169,10 +180,17 @@ class Engine:
 
     def _wire(self, topic: TopicConfig) -> None:
         app = self.app
-        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
-               "value_serializer": "raw"}
-        log_topic = app.topic(self.names.log(topic.name), partitions=topic.partitions, **raw)
-        ctl_topic = app.topic(self.names.control(topic.name), partitions=topic.partitions, **raw)
+        log_topic, ctl_topic = (
+            app.topic(
+                name,
+                partitions=topic.partitions,
+                key_type=bytes,
+                value_type=bytes,
+                key_serializer="raw",
+                value_serializer="raw",
+            )
+            for name in (self.names.log(topic.name), self.names.control(topic.name))
+        )
         table = None
         if topic.durability == "persistent":
             rocks = self.config.engine.rocksdb
@@ -188,8 +206,9 @@ class Engine:
                 key_type=bytes,
                 value_type=bytes,
             )
-        reader = KafkaLogReader(self.bootstrap, log_topic.get_topic_name(),
-                                self.config.engine.kafka)
+        reader = KafkaLogReader(
+            self.bootstrap, log_topic.get_topic_name(), self.config.engine.kafka
+        )
         proc = TopicProcessor(topic, self.names, self.sender, table=table, log_reader=reader)
         self.processors[topic.name] = proc
 
@@ -209,18 +228,30 @@ class Engine:
         try:
             cmd = decode("Command", msg.value)
         except Exception as exc:  # anything a foreign producer may send
-            log.warning("ignored undecodable command on %s[%d]@%d: %s", msg.topic, msg.partition,
-                        msg.offset, exc)
+            log.warning(
+                "ignored undecodable command on %s[%d]@%d: %s",
+                msg.topic,
+                msg.partition,
+                msg.offset,
+                exc,
+            )
             return
         if cmd["command"] == "sow":
             await proc.query(cmd, msg.partition)
         else:
-            await proc.reply(cmd["reply_to"], {
-                "command": "part_end", "command_id": cmd["command_id"],
-                "query_id": cmd.get("query_id") or "", "topic": proc.topic.name,
-                "partition": msg.partition, "status": "failure", "reason": "unknown_command",
-                "message": f"unknown command {cmd['command']!r}",
-            })
+            await proc.reply(
+                cmd["reply_to"],
+                {
+                    "command": "part_end",
+                    "command_id": cmd["command_id"],
+                    "query_id": cmd.get("query_id") or "",
+                    "topic": proc.topic.name,
+                    "partition": msg.partition,
+                    "status": "failure",
+                    "reason": "unknown_command",
+                    "message": f"unknown command {cmd['command']!r}",
+                },
+            )
 
     def _wire_lifecycle(self) -> None:
         app = self.app
@@ -238,10 +269,11 @@ class Engine:
                         await proc.ready(tp.partition)
                 await proc.expire_due()
 
-        @app.on_partitions_revoked.connect
         async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
             for proc in self.processors.values():
                 proc.drop(tp.partition for tp in revoked if tp.topic == proc.log_topic)
+
+        app.on_partitions_revoked.connect(cast(Any, on_revoked))
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -253,21 +285,36 @@ class Engine:
         ]
         for t in self.config.topics:
             # LogAppendTime: the broker stamps each record, so expiration and history use one clock.
-            specs.append(TopicSpec(self.names.log(t.name), t.partitions, {
-                "retention.ms": "-1", "message.timestamp.type": "LogAppendTime"}))
-            specs.append(TopicSpec(self.names.control(t.name), t.partitions, {
-                "retention.ms": str(3_600_000)}))
+            specs.append(
+                TopicSpec(
+                    self.names.log(t.name),
+                    t.partitions,
+                    {"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"},
+                )
+            )
+            specs.append(
+                TopicSpec(
+                    self.names.control(t.name), t.partitions, {"retention.ms": str(3_600_000)}
+                )
+            )
         return specs
 
     def prepare(self) -> None:
         """Create the Kafka topics and publish the topic definitions clients read."""
         extra = self.config.engine.kafka
-        ensure_topics(self.bootstrap, self.topic_specs(),
-                      replication_factor=self.config.engine.replication_factor, extra=extra)
+        ensure_topics(
+            self.bootstrap,
+            self.topic_specs(),
+            replication_factor=self.config.engine.replication_factor,
+            extra=extra,
+        )
         producer = Producer(producer_config(self.bootstrap, extra))
         for t in self.config.topics:
-            producer.produce(self.names.meta, key=t.name.encode(),
-                             value=encode("TopicInfo", topic_info(t, self.names)))
+            producer.produce(
+                self.names.meta,
+                key=t.name.encode(),
+                value=encode("TopicInfo", topic_info(t, self.names)),
+            )
         if producer.flush(30) != 0:
             raise RuntimeError("could not publish topic definitions to the meta topic")
 
@@ -277,8 +324,7 @@ class Engine:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.metrics_port:
             start_http_server(self.metrics_port, addr="127.0.0.1")
-        worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True,
-                              override_logging=False)
+        worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True, override_logging=False)
         worker.execute_from_commandline()
 
 

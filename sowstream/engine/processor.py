@@ -19,9 +19,6 @@ from typing import Any, Protocol
 import orjson
 
 from sowstream.config.models import TopicConfig
-from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
-from sowstream.filters import FilterError
-from sowstream.filters.values import canonical_text, get_path, is_null
 from sowstream.engine import metrics
 from sowstream.engine.store import (
     WATERMARK_KEY,
@@ -30,6 +27,9 @@ from sowstream.engine.store import (
     RocksPartition,
     is_record_key,
 )
+from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
+from sowstream.filters import FilterError
+from sowstream.filters.values import canonical_text, get_path, is_null
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_filter
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
@@ -80,8 +80,8 @@ class Sender:
         key: bytes | None = None,
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
-    ) -> None:
-        """Queue one record for production."""
+    ) -> asyncio.Future[Any] | None:
+        """Queue one record for production; returns its delivery future when there is one."""
         raise NotImplementedError
 
 
@@ -89,6 +89,7 @@ class Sender:
 class _Outcome:
     """Side effects of applying a batch, performed after the partition lock is released."""
 
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)
     rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
     dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
     acks: list[tuple[str, str, int, str, str]] = field(default_factory=list)
@@ -161,8 +162,13 @@ class TopicProcessor:
                     rec = SowRecord.from_bytes(value)
                     if rec.expiration is not None:
                         heapq.heappush(ps.expiry, (rec.expiration, key))
-            log.debug("topic %s partition %d: %d records scheduled to expire (now=%d)",
-                      self.topic.name, partition, len(ps.expiry), now)
+            log.debug(
+                "topic %s partition %d: %d records scheduled to expire (now=%d)",
+                self.topic.name,
+                partition,
+                len(ps.expiry),
+                now,
+            )
 
     async def _recover(self, partition: int, ps: PartitionState, transient: bool) -> None:
         """Start a partition that has no state: fold the log from the RecoveryPoint.
@@ -182,9 +188,16 @@ class TopicProcessor:
         else:
             return
         if not transient:
-            ps.store.write({WATERMARK_KEY: str(ps.watermark).encode()})
-        log.info("topic %s partition %d recovered from the log (RecoveryPoint %s) up to offset %d",
-                 self.topic.name, partition, self.topic.recovery_point, ps.watermark)
+            mark = {WATERMARK_KEY: str(ps.watermark).encode()}
+            ps.store.write(mark)
+            await ps.store.replicate(mark, self._sender.send)
+        log.info(
+            "topic %s partition %d recovered from the log (RecoveryPoint %s) up to offset %d",
+            self.topic.name,
+            partition,
+            self.topic.recovery_point,
+            ps.watermark,
+        )
 
     def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
@@ -207,6 +220,7 @@ class TopicProcessor:
             ps = await self.ready(partition)
             async with ps.lock:
                 outcome = self._apply(ps, recs, replay=False)
+                await ps.store.replicate(outcome.changes, self._sender.send)
             await self._perform(outcome)
             async with ps.applied:
                 ps.applied.notify_all()
@@ -235,8 +249,9 @@ class TopicProcessor:
                 continue
             last = max(last, rec.offset)
             try:
-                op = decode_log_record(self.topic, rec.key, rec.value, rec.headers, rec.offset,
-                                       rec.timestamp)
+                op = decode_log_record(
+                    self.topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
+                )
             except InvalidMessageError as exc:
                 if not replay:
                     outcome.dead.append((rec, exc))
@@ -260,7 +275,7 @@ class TopicProcessor:
             if not replay and op.reply_to:
                 self._ack(outcome, rec.headers, "success", count, "", "")
         if last > ps.watermark:
-            self._write(ps, overlay, before, last)
+            outcome.changes = self._write(ps, overlay, before, last)
         metrics.UPDATES.labels(self.topic.name).inc(applied)
         if outcome.dead:
             metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
@@ -292,7 +307,7 @@ class TopicProcessor:
         overlay: dict[bytes, SowRecord | None],
         before: dict[bytes, SowRecord | None],
         watermark: int,
-    ) -> None:
+    ) -> dict[bytes, bytes | None]:
         changes: dict[bytes, bytes | None] = {}
         for key, new in overlay.items():
             if self._index_fields:
@@ -304,6 +319,7 @@ class TopicProcessor:
         changes[WATERMARK_KEY] = str(watermark).encode()
         ps.store.write(changes)
         ps.watermark = watermark
+        return changes
 
     def _index_entries(self, key: bytes, record: SowRecord | None) -> set[bytes]:
         if record is None:
@@ -337,22 +353,33 @@ class TopicProcessor:
             changes[entry] = b""
 
     def _ack(
-        self, outcome: _Outcome, headers: dict[str, str], status: str, count: int, reason: str,
+        self,
+        outcome: _Outcome,
+        headers: dict[str, str],
+        status: str,
+        count: int,
+        reason: str,
         message: str,
     ) -> None:
         reply_to = headers.get(h.REPLY_TO)
         if reply_to:
-            outcome.acks.append((reply_to, headers.get(h.COMMAND_ID, ""), count, status,
-                                 f"{reason}\x00{message}"))
+            outcome.acks.append(
+                (reply_to, headers.get(h.COMMAND_ID, ""), count, status, f"{reason}\x00{message}")
+            )
 
     async def _perform(self, outcome: _Outcome) -> None:
         for sow_key, rec in outcome.rekeys:
             hdrs = {**rec.headers, h.ORIGIN: f"{rec.partition}:{rec.offset}"}
-            await self._sender.send(self.log_topic, rec.value, key=sow_key.encode(),
-                                    headers=h.to_kafka_headers(dict(hdrs)))
+            await self._sender.send(
+                self.log_topic,
+                rec.value,
+                key=sow_key.encode(),
+                headers=h.to_kafka_headers(dict(hdrs)),
+            )
         for rec, exc in outcome.dead:
-            log.warning("rejected record %s[%d]@%d: %s", self.log_topic, rec.partition,
-                        rec.offset, exc)
+            log.warning(
+                "rejected record %s[%d]@%d: %s", self.log_topic, rec.partition, rec.offset, exc
+            )
             letter = {
                 "topic": self.topic.name,
                 "source_topic": self.log_topic,
@@ -365,14 +392,23 @@ class TopicProcessor:
                 "reason": exc.reason,
                 "error": str(exc),
             }
-            await self._sender.send(self.names.dead_letter, encode("DeadLetter", letter),
-                                    key=self.topic.name.encode())
+            await self._sender.send(
+                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.name.encode()
+            )
         for reply_to, command_id, count, status, detail in outcome.acks:
             reason, _, message = detail.partition("\x00")
-            await self.reply(reply_to, {
-                "command": "ack", "command_id": command_id, "topic": self.topic.name,
-                "status": status, "reason": reason, "message": message, "count": count,
-            })
+            await self.reply(
+                reply_to,
+                {
+                    "command": "ack",
+                    "command_id": command_id,
+                    "topic": self.topic.name,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "count": count,
+                },
+            )
 
     async def reply(self, reply_to: str, body: dict[str, Any]) -> None:
         """Send one Reply message to a client's reply topic."""
@@ -408,6 +444,7 @@ class TopicProcessor:
                             self._index_changes(changes, key, old, None)
                         changes[key] = None
                     ps.store.write(changes)
+                    await ps.store.replicate(changes, self._sender.send)
                     total += len(overlay)
         if total:
             metrics.EXPIRED.labels(self.topic.name).inc(total)
@@ -421,7 +458,7 @@ class TopicProcessor:
         elif isinstance(how, IndexLookup):
             for prefix in how.prefixes:
                 for entry, _ in ps.store.scan(prefix=prefix):
-                    yield entry[len(prefix):]
+                    yield entry[len(prefix) :]
         else:
             for key, _ in ps.store.scan():
                 if is_record_key(key):
@@ -457,23 +494,47 @@ class TopicProcessor:
     async def query(self, cmd: dict[str, Any], partition: int) -> None:
         """Answer one partition's share of a ``sow`` command on the client's reply topic."""
         reply_to = cmd["reply_to"]
-        base = {"command_id": cmd["command_id"], "query_id": cmd.get("query_id") or "",
-                "topic": self.topic.name, "partition": partition}
+        base = {
+            "command_id": cmd["command_id"],
+            "query_id": cmd.get("query_id") or "",
+            "topic": self.topic.name,
+            "partition": partition,
+        }
         try:
-            opts = validate_query(filter=cmd.get("filter"), order_by=cmd.get("order_by"),
-                                  top_n=cmd.get("top_n"), skip_n=cmd.get("skip_n"),
-                                  batch_size=cmd.get("batch_size") or 1)
+            opts = validate_query(
+                filter=cmd.get("filter"),
+                order_by=cmd.get("order_by"),
+                top_n=cmd.get("top_n"),
+                skip_n=cmd.get("skip_n"),
+                batch_size=cmd.get("batch_size") or 1,
+            )
         except (FilterError, InvalidCommandError) as exc:
             reason = "bad_filter" if isinstance(exc, FilterError) else "bad_option"
-            await self.reply(reply_to, {**base, "command": "part_end", "status": "failure",
-                                        "reason": reason, "message": str(exc)})
+            await self.reply(
+                reply_to,
+                {
+                    **base,
+                    "command": "part_end",
+                    "status": "failure",
+                    "reason": reason,
+                    "message": str(exc),
+                },
+            )
             return
         ps = await self.ready(partition)
         try:
             await self._wait_applied(ps, cmd.get("after_offset", -1))
         except SowstreamError as exc:
-            await self.reply(reply_to, {**base, "command": "part_end", "status": "failure",
-                                        "reason": "timeout", "message": str(exc)})
+            await self.reply(
+                reply_to,
+                {
+                    **base,
+                    "command": "part_end",
+                    "status": "failure",
+                    "reason": "timeout",
+                    "message": str(exc),
+                },
+            )
             return
         how = plan(self.topic, opts.filter, cmd.get("sow_keys"))
         started = time.perf_counter()
@@ -498,8 +559,13 @@ class TopicProcessor:
         batch: list[dict[str, Any]] = []
         size = 0
         for rank, (rec, _) in enumerate(matched):
-            item = {"sow_key": rec.sow_key, "data": rec.data, "timestamp": rec.log_timestamp,
-                    "log_offset": rec.log_offset, "sort_rank": rank}
+            item = {
+                "sow_key": rec.sow_key,
+                "data": rec.data,
+                "timestamp": rec.log_timestamp,
+                "log_offset": rec.log_offset,
+                "sort_rank": rank,
+            }
             if batch and (len(batch) >= batch_size or size + len(rec.data) > MAX_REPLY_BYTES):
                 await self.reply(reply_to, {**base, "command": "sow", "records": batch})
                 batch, size = [], 0

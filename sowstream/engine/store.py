@@ -8,9 +8,11 @@ the batch was written in (the applied-offset watermark goes last, see ``processo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from faust.types import TP
 from rocksdict import WriteBatch
 
 from sowstream.errors import StateStoreError
@@ -27,6 +29,9 @@ def is_record_key(key: bytes) -> bool:
     return key[:1] > INDEX_PREFIX and key != FAUST_OFFSET_KEY
 
 
+SendFn = Callable[..., Awaitable["asyncio.Future[Any] | None"]]
+
+
 class PartitionStore(Protocol):
     """What the processor needs from one partition's state."""
 
@@ -36,9 +41,12 @@ class PartitionStore(Protocol):
     def write(self, changes: Mapping[bytes, bytes | None]) -> None:
         """Apply puts (bytes) and deletes (None) atomically, in the mapping's order."""
 
-    def scan(self, start: bytes = RECORDS_START, prefix: bytes | None = None) -> Iterator[
-        tuple[bytes, bytes]
-    ]:
+    async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
+        """Copy a written batch to wherever the partition is replicated (if anywhere)."""
+
+    def scan(
+        self, start: bytes = RECORDS_START, prefix: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
         """Iterate ``(key, value)`` in key order from ``start`` (or over ``prefix``)."""
 
 
@@ -78,9 +86,31 @@ class RocksPartition:
             raise
         except Exception as exc:
             raise StateStoreError(f"RocksDB write failed for {self._table.name!r}: {exc}") from exc
-        send = self._table.send_changelog
+
+    async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
+        """Send the batch to the table's changelog, in write order.
+
+        Sent straight through the producer rather than faust's one-at-a-time send buffer, which
+        stalls on batches; like faust, the changelog offset is recorded in RocksDB on delivery so
+        a restart replays only the changelog's tail.
+        """
+        topic = self._table.changelog_topic.get_topic_name()
+        last = None
         for key, value in changes.items():
-            send(self._partition, key, value)
+            last = await send(topic, value, key=key, partition=self._partition)
+        if last is None:
+            return
+        store = self._table.data
+        tp = TP(topic, self._partition)
+        partition = self._partition
+
+        def persisted(fut: asyncio.Future[Any]) -> None:
+            # Skip when the partition moved away meanwhile: writing would reopen its database.
+            if fut.cancelled() or fut.exception() is not None or partition not in store._dbs:
+                return
+            store.set_persisted_offset(tp, fut.result().offset)
+
+        last.add_done_callback(persisted)
 
     def scan(
         self, start: bytes = RECORDS_START, prefix: bytes | None = None
@@ -110,6 +140,9 @@ class MemoryPartition:
                 self._data.pop(key, None)
             else:
                 self._data[key] = value
+
+    async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
+        """Transient state is not replicated: it is rebuilt from the log."""
 
     def scan(
         self, start: bytes = RECORDS_START, prefix: bytes | None = None

@@ -25,7 +25,9 @@ def parse_expiration_header(topic: str, text: str | None) -> int | None:
         ) from exc
 
 
-def expiration_time(policy: ExpirationPolicy, header_ms: int | None, log_time_ms: int) -> int | None:
+def expiration_time(
+    policy: ExpirationPolicy, header_ms: int | None, log_time_ms: int
+) -> int | None:
     """Absolute expiry (ms) to store with a record updated at ``log_time_ms``; None = never.
 
     Every update recomputes it, which is what resets the clock. With the policy ``disabled`` the

@@ -47,17 +47,21 @@ class LogOp:
 
 def _parse_body(topic: str, value: bytes | None) -> dict[str, Any]:
     if not value:
-        raise InvalidMessageError(f"topic {topic!r}: empty message body", topic=topic,
-                                  reason="malformed_json")
+        raise InvalidMessageError(
+            f"topic {topic!r}: empty message body", topic=topic, reason="malformed_json"
+        )
     try:
         body = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
-        raise InvalidMessageError(f"topic {topic!r}: malformed JSON: {exc}", topic=topic,
-                                  reason="malformed_json") from exc
+        raise InvalidMessageError(
+            f"topic {topic!r}: malformed JSON: {exc}", topic=topic, reason="malformed_json"
+        ) from exc
     if not isinstance(body, dict):
         raise InvalidMessageError(
             f"topic {topic!r}: a JSON message must be an object, got {type(body).__name__}",
-            topic=topic, reason="malformed_json")
+            topic=topic,
+            reason="malformed_json",
+        )
     return body
 
 
@@ -71,8 +75,11 @@ def resolve_sow_key(
         # Without data only the key itself can identify a record (delete by SowKey).
         if supplied:
             return supplied
-        raise InvalidMessageError(f"topic {topic.name!r}: a delete needs data, keys or a filter",
-                                  topic=topic.name, reason="missing_key_field")
+        raise InvalidMessageError(
+            f"topic {topic.name!r}: a delete needs data, keys or a filter",
+            topic=topic.name,
+            reason="missing_key_field",
+        )
     return generated_sow_key(topic.name, topic.effective_key_domain, topic.keys, body)
 
 
@@ -90,18 +97,29 @@ def decode_log_record(
         raise InvalidMessageError(
             f"topic {topic.name!r}: unknown command {command!r} in header {h.COMMAND} "
             f"(expected one of {', '.join(sorted(h.LOG_COMMANDS))})",
-            topic=topic.name, reason="unknown_command")
+            topic=topic.name,
+            reason="unknown_command",
+        )
     kafka_key = key.decode("utf-8", "replace") if key else None
-    op = LogOp(command, None, offset, timestamp, reply_to=headers.get(h.REPLY_TO) or None,
-               command_id=headers.get(h.COMMAND_ID) or None)
+    op = LogOp(
+        command,
+        None,
+        offset,
+        timestamp,
+        reply_to=headers.get(h.REPLY_TO) or None,
+        command_id=headers.get(h.COMMAND_ID) or None,
+    )
     if command == h.SOW_DELETE:
         filter_text = headers.get(h.FILTER)
         if filter_text is not None:
             try:
                 op.filter = compile_filter(filter_text)
             except FilterError as exc:
-                raise InvalidMessageError(f"topic {topic.name!r}: sow_delete filter: {exc}",
-                                          topic=topic.name, reason="bad_filter") from exc
+                raise InvalidMessageError(
+                    f"topic {topic.name!r}: sow_delete filter: {exc}",
+                    topic=topic.name,
+                    reason="bad_filter",
+                ) from exc
             return op
         if not value:
             op.sow_key = resolve_sow_key(topic, None, kafka_key or headers.get(h.SOW_KEY))

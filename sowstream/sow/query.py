@@ -1,4 +1,4 @@
-"""The ``sow`` query's options, their validation, and result ordering (shared by engine and client)."""
+"""The ``sow`` query's options, their validation and result order; shared by engine and client."""
 
 from __future__ import annotations
 

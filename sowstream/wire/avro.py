@@ -32,5 +32,6 @@ def encode(name: SchemaName, record: dict[str, Any]) -> bytes:
 
 def decode(name: SchemaName, payload: bytes) -> dict[str, Any]:
     """Deserialise ``payload`` written with schema ``name``."""
-    result: dict[str, Any] = fastavro.schemaless_reader(io.BytesIO(payload), schema(name), None)
+    result = fastavro.schemaless_reader(io.BytesIO(payload), schema(name), None)
+    assert isinstance(result, dict)
     return result

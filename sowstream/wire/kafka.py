@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -80,8 +81,12 @@ def ensure_topics(
                 f"configuration needs {spec.partitions}; keys would land on other partitions"
             )
     missing = [
-        NewTopic(s.name, num_partitions=s.partitions, replication_factor=replication_factor,
-                 config=s.config)
+        NewTopic(
+            s.name,
+            num_partitions=s.partitions,
+            replication_factor=replication_factor,
+            config=s.config,
+        )
         for s in specs
         if s.name not in existing
     ]
@@ -96,14 +101,13 @@ def ensure_topics(
             raise SowstreamError(f"could not create Kafka topic {name!r}: {exc}") from exc
 
 
-def delete_topics(bootstrap: str, names: list[str], extra: Mapping[str, str] | None = None,
-                  timeout: float = 10.0) -> None:
+def delete_topics(
+    bootstrap: str, names: list[str], extra: Mapping[str, str] | None = None, timeout: float = 10.0
+) -> None:
     """Delete topics, ignoring ones that are already gone."""
     if not names:
         return
     admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
     for future in admin.delete_topics(names, operation_timeout=timeout).values():
-        try:
+        with contextlib.suppress(KafkaException):  # already gone
             future.result(timeout)
-        except KafkaException:
-            pass

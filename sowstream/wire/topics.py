@@ -1,4 +1,4 @@
-"""Names of the Kafka topics sowstream uses, derived from one prefix so deployments can share a cluster."""
+"""Names of the Kafka topics sowstream uses, all under one prefix so engines can share a cluster."""
 
 from __future__ import annotations
 

@@ -42,9 +42,9 @@ NAMES = [t["Name"] for t in TOPICS]
 
 
 @pytest.fixture(scope="module")
-def engine(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-    EngineProcesses
-]:
+def engine(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcesses]:
     procs = EngineProcesses(kafka_bootstrap, tmp_path_factory.mktemp("engine"), TOPICS)
     procs.start("w1")
     procs.start("w2")
@@ -76,8 +76,9 @@ def test_orders_update_replaces_the_whole_record(client: Client) -> None:
     """Chapter 7's ORDERS example: two inserts, then order 2's price goes from 120 to 95."""
     clear(client, "orders")
     client.publish("orders", {"orderId": 1, "symbol": "MSFT", "price": 100, "customer": "a"})
-    client.publish("orders", {"orderId": 2, "symbol": "IBM", "price": 120, "customer": "b",
-                              "note": "first"})
+    client.publish(
+        "orders", {"orderId": 2, "symbol": "IBM", "price": 120, "customer": "b", "note": "first"}
+    )
     client.publish("orders", {"orderId": 2, "symbol": "IBM", "price": 95, "customer": "b"})
     records = bodies(client, "orders", order_by="/orderId")
     assert records == [
@@ -102,17 +103,27 @@ def test_query_messages_form_one_group_with_query_id_and_keys(client: Client) ->
 def test_filters_order_by_top_n_skip_n(client: Client) -> None:
     clear(client, "orders")
     for i in range(1, 11):
-        client.publish("orders", {"orderId": i, "qty": i * 10, "customer": "even" if i % 2 == 0
-                                  else "odd", "px": str(100 + i)})
-    assert [r["orderId"] for r in bodies(client, "orders", "/qty >= 50 AND /customer = 'odd'",
-                                         order_by="/qty DESC")] == [9, 7, 5]
+        client.publish(
+            "orders",
+            {
+                "orderId": i,
+                "qty": i * 10,
+                "customer": "even" if i % 2 == 0 else "odd",
+                "px": str(100 + i),
+            },
+        )
+    assert [
+        r["orderId"]
+        for r in bodies(client, "orders", "/qty >= 50 AND /customer = 'odd'", order_by="/qty DESC")
+    ] == [9, 7, 5]
     # numeric strings compare as numbers
     assert sorted(r["orderId"] for r in bodies(client, "orders", "/px > 108")) == [9, 10]
     page = bodies(client, "orders", order_by="/qty DESC", top_n=3, skip_n=2)
     assert [r["orderId"] for r in page] == [8, 7, 6]
     assert len(bodies(client, "orders", top_n=4)) == 4
-    assert bodies(client, "orders", "/orderId IN (3, 4) OR /qty BETWEEN 95 AND 100",
-                  order_by="/orderId") == [
+    assert bodies(
+        client, "orders", "/orderId IN (3, 4) OR /qty BETWEEN 95 AND 100", order_by="/orderId"
+    ) == [
         {"orderId": 3, "qty": 30, "customer": "odd", "px": "103"},
         {"orderId": 4, "qty": 40, "customer": "even", "px": "104"},
         {"orderId": 10, "qty": 100, "customer": "even", "px": "110"},
@@ -134,7 +145,9 @@ def test_sow_keys_hash_index_and_key_lookup(client: Client) -> None:
     # equality on the Key field is a direct lookup
     assert bodies(client, "orders", "/orderId = 7") == [{"orderId": 7, "customer": "c1"}]
     assert bodies(client, "orders", "/orderId IN (7, 8, 999)", order_by="/orderId") == [
-        {"orderId": 7, "customer": "c1"}, {"orderId": 8, "customer": "c2"}]
+        {"orderId": 7, "customer": "c1"},
+        {"orderId": 8, "customer": "c2"},
+    ]
 
 
 def test_composite_keys(client: Client) -> None:
@@ -143,7 +156,9 @@ def test_composite_keys(client: Client) -> None:
     client.publish("ORDERS", {"invoice": 1, "customerId": "B", "v": 2})
     client.publish("ORDERS", {"invoice": 1, "customerId": "A", "v": 3})
     assert bodies(client, "ORDERS", order_by="/customerId") == [
-        {"invoice": 1, "customerId": "A", "v": 3}, {"invoice": 1, "customerId": "B", "v": 2}]
+        {"invoice": 1, "customerId": "A", "v": 3},
+        {"invoice": 1, "customerId": "B", "v": 2},
+    ]
 
 
 def test_regex_topic_query_spans_topics(client: Client) -> None:
@@ -160,8 +175,9 @@ def test_key_domain_gives_the_same_sow_key_across_topics(client: Client) -> None
     b = client.publish("credit", {"customerId": 77, "rating": "AA"})
     c = client.publish("orders", {"orderId": 77})
     assert a == b != c
-    assert [m.sow_key for m in client.sow("credit", "/customerId = 77") if m.command == "sow"] \
-        == [a]
+    assert [m.sow_key for m in client.sow("credit", "/customerId = 77") if m.command == "sow"] == [
+        a
+    ]
 
 
 def test_user_supplied_sow_keys(client: Client) -> None:
@@ -182,28 +198,46 @@ def test_user_supplied_sow_keys(client: Client) -> None:
 
 def test_delta_publish_by_two_workers(engine: EngineProcesses, client: Client) -> None:
     """The delta chapter's order 735: inventory and credit workers each add their field."""
-    client.publish("work", {"id": 735, "customer": "Patrick", "item": 90123, "qty": 1000,
-                            "state": "new"})
+    client.publish(
+        "work", {"id": 735, "customer": "Patrick", "item": 90123, "qty": 1000, "state": "new"}
+    )
     with engine.client() as inventory, engine.client() as credit:
         ready = "/state = 'new' AND /inventory IS NULL AND /credit IS NULL"
         assert [r["id"] for r in bodies(inventory, "work", ready)] == [735]
         inventory.delta_publish("work", {"id": 735, "inventory": "available"}, ack=True)
         credit.delta_publish("work", {"id": 735, "credit": "approved"}, ack=True)
     done = "/state = 'new' AND /inventory IS NOT NULL AND /credit IS NOT NULL"
-    assert bodies(client, "work", done) == [{
-        "id": 735, "customer": "Patrick", "item": 90123, "qty": 1000, "state": "new",
-        "inventory": "available", "credit": "approved"}]
+    assert bodies(client, "work", done) == [
+        {
+            "id": 735,
+            "customer": "Patrick",
+            "item": 90123,
+            "qty": 1000,
+            "state": "new",
+            "inventory": "available",
+            "credit": "approved",
+        }
+    ]
 
 
 def test_delta_publish_merge_rules(client: Client) -> None:
-    client.publish("work", {"id": 42, "contents": {"packages": [{"box": "chocolates"},
-                                                                {"bowl": "noodles"}],
-                                                   "owner": "me"}, "flowers": "roses"})
+    client.publish(
+        "work",
+        {
+            "id": 42,
+            "contents": {"packages": [{"box": "chocolates"}, {"bowl": "noodles"}], "owner": "me"},
+            "flowers": "roses",
+        },
+    )
     client.delta_publish("work", {"id": 42, "contents": {"packages": [{"basket": "eggs"}]}})
     client.delta_publish("work", {"id": 42})  # absent fields stay as they are
-    assert bodies(client, "work", "/id = 42") == [{
-        "id": 42, "contents": {"packages": [{"basket": "eggs"}], "owner": "me"},
-        "flowers": "roses"}]
+    assert bodies(client, "work", "/id = 42") == [
+        {
+            "id": 42,
+            "contents": {"packages": [{"basket": "eggs"}], "owner": "me"},
+            "flowers": "roses",
+        }
+    ]
     client.delta_publish("work", {"id": 43, "fresh": True})  # no record yet: insert
     assert bodies(client, "work", "/id = 43") == [{"id": 43, "fresh": True}]
 
@@ -213,8 +247,10 @@ def test_delta_publish_merge_rules(client: Client) -> None:
 
 def test_sow_delete_forms_return_counts(client: Client) -> None:
     clear(client, "orders")
-    keys = [client.publish("orders", {"orderId": i, "customer": "d" if i < 5 else "e"})
-            for i in range(12)]
+    keys = [
+        client.publish("orders", {"orderId": i, "customer": "d" if i < 5 else "e"})
+        for i in range(12)
+    ]
     assert client.sow_delete("orders", filter="/customer = 'd' AND /orderId < 3") == 3
     assert client.sow_delete("orders", keys=[keys[3], keys[4], keys[0]]) == 2
     assert client.sow_delete("orders", data={"orderId": 5, "customer": "ignored"}) == 1
@@ -271,10 +307,16 @@ def _plain_producer(engine: EngineProcesses) -> Producer:
     return Producer(producer_config(engine.bootstrap))
 
 
-def _dead_letters(engine: EngineProcesses, count: int, timeout: float = 20.0) -> list[dict[str,
-                                                                                          Any]]:
-    consumer = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": uuid.uuid4().hex,
-                         "enable.auto.commit": False})
+def _dead_letters(
+    engine: EngineProcesses, count: int, timeout: float = 20.0
+) -> list[dict[str, Any]]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": engine.bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(f"{engine.prefix}.deadletter", 0, 0)])
     letters: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
@@ -288,14 +330,15 @@ def _dead_letters(engine: EngineProcesses, count: int, timeout: float = 20.0) ->
     return letters
 
 
-def test_plain_kafka_producer_bad_records_go_to_dead_letters(engine: EngineProcesses,
-                                                             client: Client) -> None:
+def test_plain_kafka_producer_bad_records_go_to_dead_letters(
+    engine: EngineProcesses, client: Client
+) -> None:
     clear(client, "work")
     producer = _plain_producer(engine)
     log = f"{engine.prefix}.log.work"
     producer.produce(log, value=b'{"id": 1, "v": ')  # malformed JSON
     producer.produce(log, value=b'{"v": 1}')  # no /id
-    producer.produce(log, value=b'[1, 2]')  # not an object
+    producer.produce(log, value=b"[1, 2]")  # not an object
     producer.produce(log, value=b'{"id": 2}', headers=[(h.COMMAND, b"frobnicate")])
     producer.produce(log, value=b'{"id": 3}', headers=[(h.EXPIRATION, b"soon")])
     producer.produce(log, value=b"", headers=[(h.COMMAND, b"sow_delete"), (h.FILTER, b"/id = ")])
@@ -303,8 +346,16 @@ def test_plain_kafka_producer_bad_records_go_to_dead_letters(engine: EngineProce
     producer.flush(10)
     letters = _dead_letters(engine, 6)
     reasons = sorted(letter["reason"] for letter in letters)
-    assert reasons == sorted(["malformed_json", "missing_key_field", "malformed_json",
-                              "unknown_command", "bad_expiration", "bad_filter"])
+    assert reasons == sorted(
+        [
+            "malformed_json",
+            "missing_key_field",
+            "malformed_json",
+            "unknown_command",
+            "bad_expiration",
+            "bad_filter",
+        ]
+    )
     malformed = next(x for x in letters if x["value"] == b'{"id": 1, "v": ')
     assert "work" in malformed["error"] and malformed["source_topic"] == log
     missing = next(x for x in letters if x["reason"] == "missing_key_field")
@@ -315,8 +366,9 @@ def test_plain_kafka_producer_bad_records_go_to_dead_letters(engine: EngineProce
     assert sorted(r["id"] for r in bodies(client, "work")) == [4, 5]
 
 
-def test_unkeyed_plain_publish_is_rekeyed_onto_the_owning_partition(engine: EngineProcesses,
-                                                                    client: Client) -> None:
+def test_unkeyed_plain_publish_is_rekeyed_onto_the_owning_partition(
+    engine: EngineProcesses, client: Client
+) -> None:
     clear(client, "work")
     producer = _plain_producer(engine)
     log = f"{engine.prefix}.log.work"
@@ -328,8 +380,14 @@ def test_unkeyed_plain_publish_is_rekeyed_onto_the_owning_partition(engine: Engi
     _wait_until(lambda: bodies(client, "work", "/id = 1000") == [{"id": 1000, "v": 2}])
     # the keyed copies sit on the partition murmur2 picks for the SowKey, like the client's own
     key = client.publish("work", {"id": 1000, "v": 3}, ack=True)
-    consumer = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": uuid.uuid4().hex,
-                         "enable.auto.commit": False, "enable.partition.eof": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": engine.bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+        }
+    )
     consumer.assign([TopicPartition(log, p, 0) for p in range(4)])
     partitions = set()
     deadline = time.monotonic() + 10
@@ -365,8 +423,9 @@ def test_client_side_errors_name_the_problem(client: Client) -> None:
         client.sow_delete("orders")
 
 
-def test_engine_rejects_bad_commands_from_foreign_clients(engine: EngineProcesses,
-                                                          client: Client) -> None:
+def test_engine_rejects_bad_commands_from_foreign_clients(
+    engine: EngineProcesses, client: Client
+) -> None:
     """A non-Python client skipping validation still gets a clear failure, engine unharmed."""
     producer = _plain_producer(engine)
     info = client.topic_info("orders")
@@ -374,18 +433,32 @@ def test_engine_rejects_bad_commands_from_foreign_clients(engine: EngineProcesse
 
     def send(**fields: Any) -> str:
         command_id = uuid.uuid4().hex
-        cmd = {"command": "sow", "command_id": command_id, "query_id": "", "reply_to":
-               client.reply_topic, "topic": "orders", "filter": None, "sow_keys": None,
-               "order_by": None, "top_n": None, "skip_n": None, "batch_size": 1,
-               "after_offset": -1, "options": {}, **fields}
+        cmd = {
+            "command": "sow",
+            "command_id": command_id,
+            "query_id": "",
+            "reply_to": client.reply_topic,
+            "topic": "orders",
+            "filter": None,
+            "sow_keys": None,
+            "order_by": None,
+            "top_n": None,
+            "skip_n": None,
+            "batch_size": 1,
+            "after_offset": -1,
+            "options": {},
+            **fields,
+        }
         producer.produce(info.control_topic, value=encode("Command", cmd), partition=0)
         producer.flush(10)
         return command_id
 
-    for fields, reason in [({"filter": "/x LIKE '('"}, "bad_filter"),
-                           ({"batch_size": 20_000}, "bad_option"),
-                           ({"skip_n": 2}, "bad_option"),
-                           ({"command": "subscribe_all"}, "unknown_command")]:
+    for fields, reason in [
+        ({"filter": "/x LIKE '('"}, "bad_filter"),
+        ({"batch_size": 20_000}, "bad_option"),
+        ({"skip_n": 2}, "bad_option"),
+        ({"command": "subscribe_all"}, "unknown_command"),
+    ]:
         command_id = send(**fields)
         with pytest.raises(CommandFailedError) as failed:
             client._await_acks(command_id, 1)
@@ -416,8 +489,20 @@ def test_worker_rejects_invalid_config(tmp_path: Path, kafka_bootstrap: str) -> 
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("sow:\n  - Name: t\n    Key: [/a]\n    Expiration: 5 parsecs\n")
-    proc = subprocess.run([sys.executable, "-m", "sowstream", "worker", "--config", str(bad),
-                           "--bootstrap", kafka_bootstrap], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sowstream",
+            "worker",
+            "--config",
+            str(bad),
+            "--bootstrap",
+            kafka_bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "bad.yaml" in proc.stderr and "Expiration" in proc.stderr
