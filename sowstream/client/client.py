@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
 from sowstream.client.messages import Command, Message
@@ -149,7 +149,15 @@ class Client:
         consumer = self._consumer()
         try:
             tp = TopicPartition(self.names.meta, 0)
-            _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout)
+            try:
+                _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout)
+            except KafkaException as exc:
+                code = exc.args[0].code() if exc.args else None
+                if code not in (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    raise SowstreamError(
+                        f"cannot read the topic definitions from {self.names.meta!r}: {exc}"
+                    ) from exc
+                high = 0  # no worker has started under this prefix yet
             topics: dict[str, TopicInfo] = {}
             if high > 0:
                 consumer.assign([TopicPartition(self.names.meta, 0, 0)])

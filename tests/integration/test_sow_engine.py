@@ -93,7 +93,8 @@ def test_query_messages_form_one_group_with_query_id_and_keys(client: Client) ->
     msgs = list(client.sow("orders", "/customer = 'c'", query_id="q-42", batch_size=3))
     assert [m.command for m in (msgs[0], msgs[-1])] == ["group_begin", "group_end"]
     records = msgs[1:-1]
-    assert all(m.command == "sow" and m.query_id == "q-42" for m in msgs[1:])
+    assert all(m.command == "sow" for m in records)
+    assert all(m.query_id == "q-42" for m in msgs)
     assert {m.sow_key for m in records} == keys
     assert all(m.topic == "orders" and m.timestamp > 0 for m in records)
     assert all(1 <= m.batch_size <= 3 for m in records)
