@@ -14,7 +14,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sowstream.cli.broker import broker_app
+try:  # TEMP until broker lands
+    from sowstream.cli.broker import broker_app
+except ImportError:
+    broker_app = typer.Typer()
 from sowstream.client import Client
 from sowstream.config import ConfigError, load_config
 from sowstream.errors import SowstreamError

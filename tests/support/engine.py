@@ -29,8 +29,9 @@ def write_config(path: Path, topics: list[dict[str, Any]], *, prefix: str) -> Pa
 class EngineProcesses:
     """A set of worker processes sharing one config, each with its own data dir and log file."""
 
-    def __init__(self, bootstrap: str, workdir: Path, topics: list[dict[str, Any]],
-                 prefix: str | None = None) -> None:
+    def __init__(
+        self, bootstrap: str, workdir: Path, topics: list[dict[str, Any]], prefix: str | None = None
+    ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
         self.prefix = prefix or f"t{uuid.uuid4().hex[:10]}"
@@ -42,10 +43,26 @@ class EngineProcesses:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "sowstream", "worker", "--config", str(self.config),
-             "--bootstrap", self.bootstrap, "--name", name,
-             "--data-dir", str(self.workdir / "data"), "--log-level", "info"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+            [
+                sys.executable,
+                "-m",
+                "sowstream",
+                "worker",
+                "--config",
+                str(self.config),
+                "--bootstrap",
+                self.bootstrap,
+                "--name",
+                name,
+                "--data-dir",
+                str(self.workdir / "data"),
+                "--log-level",
+                "info",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
         )
 
     def stop(self, name: str, *, kill: bool = False, timeout: float = 30.0) -> None:

@@ -20,8 +20,16 @@ def topic(extra: str = "") -> TopicConfig:
     return cfg.topics[0]
 
 
-def op(t: TopicConfig, body: object, offset: int, *, cmd: str = "publish",
-       headers: dict[str, str] | None = None, key: bytes | None = None, ts: int = 1000):
+def op(
+    t: TopicConfig,
+    body: object,
+    offset: int,
+    *,
+    cmd: str = "publish",
+    headers: dict[str, str] | None = None,
+    key: bytes | None = None,
+    ts: int = 1000,
+):
     value = orjson.dumps(body) if body is not None else None
     hdrs = {h.COMMAND: cmd, **(headers or {})}
     if key is None and isinstance(body, dict):
@@ -80,17 +88,21 @@ def test_unkeyed_or_wrongly_keyed_records_are_rekeyed() -> None:
     assert not op(t, {"id": 1}, 1).rekey
 
 
-@pytest.mark.parametrize(("value", "headers", "reason"), [
-    (b"{bad", {}, "malformed_json"),
-    (b"", {}, "malformed_json"),
-    (b"[1]", {}, "malformed_json"),
-    (b'{"x": 1}', {}, "missing_key_field"),
-    (b'{"id": 1}', {h.COMMAND: "upsert"}, "unknown_command"),
-    (b'{"id": 1}', {h.EXPIRATION: "tomorrow"}, "bad_expiration"),
-    (None, {h.COMMAND: "sow_delete", h.FILTER: "/a = = 1"}, "bad_filter"),
-])
-def test_bad_records_raise_with_reason(value: bytes | None, headers: dict[str, str],
-                                       reason: str) -> None:
+@pytest.mark.parametrize(
+    ("value", "headers", "reason"),
+    [
+        (b"{bad", {}, "malformed_json"),
+        (b"", {}, "malformed_json"),
+        (b"[1]", {}, "malformed_json"),
+        (b'{"x": 1}', {}, "missing_key_field"),
+        (b'{"id": 1}', {h.COMMAND: "upsert"}, "unknown_command"),
+        (b'{"id": 1}', {h.EXPIRATION: "tomorrow"}, "bad_expiration"),
+        (None, {h.COMMAND: "sow_delete", h.FILTER: "/a = = 1"}, "bad_filter"),
+    ],
+)
+def test_bad_records_raise_with_reason(
+    value: bytes | None, headers: dict[str, str], reason: str
+) -> None:
     with pytest.raises(InvalidMessageError) as err:
         decode_log_record(topic(), None, value, headers, 1, 0)
     assert err.value.reason == reason
