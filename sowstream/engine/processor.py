@@ -471,6 +471,8 @@ class TopicProcessor:
         out: list[tuple[SowRecord, dict[str, Any] | None]] = []
         flt = opts.filter
         need_parsed = flt is not None or bool(opts.order_by)
+        # An expired record may still wait for the next expiry sweep; never show it.
+        now = _now_ms() if self._expires else None
         seen = 0
         if isinstance(how, FullScan):
             pairs: Iterator[tuple[bytes, bytes | None]] = (
@@ -485,6 +487,8 @@ class TopicProcessor:
             if raw is None:
                 continue
             rec = SowRecord.from_bytes(raw)
+            if now is not None and rec.expiration is not None and rec.expiration <= now:
+                continue
             parsed = orjson.loads(rec.data) if need_parsed else None
             if flt is not None and not flt.matches(parsed):  # type: ignore[arg-type]
                 continue

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 TOPICS: list[dict[str, Any]] = [
     {"Name": "positions", "Key": ["/id"], "Partitions": 4},
     {"Name": "ticks", "Key": ["/id"], "Durability": "transient", "Partitions": 4},
+    {"Name": "quotes", "Key": ["/id"], "Expiration": "enabled", "Partitions": 4},
     {
         "Name": "fresh",
         "Key": ["/id"],
@@ -87,6 +88,26 @@ def test_restart_keeps_the_sow_and_transient_topics_rebuild(engine: EngineProces
     engine.wait_ready(NAMES)
     with engine.client() as client:
         assert snapshot(client, "positions") == before
+
+
+def test_records_that_expired_while_no_worker_ran_are_removed_at_start(
+    engine: EngineProcesses,
+) -> None:
+    engine.start("w1")
+    engine.wait_ready(NAMES)
+    with engine.client() as client:
+        client.publish("quotes", {"id": "short"}, expiration=2)
+        client.publish("quotes", {"id": "forever"}, expiration=0)
+        client.publish("quotes", {"id": "long"}, expiration=3600)
+        assert len(snapshot(client, "quotes")) == 3
+    engine.stop("w1")
+    time.sleep(3)
+    engine.start("w1")
+    engine.wait_ready(NAMES)
+    with engine.client() as client:
+        assert sorted(r["id"] for r in snapshot(client, "quotes").values()) == ["forever", "long"]
+        time.sleep(1.5)  # one expiry sweep: the record is deleted, not just hidden
+        assert client.sow_delete("quotes", filter="1=1") == 2
 
 
 def fold_log(bootstrap: str, topic: str, partitions: int) -> dict[bytes, Any]:

@@ -507,3 +507,60 @@ def test_worker_rejects_invalid_config(tmp_path: Path, kafka_bootstrap: str) -> 
     )
     assert proc.returncode == 1
     assert "bad.yaml" in proc.stderr and "Expiration" in proc.stderr
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def _cli(engine: EngineProcesses, *args: str, stdin: str | None = None) -> Any:
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sowstream",
+            *args,
+            "--bootstrap",
+            engine.bootstrap,
+            "--prefix",
+            engine.prefix,
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_publish_query_delete(engine: EngineProcesses, client: Client) -> None:
+    clear(client, "work")
+    done = _cli(engine, "publish", "work", '{"id": 1, "qty": 5}')
+    assert done.returncode == 0, done.stderr
+    lines = '{"id": 2, "qty": 7}\n{"id": 3, "qty": 9}\n'
+    assert _cli(engine, "publish", "work", "-", stdin=lines).returncode == 0
+    assert _cli(engine, "delta-publish", "work", '{"id": 1, "note": "x"}').returncode == 0
+    out = _cli(engine, "sow", "work", "--filter", "/qty > 5", "--order-by", "/id DESC", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = [orjson.loads(line) for line in out.stdout.splitlines()]
+    assert [r["data"] for r in rows] == [{"id": 3, "qty": 9}, {"id": 2, "qty": 7}]
+    assert all(r["topic"] == "work" and r["sow_key"] for r in rows)
+    table = _cli(engine, "sow", "work", "--top-n", "1", "--order-by", "/id")
+    assert table.returncode == 0 and '"note":"x"' in table.stdout and "1 record" in table.stdout
+    deleted = _cli(engine, "delete", "work", "--filter", "/qty >= 7")
+    assert deleted.returncode == 0 and "deleted 2 record(s)" in deleted.stdout
+    assert [r["id"] for r in bodies(client, "work")] == [1]
+
+
+def test_cli_errors_are_one_clear_line(engine: EngineProcesses) -> None:
+    bad_filter = _cli(engine, "sow", "work", "--filter", "/qty >")
+    assert bad_filter.returncode == 1
+    assert "error:" in bad_filter.stderr and "position" in bad_filter.stderr
+    assert "Traceback" not in bad_filter.stderr
+    unknown = _cli(engine, "publish", "nope", "{}")
+    assert unknown.returncode == 1 and "unknown topic 'nope'" in unknown.stderr
+    malformed = _cli(engine, "publish", "work", "{not json")
+    assert malformed.returncode == 1 and "malformed JSON" in malformed.stderr
+    skip = _cli(engine, "sow", "work", "--skip-n", "2")
+    assert skip.returncode == 1 and "skip_n requires top_n" in skip.stderr
