@@ -47,3 +47,7 @@ class CommandTimeoutError(SowstreamError, TimeoutError):
 
 class StateStoreError(SowstreamError):
     """The local RocksDB state could not be opened or written."""
+
+
+class BrokerError(SowstreamError):
+    """The embedded local Kafka broker could not be provisioned, started or stopped."""

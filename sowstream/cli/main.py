@@ -14,10 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-try:  # TEMP until broker lands
-    from sowstream.cli.broker import broker_app
-except ImportError:
-    broker_app = typer.Typer()
+from sowstream.cli.broker import broker_app
 from sowstream.client import Client
 from sowstream.config import ConfigError, load_config
 from sowstream.errors import SowstreamError
