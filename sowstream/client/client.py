@@ -396,8 +396,14 @@ class Client:
     def _await_acks(self, command_id: str, expected: int) -> int:
         deadline = time.monotonic() + self.timeout
         total = 0
-        for _ in range(expected):
+        answered: set[tuple[int, int]] = set()
+        while len(answered) < expected:
             reply = self._next_reply(command_id, deadline)
+            # a log record replayed after a rebalance is acked twice: count it once
+            origin = (reply["partition"], reply["log_offset"])
+            if origin[1] >= 0 and origin in answered:
+                continue
+            answered.add(origin if origin[1] >= 0 else (-1, len(answered)))
             if reply["status"] != "success":
                 raise CommandFailedError(
                     reply["message"] or reply["reason"],
@@ -489,34 +495,46 @@ class Client:
         deadline = time.monotonic() + self.timeout
         yield Message("group_begin", query_id=query_id)
         buffered: list[Message] = []
-        done = 0
+        # Records wait per (topic, partition, answer) until that answer's part_end: after a
+        # rebalance two workers may answer one partition, and the first complete answer wins.
+        partial: dict[tuple[str, int, str], list[Message]] = defaultdict(list)
+        complete: set[tuple[str, int]] = set()
         sent = 0
-        while done < expected:
+        while len(complete) < expected:
             reply = self._next_reply(command_id, deadline)
+            part = (reply["topic"], reply["partition"])
+            if part in complete:
+                continue
             if reply["status"] != "success":
                 raise CommandFailedError(
                     f"topic {reply['topic']!r}: {reply['message'] or reply['reason']}",
                     reason=reply["reason"],
                     command_id=command_id,
                 )
-            if reply["command"] == "part_end":
-                done += 1
-                continue
-            for rec in reply["records"]:
-                msg = Message(
-                    "sow",
-                    topic=reply["topic"],
-                    sow_key=rec["sow_key"],
-                    query_id=query_id,
-                    data=rec["data"],
-                    timestamp=rec["timestamp"],
-                    batch_size=len(reply["records"]),
+            answer = (*part, reply["answer_id"])
+            if reply["command"] == "sow":
+                partial[answer].extend(
+                    Message(
+                        "sow",
+                        topic=reply["topic"],
+                        sow_key=rec["sow_key"],
+                        query_id=query_id,
+                        data=rec["data"],
+                        timestamp=rec["timestamp"],
+                        batch_size=len(reply["records"]),
+                    )
+                    for rec in reply["records"]
                 )
-                if ordered:
-                    buffered.append(msg)
-                else:
-                    sent += 1
-                    yield msg
+                continue
+            complete.add(part)
+            records = partial.pop(answer, [])
+            for other in [a for a in partial if a[:2] == part]:
+                del partial[other]
+            if ordered:
+                buffered.extend(records)
+            else:
+                sent += len(records)
+                yield from records
         if ordered:
             order = validate_query(order_by=order_by).order_by
             key = result_order(order)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import KafkaError
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from prometheus_client import start_http_server
 
@@ -29,6 +31,7 @@ log = logging.getLogger("sowstream.engine")
 
 LOG_BATCH_MAX = 2_000
 LOG_BATCH_WITHIN = 0.005
+REPLY_METADATA_WAIT = 5.0
 
 
 class FaustSender(Sender):
@@ -36,6 +39,7 @@ class FaustSender(Sender):
 
     def __init__(self, app: faust.App) -> None:
         self._app = app
+        self._gone = _GoneTopics()
 
     async def send(
         self,
@@ -46,8 +50,45 @@ class FaustSender(Sender):
         partition: int | None = None,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[Any] | None:
-        fut = await self._app.producer.send(topic, key, value, partition, None, headers)
+        # faust's aiokafka producer, minus faust's per-message wrapper (this is the hot path)
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
         return cast("asyncio.Future[Any]", fut)
+
+    async def send_reply(self, topic: str, value: bytes) -> None:
+        # A client deletes its reply topic on close; answers still in flight for it would make
+        # the producer wait for the topic's metadata for its whole request timeout (minutes).
+        if topic in self._gone:
+            return
+        try:
+            await asyncio.wait_for(self.send(topic, value), REPLY_METADATA_WAIT)
+        except (TimeoutError, KafkaError) as exc:
+            self._gone.add(topic)
+            log.info(
+                "dropped replies to %s: the client's reply topic is gone (%s)",
+                topic,
+                type(exc).__name__,
+            )
+
+
+class _GoneTopics:
+    """Reply topics found missing recently: replies to them are dropped without waiting."""
+
+    def __init__(self, ttl: float = 60.0) -> None:
+        self._ttl = ttl
+        self._until: dict[str, float] = {}
+
+    def __contains__(self, topic: str) -> bool:
+        until = self._until.get(topic)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._until[topic]
+            return False
+        return True
+
+    def add(self, topic: str) -> None:
+        self._until[topic] = time.monotonic() + self._ttl
 
 
 class KafkaLogReader:
@@ -271,7 +312,7 @@ class Engine:
 
         async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
             for proc in self.processors.values():
-                proc.drop(tp.partition for tp in revoked if tp.topic == proc.log_topic)
+                await proc.drop(tp.partition for tp in revoked if tp.topic == proc.log_topic)
 
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
 

@@ -12,6 +12,7 @@ import heapq
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -29,8 +30,9 @@ from sowstream.engine.store import (
 )
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
 from sowstream.filters import FilterError
-from sowstream.filters.values import canonical_text, get_path, is_null
+from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.expiration import processes_expiration
+from sowstream.sow.keys import field_values
 from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_filter
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query
@@ -84,6 +86,10 @@ class Sender:
         """Queue one record for production; returns its delivery future when there is one."""
         raise NotImplementedError
 
+    async def send_reply(self, topic: str, value: bytes) -> None:
+        """Queue a reply for a client; a client that has gone away must not hold the engine up."""
+        raise NotImplementedError
+
 
 @dataclass
 class _Outcome:
@@ -92,7 +98,7 @@ class _Outcome:
     changes: dict[bytes, bytes | None] = field(default_factory=dict)
     rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
     dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
-    acks: list[tuple[str, str, int, str, str]] = field(default_factory=list)
+    acks: list[tuple[RawRecord, int, str, str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -199,10 +205,13 @@ class TopicProcessor:
             ps.watermark,
         )
 
-    def drop(self, partitions: Iterable[int]) -> None:
+    async def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
         for p in partitions:
-            self._parts.pop(p, None)
+            ps = self._parts.pop(p, None)
+            if ps is not None:
+                async with ps.applied:
+                    ps.applied.notify_all()  # queries waiting on it give up
 
     @property
     def partitions(self) -> list[int]:
@@ -255,7 +264,7 @@ class TopicProcessor:
             except InvalidMessageError as exc:
                 if not replay:
                     outcome.dead.append((rec, exc))
-                    self._ack(outcome, rec.headers, "failure", 0, exc.reason, str(exc))
+                    outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
                 continue
             if op.rekey:
                 if not replay and op.sow_key is not None:
@@ -273,7 +282,7 @@ class TopicProcessor:
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
             applied += 1
             if not replay and op.reply_to:
-                self._ack(outcome, rec.headers, "success", count, "", "")
+                outcome.acks.append((rec, count, "success", "", ""))
         if last > ps.watermark:
             outcome.changes = self._write(ps, overlay, before, last)
         metrics.UPDATES.labels(self.topic.name).inc(applied)
@@ -329,7 +338,7 @@ class TopicProcessor:
         for number, fields in enumerate(self._index_fields):
             per_field: list[list[str]] = []
             for path in fields:
-                values = [canonical_text(v) for v in get_path(body, path) if not is_null(v)]
+                values = [canonical_text(v) for v in field_values(body, path) if not is_null(v)]
                 if not values:
                     break
                 per_field.append(values)
@@ -351,21 +360,6 @@ class TopicProcessor:
             changes[entry] = None
         for entry in new_entries - old_entries:
             changes[entry] = b""
-
-    def _ack(
-        self,
-        outcome: _Outcome,
-        headers: dict[str, str],
-        status: str,
-        count: int,
-        reason: str,
-        message: str,
-    ) -> None:
-        reply_to = headers.get(h.REPLY_TO)
-        if reply_to:
-            outcome.acks.append(
-                (reply_to, headers.get(h.COMMAND_ID, ""), count, status, f"{reason}\x00{message}")
-            )
 
     async def _perform(self, outcome: _Outcome) -> None:
         for sow_key, rec in outcome.rekeys:
@@ -395,14 +389,18 @@ class TopicProcessor:
             await self._sender.send(
                 self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.name.encode()
             )
-        for reply_to, command_id, count, status, detail in outcome.acks:
-            reason, _, message = detail.partition("\x00")
+        for rec, count, status, reason, message in outcome.acks:
+            reply_to = rec.headers.get(h.REPLY_TO)
+            if not reply_to:
+                continue
             await self.reply(
                 reply_to,
                 {
                     "command": "ack",
-                    "command_id": command_id,
+                    "command_id": rec.headers.get(h.COMMAND_ID, ""),
                     "topic": self.topic.name,
+                    "partition": rec.partition,
+                    "log_offset": rec.offset,
                     "status": status,
                     "reason": reason,
                     "message": message,
@@ -411,8 +409,8 @@ class TopicProcessor:
             )
 
     async def reply(self, reply_to: str, body: dict[str, Any]) -> None:
-        """Send one Reply message to a client's reply topic."""
-        await self._sender.send(reply_to, encode("Reply", body))
+        """Send one Reply message to a client's reply topic (dropped if the client is gone)."""
+        await self._sender.send_reply(reply_to, encode("Reply", body))
 
     # -- expiration ----------------------------------------------------------------------------
 
@@ -499,6 +497,7 @@ class TopicProcessor:
         """Answer one partition's share of a ``sow`` command on the client's reply topic."""
         reply_to = cmd["reply_to"]
         base = {
+            "answer_id": uuid.uuid4().hex[:12],
             "command_id": cmd["command_id"],
             "query_id": cmd.get("query_id") or "",
             "topic": self.topic.name,
@@ -527,7 +526,9 @@ class TopicProcessor:
             return
         ps = await self.ready(partition)
         try:
-            await self._wait_applied(ps, cmd.get("after_offset", -1))
+            await self._wait_applied(partition, ps, cmd.get("after_offset", -1))
+        except _PartitionMoved:
+            return  # the partition's new owner reads this command again and answers it
         except SowstreamError as exc:
             await self.reply(
                 reply_to,
@@ -544,6 +545,8 @@ class TopicProcessor:
         started = time.perf_counter()
         async with ps.lock:
             matched = await self._matching(ps, how, opts)
+        if self._parts.get(partition) is not ps:
+            return  # revoked while reading: the new owner answers
         if opts.ordered:
             order = result_order(opts.order_by)
             matched.sort(key=lambda pair: order((pair[0].sow_key, pair[1] or {})))
@@ -578,12 +581,14 @@ class TopicProcessor:
         if batch:
             await self.reply(reply_to, {**base, "command": "sow", "records": batch})
 
-    async def _wait_applied(self, ps: PartitionState, offset: int) -> None:
+    async def _wait_applied(self, partition: int, ps: PartitionState, offset: int) -> None:
         if offset < 0 or ps.watermark >= offset:
             return
         deadline = time.monotonic() + APPLIED_WAIT_SECONDS
         async with ps.applied:
             while ps.watermark < offset:
+                if self._parts.get(partition) is not ps:
+                    raise _PartitionMoved
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise SowstreamError(
@@ -594,6 +599,10 @@ class TopicProcessor:
                     await asyncio.wait_for(ps.applied.wait(), remaining)
                 except TimeoutError:
                     continue
+
+
+class _PartitionMoved(Exception):
+    """The partition was revoked while a command waited for it."""
 
 
 def _now_ms() -> int:

@@ -10,10 +10,11 @@ import base64
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
+from functools import cache
 from typing import Any
 
 from sowstream.errors import InvalidMessageError
-from sowstream.filters.values import canonical_text, get_path, is_null
+from sowstream.filters.values import canonical_text, get_path, is_null, path_steps
 
 _BASE64_CHARS = re.compile(r"^[A-Za-z0-9+/=_-]+$")
 MAX_USER_KEY_LENGTH = 1024
@@ -34,11 +35,28 @@ def sow_key_from_values(key_domain: str, values: Sequence[str]) -> str:
     return base64.urlsafe_b64encode(h.digest()).decode()
 
 
+@cache
+def _steps(path: str) -> tuple[str, ...]:
+    return path_steps(path)
+
+
+def field_values(record: Mapping[str, Any], path: str) -> list[Any]:
+    """``get_path`` with a fast walk for the usual case: nested objects, no arrays."""
+    node: Any = record
+    for step in _steps(path):
+        if type(node) is not dict:
+            return get_path(record, path)
+        node = node.get(step)
+        if node is None:
+            return []
+    return get_path(record, path) if type(node) is list else [node]
+
+
 def key_values(topic: str, key_paths: Sequence[str], record: Mapping[str, Any]) -> list[str]:
     """The canonical string of each Key field of ``record``; a missing or NULL one is an error."""
     values: list[str] = []
     for path in key_paths:
-        found = get_path(record, path)
+        found = field_values(record, path)
         if not found or is_null(found[0]):
             raise InvalidMessageError(
                 f"topic {topic!r}: key field {path} is missing from the message",

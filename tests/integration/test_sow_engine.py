@@ -564,3 +564,38 @@ def test_cli_errors_are_one_clear_line(engine: EngineProcesses) -> None:
     assert malformed.returncode == 1 and "malformed JSON" in malformed.stderr
     skip = _cli(engine, "sow", "work", "--skip-n", "2")
     assert skip.returncode == 1 and "skip_n requires top_n" in skip.stderr
+
+
+def test_a_partition_answered_twice_is_counted_once(
+    engine: EngineProcesses, client: Client
+) -> None:
+    """After a rebalance a command may be read again by the partition's new owner."""
+    clear(client, "orders")
+    for i in range(40):
+        client.publish("orders", {"orderId": i})
+    info = client.topic_info("orders")
+    for ordered in (True, False):
+        pending = client.sow("orders", order_by="/orderId" if ordered else None, batch_size=3)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": engine.bootstrap,
+                "group.id": uuid.uuid4().hex,
+                "enable.auto.commit": False,
+            }
+        )
+        producer = _plain_producer(engine)
+        for p in range(info.partitions):
+            tp = TopicPartition(info.control_topic, p)
+            _, high = consumer.get_watermark_offsets(tp, timeout=10)
+            consumer.assign([TopicPartition(info.control_topic, p, high - 1)])
+            msg = consumer.poll(10)
+            assert msg is not None and not msg.error()
+            producer.produce(info.control_topic, value=msg.value(), partition=p)
+        producer.flush(10)
+        consumer.close()
+        ids = [m.json()["orderId"] for m in pending if m.command == "sow"]
+        assert sorted(ids) == list(range(40))
+        if ordered:
+            assert ids == list(range(40))
+    # a delete by filter whose log records are read twice is counted once
+    assert client.sow_delete("orders", filter="/orderId < 10") == 10

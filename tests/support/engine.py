@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from confluent_kafka import ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
 
 from sowstream.client import Client
 from sowstream.errors import SowstreamError
@@ -98,9 +100,24 @@ class EngineProcesses:
         """A connected client for this engine."""
         return Client(self.bootstrap, prefix=self.prefix, **kwargs).connect()
 
+    def wait_stable(self, deadline: float) -> None:
+        """Block until every running worker has joined the consumer group and it is stable."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        while time.monotonic() < deadline:
+            try:
+                desc = admin.describe_consumer_groups([self.prefix])[self.prefix].result(10)
+                if desc.state == ConsumerGroupState.STABLE and len(desc.members) == len(
+                    [n for n in self.procs if self.alive(n)]
+                ):
+                    return
+            except KafkaException:
+                pass
+            time.sleep(0.5)
+
     def wait_ready(self, topics: list[str], timeout: float = 120.0) -> None:
-        """Block until every partition of every topic answers a query."""
+        """Block until all workers joined and every partition of every topic answers a query."""
         deadline = time.monotonic() + timeout
+        self.wait_stable(deadline)
         last: Exception | None = None
         with Client(self.bootstrap, prefix=self.prefix, timeout=5.0) as client:
             while time.monotonic() < deadline:
