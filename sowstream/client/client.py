@@ -30,6 +30,7 @@ from sowstream.errors import (
 )
 from sowstream.filters import compile_filter
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
+from sowstream.sow.ops import parse_body
 from sowstream.sow.query import CLIENT_DEFAULT_BATCH_SIZE, result_order, validate_query
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
@@ -227,19 +228,7 @@ class Client:
         if isinstance(data, dict):
             return orjson.dumps(data), data
         raw = data.encode() if isinstance(data, str) else bytes(data)
-        try:
-            parsed = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidMessageError(
-                f"topic {topic!r}: malformed JSON: {exc}", topic=topic, reason="malformed_json"
-            ) from exc
-        if not isinstance(parsed, dict):
-            raise InvalidMessageError(
-                f"topic {topic!r}: a JSON message must be an object",
-                topic=topic,
-                reason="malformed_json",
-            )
-        return raw, parsed
+        return raw, parse_body(topic, raw)
 
     def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str:
         if not info.keys:

@@ -45,7 +45,8 @@ class LogOp:
     rekey: bool = False
 
 
-def _parse_body(topic: str, value: bytes | None) -> dict[str, Any]:
+def parse_body(topic: str, value: bytes | None) -> dict[str, Any]:
+    """A message body as a JSON object; anything else is an InvalidMessageError."""
     if not value:
         raise InvalidMessageError(
             f"topic {topic!r}: empty message body", topic=topic, reason="malformed_json"
@@ -125,7 +126,7 @@ def decode_log_record(
             op.sow_key = resolve_sow_key(topic, None, kafka_key or headers.get(h.SOW_KEY))
             op.rekey = kafka_key is None
             return op
-    op.body = _parse_body(topic.name, value)
+    op.body = parse_body(topic.name, value)
     op.data = value
     supplied = kafka_key if topic.user_supplied_keys and kafka_key else headers.get(h.SOW_KEY)
     op.sow_key = resolve_sow_key(topic, op.body, supplied)
