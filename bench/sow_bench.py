@@ -238,7 +238,7 @@ def main() -> None:
             key_n, key_t = timed_query(client, "orders", "/id = 4242")
             final = {orjson.loads(u)["id"]: len(u) for u in updates}
             raw_bytes = sum(final.values())
-            rocks = dir_size(work / "data" / "bench")
+            rocks = dir_size(work / "data" / prefix / "bench")
 
     table = Table(
         title=f"sowstream SOW benchmark: {args.updates:,} updates, {args.keys:,} keys, "

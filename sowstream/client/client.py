@@ -371,7 +371,10 @@ class Client:
                     f"no complete answer to command {command_id} within {self.timeout:.0f}s: "
                     "is a worker running for every partition?"
                 )
-            for msg in replies.consume(500, min(remaining, 0.2)):
+            # poll() returns with the first message; consume(…, 0) then takes what else is there
+            # (consume with a timeout would wait for the full count and add latency)
+            first = replies.poll(min(remaining, 0.2))
+            for msg in [first, *replies.consume(500, 0)] if first is not None else []:
                 value = msg.value()
                 if msg.error() or value is None:
                     continue
