@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,20 @@ def relay_rate(bootstrap: str, source: str, n: int) -> float:
     elapsed = time.perf_counter() - started
     consumer.close()
     return n / elapsed
+
+
+def faust_floor(bootstrap: str, app_id: str, topic: str, n: int) -> float:
+    """Events/s a faust agent that does nothing but count reaches on the same log."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.faust_floor", bootstrap, app_id, topic, str(n)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    found = re.search(r"RATE (\d+)", out.stdout)  # faust's terminal codes may precede it
+    if found:
+        return float(found.group(1))
+    raise RuntimeError(f"faust baseline failed:\n{out.stderr[-2000:]}")
 
 
 def scrape(port: int, metric: str) -> float:
@@ -211,6 +226,8 @@ def main() -> None:
 
             relay = relay_rate(bootstrap, f"{prefix}.log.orders", len(updates))
             console.print(f"bare confluent-kafka relay: {relay:,.0f}/s")
+            floor = faust_floor(bootstrap, f"{prefix}floor", f"{prefix}.log.orders", len(updates))
+            console.print(f"bare faust agent (count only): {floor:,.0f}/s")
 
             # 2. the worker catches up on the whole log; time it from its own counter
             worker = start_worker()
@@ -249,9 +266,12 @@ def main() -> None:
     table.add_column("ratio", justify="right")
     table.add_row("bare confluent-kafka relay (consume→produce)", f"{relay:,.0f} msg/s", "1.00")
     table.add_row(
+        "bare faust agent, counting only", f"{floor:,.0f} ev/s", f"{floor / relay:.2f}x relay"
+    )
+    table.add_row(
         "SOW updates applied (1 worker)",
         f"{apply_rate:,.0f} upd/s",
-        f"{apply_rate / relay:.2f}x relay",
+        f"{apply_rate / relay:.2f}x relay, {apply_rate / floor:.2f}x faust",
     )
     table.add_row("client publish", f"{publish_rate:,.0f} msg/s", f"{publish_rate / relay:.2f}x")
     table.add_row(f"query full scan ({full_n:,} records)", f"{full_n / full_t:,.0f} rec/s", "")

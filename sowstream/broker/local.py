@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,7 +69,15 @@ def answers(bootstrap: str, timeout: float = 3.0) -> bool:
 class LocalBroker:
     """A KRaft broker (combined broker and controller) whose files live under ``home``."""
 
-    def __init__(self, home: Path | str | None = None, version: str = KAFKA_VERSION) -> None:
+    def __init__(
+        self,
+        home: Path | str | None = None,
+        version: str = KAFKA_VERSION,
+        *,
+        sasl_users: Mapping[str, str] | None = None,
+    ) -> None:
+        # sasl_users adds a SASL/PLAIN listener (user -> password) for tests of secured clusters
+        self.sasl_users = dict(sasl_users or {})
         self.home = Path(home or DEFAULT_HOME).resolve()
         self.version = version
         self.data_dir = self.home / "data"
@@ -81,6 +90,12 @@ class LocalBroker:
             return state
         except (OSError, ValueError):
             return {}
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        """``127.0.0.1:PORT`` of the SASL_PLAINTEXT listener, when ``sasl_users`` were given."""
+        port = self._read_state().get("sasl_port")
+        return f"127.0.0.1:{port}" if port else None
 
     @property
     def bootstrap(self) -> str | None:
@@ -102,7 +117,7 @@ class LocalBroker:
             version=str(state.get("version") or self.version),
         )
 
-    def _properties(self, port: int, controller_port: int) -> Path:
+    def _properties(self, port: int, controller_port: int, sasl_port: int | None) -> Path:
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -128,6 +143,15 @@ class LocalBroker:
             "auto.create.topics.enable": "false",
             "log.segment.bytes": str(64 * 1024 * 1024),
         }
+        if sasl_port:
+            users = " ".join(f'user_{u}="{p}"' for u, p in self.sasl_users.items())
+            props["listeners"] += f",SASL_PLAINTEXT://127.0.0.1:{sasl_port}"
+            props["advertised.listeners"] += f",SASL_PLAINTEXT://127.0.0.1:{sasl_port}"
+            props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            props["sasl.enabled.mechanisms"] = "PLAIN"
+            props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+            )
         path = self.home / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
@@ -179,7 +203,8 @@ class LocalBroker:
                     f"port {p} on 127.0.0.1 is already in use; pick another with "
                     "--port or stop what listens there"
                 )
-        properties = self._properties(port, controller)
+        sasl = (int(state.get("sasl_port") or 0) or free_port()) if self.sasl_users else None  # type: ignore[call-overload]
+        properties = self._properties(port, controller, sasl)
         self._format(libs, properties)
         with open(self.log_file, "ab") as log:
             proc = subprocess.Popen(
@@ -195,6 +220,7 @@ class LocalBroker:
                     "pid": proc.pid,
                     "port": port,
                     "controller_port": controller,
+                    "sasl_port": sasl,
                     "version": self.version,
                 }
             )

@@ -22,6 +22,7 @@ from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.security import faust_credentials
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
@@ -212,6 +213,7 @@ class Engine:
             broker_commit_interval=1.0,
             stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
             stream_wait_empty=False,
+            broker_credentials=faust_credentials(config.engine.kafka),
         )
         self.sender = FaustSender(self.app)
         self.processors: dict[str, TopicProcessor] = {}

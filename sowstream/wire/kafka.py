@@ -72,7 +72,10 @@ def ensure_topics(
     A changed partition count would silently re-route keys, so it is an error, not a fix-up.
     """
     admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
-    existing = admin.list_topics(timeout=timeout).topics
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise SowstreamError(f"cannot reach Kafka at {bootstrap}: {exc.args[0]}") from exc
     for spec in specs:
         meta = existing.get(spec.name)
         if meta is not None and meta.error is None and len(meta.partitions) != spec.partitions:

@@ -21,9 +21,14 @@ from sowstream.errors import SowstreamError
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_config(path: Path, topics: list[dict[str, Any]], *, prefix: str) -> Path:
+def write_config(
+    path: Path, topics: list[dict[str, Any]], *, prefix: str, kafka: dict[str, str] | None = None
+) -> Path:
     """Write a YAML config with an isolated app id and topic prefix."""
-    doc = {"engine": {"app_id": prefix, "topic_prefix": prefix}, "sow": topics}
+    engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix}
+    if kafka:
+        engine["kafka"] = kafka
+    doc = {"engine": engine, "sow": topics}
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -32,12 +37,20 @@ class EngineProcesses:
     """A set of worker processes sharing one config, each with its own data dir and log file."""
 
     def __init__(
-        self, bootstrap: str, workdir: Path, topics: list[dict[str, Any]], prefix: str | None = None
+        self,
+        bootstrap: str,
+        workdir: Path,
+        topics: list[dict[str, Any]],
+        prefix: str | None = None,
+        kafka: dict[str, str] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
+        self.kafka = dict(kafka or {})
         self.prefix = prefix or f"t{uuid.uuid4().hex[:10]}"
-        self.config = write_config(workdir / "sowstream.yaml", topics, prefix=self.prefix)
+        self.config = write_config(
+            workdir / "sowstream.yaml", topics, prefix=self.prefix, kafka=self.kafka
+        )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str) -> None:
@@ -98,11 +111,11 @@ class EngineProcesses:
 
     def client(self, **kwargs: Any) -> Client:
         """A connected client for this engine."""
-        return Client(self.bootstrap, prefix=self.prefix, **kwargs).connect()
+        return Client(self.bootstrap, prefix=self.prefix, config=self.kafka, **kwargs).connect()
 
     def wait_stable(self, deadline: float) -> None:
         """Block until every running worker has joined the consumer group and it is stable."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.kafka})
         while time.monotonic() < deadline:
             try:
                 desc = admin.describe_consumer_groups([self.prefix])[self.prefix].result(10)
@@ -119,7 +132,7 @@ class EngineProcesses:
         deadline = time.monotonic() + timeout
         self.wait_stable(deadline)
         last: Exception | None = None
-        with Client(self.bootstrap, prefix=self.prefix, timeout=5.0) as client:
+        with Client(self.bootstrap, prefix=self.prefix, config=self.kafka, timeout=5.0) as client:
             while time.monotonic() < deadline:
                 for name in self.procs:
                     if not self.alive(name):
