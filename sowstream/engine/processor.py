@@ -228,6 +228,8 @@ class TopicProcessor:
         for partition, recs in by_partition.items():
             ps = await self.ready(partition)
             async with ps.lock:
+                if self._parts.get(partition) is not ps:
+                    continue  # revoked while waiting: the new owner reads these records again
                 outcome = self._apply(ps, recs, replay=False)
                 await ps.store.replicate(outcome.changes, self._sender.send)
             await self._perform(outcome)
