@@ -141,6 +141,7 @@ class Client:
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "fetch.wait.max.ms": 10,
+                "log_level": 4,
                 **self._extra,
             }
         )

@@ -2,7 +2,8 @@
 
 Everything here runs on the worker's event loop. A partition's lock is held while its state is
 read or written, so a query sees the state between two log batches: a consistent snapshot of that
-partition. Apply work is synchronous inside the lock, Kafka I/O happens outside it.
+partition. Apply work is synchronous inside the lock; the batch's changelog records are queued
+inside it too (their order must match the RocksDB writes), replies and acks go out after it.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class LogReader(Protocol):
 
 
 class Sender:
-    """How the processor talks to Kafka; the app supplies a faust-backed one, rebuilds a no-op."""
+    """How the processor talks to Kafka; the worker supplies one backed by faust's producer."""
 
     async def send(
         self,
@@ -93,7 +94,7 @@ class Sender:
 
 @dataclass
 class _Outcome:
-    """Side effects of applying a batch, performed after the partition lock is released."""
+    """What applying a batch produced: store changes to replicate, then messages to send."""
 
     changes: dict[bytes, bytes | None] = field(default_factory=dict)
     rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)

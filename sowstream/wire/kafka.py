@@ -45,6 +45,7 @@ def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> d
         "enable.idempotence": True,
         "linger.ms": 5,
         "compression.type": "lz4",
+        "log_level": 4,  # librdkafka's info lines (e.g. purged queues on close) are noise here
     }
     conf.update(extra or {})
     return conf
