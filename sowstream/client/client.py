@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka import Message as KafkaMessage
 
 from sowstream.client.messages import Command, Message
+from sowstream.config.models import match_topic_names
 from sowstream.errors import (
     CommandFailedError,
     CommandTimeoutError,
@@ -412,15 +413,9 @@ class Client:
         if topic in self._topics or topic in self.refresh_topics():
             return [self._topics[topic]]
         if _REGEX_CHARS.search(topic):
-            try:
-                pattern = re.compile(topic)
-            except re.error as exc:
-                raise InvalidCommandError(
-                    f"topic pattern {topic!r} is not a valid regular expression: {exc}"
-                ) from exc
-            matched = [t for name, t in sorted(self._topics.items()) if pattern.fullmatch(name)]
+            matched = match_topic_names(topic, sorted(self._topics))
             if matched:
-                return matched
+                return [self._topics[name] for name in matched]
         raise UnknownTopicError(topic)
 
     def sow(

@@ -8,7 +8,7 @@ the loaders turn that into a ``ConfigError`` that names the file and element.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -404,6 +404,21 @@ class EngineConfig(_Frozen):
         return settings
 
 
+def match_topic_names(pattern: str, names: Iterable[str]) -> list[str]:
+    """The names the regular expression ``pattern`` matches whole, in the given order.
+
+    Shared by the engine's configuration and the client, so both read a topic pattern alike; an
+    invalid pattern raises InvalidCommandError.
+    """
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise InvalidCommandError(
+            f"topic pattern {pattern!r} is not a valid regular expression: {exc}"
+        ) from None
+    return [name for name in names if regex.fullmatch(name)]
+
+
 class SowstreamConfig(_Frozen):
     """A whole configuration: the engine settings and the SOW topics, read from ``source``."""
 
@@ -432,10 +447,5 @@ class SowstreamConfig(_Frozen):
 
         A plain name matches itself; an invalid pattern raises InvalidCommandError.
         """
-        try:
-            regex = re.compile(pattern)
-        except re.error as exc:
-            raise InvalidCommandError(
-                f"topic pattern {pattern!r} is not a valid regular expression: {exc}"
-            ) from None
-        return [t for t in self.topics if regex.fullmatch(t.name)]
+        names = set(match_topic_names(pattern, [t.name for t in self.topics]))
+        return [t for t in self.topics if t.name in names]
