@@ -31,7 +31,6 @@ from sowstream.wire.topics import TopicNames
 log = logging.getLogger("sowstream.engine")
 
 LOG_BATCH_MAX = 2_000
-LOG_BATCH_WITHIN = 0.005
 REPLY_METADATA_WAIT = 5.0
 
 
@@ -161,16 +160,98 @@ class KafkaLogReader:
             consumer.close()
 
 
-def _raw(event: Any) -> RawRecord:
-    msg = event.message
-    return RawRecord(
-        msg.partition,
-        msg.offset,
-        round(msg.timestamp * 1000),
-        msg.key,
-        msg.value,
-        h.header_map(msg.headers),
-    )
+def _fetch(consumer: Consumer) -> list[Any]:
+    """Up to LOG_BATCH_MAX records, returning as soon as any are there.
+
+    consume(n, timeout) waits for n records or the timeout, which would add its timeout to the
+    latency of every quiet-time publish; poll() returns with the first record.
+    """
+    first = consumer.poll(0.05)
+    if first is None:
+        return []
+    return [first, *consumer.consume(LOG_BATCH_MAX - 1, 0)]
+
+
+class LogPump:
+    """Feeds one topic's processor from its transaction log, in batches, with confluent-kafka.
+
+    faust assigns the control topic's partitions (co-partitioned with the table's changelog); the
+    pump reads the same partition numbers of the log. faust's own stream machinery moves one event
+    at a time and caps a worker at about 16k events/s here (docs/benchmarks.md), so the log does
+    not go through it. No consumer offsets are committed for the log: each partition's position is
+    its watermark, stored in the state store itself, so state and position can never disagree.
+    """
+
+    def __init__(self, engine: Engine, proc: TopicProcessor, ctl_topic: str) -> None:
+        self.engine = engine
+        self.proc = proc
+        self.ctl_topic = ctl_topic
+        self._assigned: set[int] = set()
+        self._next: dict[int, int] = {}
+
+    def owned(self) -> set[int]:
+        """Partitions this worker owns now; empty while faust rebalances or recovers."""
+        app = self.engine.app
+        if app.in_recovery or app.rebalancing:
+            return set()
+        return {
+            tp.partition for tp in app.assignor.assigned_actives() if tp.topic == self.ctl_topic
+        }
+
+    async def _reassign(self, consumer: Consumer, owned: set[int]) -> None:
+        for partition in owned - self._assigned:
+            ps = await self.proc.ready(partition)
+            self._next[partition] = ps.watermark + 1
+        for partition in self._assigned - owned:
+            self._next.pop(partition, None)
+        consumer.assign(
+            [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(owned)]
+        )
+        self._assigned = owned
+
+    async def run(self) -> None:
+        """Fetch and apply until the worker stops."""
+        loop = asyncio.get_running_loop()
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.engine.bootstrap,
+                "group.id": f"{self.engine.config.engine.app_id}-log-pump",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 5,
+                "log_level": 4,
+                **self.engine.config.engine.kafka,
+            }
+        )
+        try:
+            while True:
+                owned = self.owned()
+                if owned != self._assigned:
+                    await self._reassign(consumer, owned)
+                if not owned:
+                    await asyncio.sleep(0.05)
+                    continue
+                msgs = await loop.run_in_executor(None, _fetch, consumer)
+                # ownership may have changed while we waited: apply only what is still ours
+                owned = self.owned()
+                records = [
+                    RawRecord(
+                        m.partition() or 0,
+                        m.offset() or 0,
+                        m.timestamp()[1],
+                        m.key(),
+                        m.value(),
+                        h.header_map(cast(h.RawHeaders, m.headers())),
+                    )
+                    for m in msgs
+                    if not m.error() and m.partition() in owned and m.partition() in self._next
+                ]
+                if records:
+                    await self.proc.process(records)
+                    for rec in records:
+                        self._next[rec.partition] = rec.offset + 1
+        finally:
+            await loop.run_in_executor(None, consumer.close)
 
 
 class Engine:
@@ -217,22 +298,20 @@ class Engine:
         )
         self.sender = FaustSender(self.app)
         self.processors: dict[str, TopicProcessor] = {}
+        self.pumps: list[LogPump] = []
         for topic in config.topics:
             self._wire(topic)
         self._wire_lifecycle()
 
     def _wire(self, topic: TopicConfig) -> None:
         app = self.app
-        log_topic, ctl_topic = (
-            app.topic(
-                name,
-                partitions=topic.partitions,
-                key_type=bytes,
-                value_type=bytes,
-                key_serializer="raw",
-                value_serializer="raw",
-            )
-            for name in (self.names.log(topic.name), self.names.control(topic.name))
+        ctl_topic = app.topic(
+            self.names.control(topic.name),
+            partitions=topic.partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
         )
         table = None
         if topic.durability == "persistent":
@@ -249,21 +328,16 @@ class Engine:
                 key_type=bytes,
                 value_type=bytes,
             )
-        reader = KafkaLogReader(
-            self.bootstrap, log_topic.get_topic_name(), self.config.engine.kafka
-        )
+        log_name = self.names.log(topic.name)
+        reader = KafkaLogReader(self.bootstrap, log_name, self.config.engine.kafka)
         proc = TopicProcessor(topic, self.names, self.sender, table=table, log_reader=reader)
         self.processors[topic.name] = proc
-
-        async def apply_log(stream: Any) -> None:
-            async for events in stream.take_events(LOG_BATCH_MAX, within=LOG_BATCH_WITHIN):
-                await proc.process([_raw(e) for e in events])
+        self.pumps.append(LogPump(self, proc, ctl_topic.get_topic_name()))
 
         async def answer_commands(stream: Any) -> None:
             async for event in stream.events():
                 await self._command(proc, event)
 
-        app.agent(log_topic, name=f"sowstream.log.{topic.name}")(apply_log)
         app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
 
     async def _command(self, proc: TopicProcessor, event: Any) -> None:
@@ -305,16 +379,18 @@ class Engine:
             # no worker held them), then expire what is due.
             if app.in_recovery or app.rebalancing:
                 return
-            actives = app.assignor.assigned_actives()
-            for proc in self.processors.values():
-                for tp in actives:
-                    if tp.topic == proc.log_topic:
-                        await proc.ready(tp.partition)
-                await proc.expire_due()
+            for pump in self.pumps:
+                for partition in pump.owned():
+                    await pump.proc.ready(partition)
+                await pump.proc.expire_due()
+
+        @app.task
+        async def pump_logs() -> None:
+            await asyncio.gather(*(pump.run() for pump in self.pumps))
 
         async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-            for proc in self.processors.values():
-                await proc.drop(tp.partition for tp in revoked if tp.topic == proc.log_topic)
+            for pump in self.pumps:
+                await pump.proc.drop(tp.partition for tp in revoked if tp.topic == pump.ctl_topic)
 
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
 
