@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
@@ -84,9 +85,9 @@ class LocalBroker:
         self.log_file = self.home / "broker.log"
         self._state = self.home / STATE_FILE
 
-    def _read_state(self) -> dict[str, object]:
+    def _read_state(self) -> dict[str, Any]:
         try:
-            state: dict[str, object] = json.loads(self._state.read_text())
+            state: dict[str, Any] = json.loads(self._state.read_text())
             return state
         except (OSError, ValueError):
             return {}
@@ -195,15 +196,15 @@ class LocalBroker:
         self.home.mkdir(parents=True, exist_ok=True)
         state = self._read_state()
         # Reuse the recorded ports: the KRaft metadata in the data dir names the controller.
-        port = port or int(state.get("port") or 0) or free_port()  # type: ignore[call-overload]
-        controller = int(state.get("controller_port") or 0) or free_port()  # type: ignore[call-overload]
+        port = port or int(state.get("port") or 0) or free_port()
+        controller = int(state.get("controller_port") or 0) or free_port()
         for p in (port, controller):
             if not _port_free(p):
                 raise BrokerError(
                     f"port {p} on 127.0.0.1 is already in use; pick another with "
                     "--port or stop what listens there"
                 )
-        sasl = (int(state.get("sasl_port") or 0) or free_port()) if self.sasl_users else None  # type: ignore[call-overload]
+        sasl = (int(state.get("sasl_port") or 0) or free_port()) if self.sasl_users else None
         properties = self._properties(port, controller, sasl)
         self._format(libs, properties)
         with open(self.log_file, "ab") as log:

@@ -32,7 +32,12 @@ from sowstream.errors import (
 from sowstream.filters import compile_filter
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
 from sowstream.sow.ops import parse_body
-from sowstream.sow.query import CLIENT_DEFAULT_BATCH_SIZE, result_order, validate_query
+from sowstream.sow.query import (
+    CLIENT_DEFAULT_BATCH_SIZE,
+    QueryOptions,
+    result_order,
+    validate_query,
+)
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import (
@@ -466,19 +471,10 @@ class Client:
                 )
         producer.flush(self.timeout)
         expected = sum(info.partitions for info in infos)
-        return self._collect(
-            command_id, query_id, expected, opts.ordered, order_by, opts.skip_n, top_n
-        )
+        return self._collect(command_id, query_id, expected, opts)
 
     def _collect(
-        self,
-        command_id: str,
-        query_id: str,
-        expected: int,
-        ordered: bool,
-        order_by: str | None,
-        skip_n: int,
-        top_n: int | None,
+        self, command_id: str, query_id: str, expected: int, opts: QueryOptions
     ) -> Iterator[Message]:
         deadline = time.monotonic() + self.timeout
         yield Message("group_begin", query_id=query_id)
@@ -518,17 +514,15 @@ class Client:
             records = partial.pop(answer, [])
             for other in [a for a in partial if a[:2] == part]:
                 del partial[other]
-            if ordered:
+            if opts.ordered:
                 buffered.extend(records)
             else:
                 sent += len(records)
                 yield from records
-        if ordered:
-            order = validate_query(order_by=order_by).order_by
-            key = result_order(order)
+        if opts.ordered:
+            key = result_order(opts.order_by)
             buffered.sort(key=lambda m: key((m.sow_key, m.json() or {})))
-            end = None if top_n is None else skip_n + top_n
-            for msg in buffered[skip_n:end]:
+            for msg in buffered[opts.skip_n : opts.keep]:
                 sent += 1
                 yield msg
         yield Message("group_end", query_id=query_id, count=sent)

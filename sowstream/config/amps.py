@@ -74,6 +74,23 @@ _DEFAULT_TAGS = {
 }
 
 
+def message_type_supported(
+    message_type: str, *, source: str, element: str, skip: bool, skipping: str
+) -> bool:
+    """Whether a topic's MessageType is one sowstream handles; if not, raise or (with ``skip``)
+    log that the topic is skipped and return False."""
+    if message_type.strip().lower() in SUPPORTED_MESSAGE_TYPES:
+        return True
+    error = ConfigError(
+        source=source,
+        element=element,
+        problem=f"message type {message_type!r} is not supported by sowstream yet "
+        f"(supported: {', '.join(SUPPORTED_MESSAGE_TYPES)})",
+    )
+    skip_or_raise(error, skip=skip, skipping=skipping)
+    return False
+
+
 def load_amps_xml(
     data: str | bytes, source: str = "<string>", *, skip_unsupported: bool = False
 ) -> SowstreamConfig:
@@ -171,15 +188,13 @@ def _topic(
             return None
         if child.tag == "MessageType":
             message_type = _text(child, f"{path}/MessageType", source)
-            if message_type.lower() not in SUPPORTED_MESSAGE_TYPES:
-                supported = ", ".join(SUPPORTED_MESSAGE_TYPES)
-                error = ConfigError(
-                    source=source,
-                    element=f"{path}/MessageType",
-                    problem=f"message type {message_type!r} is not supported by sowstream yet "
-                    f"(supported: {supported})",
-                )
-                skip_or_raise(error, skip=skip, skipping=skipping)
+            if not message_type_supported(
+                message_type,
+                source=source,
+                element=f"{path}/MessageType",
+                skip=skip,
+                skipping=skipping,
+            ):
                 return None
 
     fields: dict[str, Any] = {}

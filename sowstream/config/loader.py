@@ -15,10 +15,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sowstream.config.amps import UNSUPPORTED_TOPIC_ELEMENTS, load_amps_xml
+from sowstream.config.amps import (
+    UNSUPPORTED_TOPIC_ELEMENTS,
+    load_amps_xml,
+    message_type_supported,
+)
 from sowstream.config.errors import ConfigError, Loc, from_validation_error, skip_or_raise
 from sowstream.config.models import (
-    SUPPORTED_MESSAGE_TYPES,
     EngineConfig,
     RocksDBConfig,
     SowstreamConfig,
@@ -212,16 +215,13 @@ def _topic(item: Any, element: str, source: str, skip: bool) -> TopicConfig | No
             skip_or_raise(error, skip=skip, skipping=skipping)
             return None
     message_type = item.get("MessageType")
-    if isinstance(message_type, str) and message_type.strip().lower() not in (
-        SUPPORTED_MESSAGE_TYPES
+    if isinstance(message_type, str) and not message_type_supported(
+        message_type,
+        source=source,
+        element=f"{element}.MessageType",
+        skip=skip,
+        skipping=skipping,
     ):
-        error = ConfigError(
-            source=source,
-            element=f"{element}.MessageType",
-            problem=f"message type {message_type!r} is not supported by sowstream yet "
-            f"(supported: {', '.join(SUPPORTED_MESSAGE_TYPES)})",
-        )
-        skip_or_raise(error, skip=skip, skipping=skipping)
         return None
     _check_keys(item, TOPIC_KEYS, f"{element}.", source)
 

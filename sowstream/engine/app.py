@@ -91,6 +91,18 @@ class _GoneTopics:
         self._until[topic] = time.monotonic() + self._ttl
 
 
+def _record(msg: Any) -> RawRecord:
+    """A confluent-kafka log message as the processor's RawRecord."""
+    return RawRecord(
+        msg.partition() or 0,
+        msg.offset() or 0,
+        msg.timestamp()[1],
+        msg.key(),
+        msg.value(),
+        h.header_map(cast(h.RawHeaders, msg.headers())),
+    )
+
+
 class KafkaLogReader:
     """Reads a log partition from the beginning with confluent-kafka, off the event loop."""
 
@@ -141,16 +153,7 @@ class KafkaLogReader:
                     if offset > until:
                         done = True
                         break
-                    batch.append(
-                        RawRecord(
-                            partition,
-                            offset,
-                            msg.timestamp()[1],
-                            msg.key(),
-                            msg.value(),
-                            h.header_map(cast(h.RawHeaders, msg.headers())),
-                        )
-                    )
+                    batch.append(_record(msg))
                     done = offset >= until
                 if batch:
                     yield batch
@@ -235,14 +238,7 @@ class LogPump:
                 # ownership may have changed while we waited: apply only what is still ours
                 owned = self.owned()
                 records = [
-                    RawRecord(
-                        m.partition() or 0,
-                        m.offset() or 0,
-                        m.timestamp()[1],
-                        m.key(),
-                        m.value(),
-                        h.header_map(cast(h.RawHeaders, m.headers())),
-                    )
+                    _record(m)
                     for m in msgs
                     if not m.error() and m.partition() in owned and m.partition() in self._next
                 ]

@@ -163,19 +163,11 @@ class TopicProcessor:
         elif self._log_reader is not None:
             await self._recover(partition, ps, transient)
         if self._expires:
-            now = _now_ms()
             for key, value in ps.store.scan():
                 if is_record_key(key):
                     rec = SowRecord.from_bytes(value)
                     if rec.expiration is not None:
                         heapq.heappush(ps.expiry, (rec.expiration, key))
-            log.debug(
-                "topic %s partition %d: %d records scheduled to expire (now=%d)",
-                self.topic.name,
-                partition,
-                len(ps.expiry),
-                now,
-            )
 
     async def _recover(self, partition: int, ps: PartitionState, transient: bool) -> None:
         """Start a partition that has no state: fold the log from the RecoveryPoint.
@@ -318,8 +310,13 @@ class TopicProcessor:
         ps: PartitionState,
         overlay: dict[bytes, SowRecord | None],
         before: dict[bytes, SowRecord | None],
-        watermark: int,
+        watermark: int | None = None,
     ) -> dict[bytes, bytes | None]:
+        """Write the batch's final records (and index entries) as one store batch.
+
+        A log batch passes its highest offset: it is written last, so a changelog prefix that
+        holds the watermark holds the whole batch. Expiry deletes change no watermark.
+        """
         changes: dict[bytes, bytes | None] = {}
         for key, new in overlay.items():
             if self._index_fields:
@@ -327,10 +324,11 @@ class TopicProcessor:
             changes[key] = new.to_bytes() if new is not None else None
             if new is not None and new.expiration is not None and self._expires:
                 heapq.heappush(ps.expiry, (new.expiration, key))
-        # Written last: a changelog prefix that holds the watermark holds the whole batch.
-        changes[WATERMARK_KEY] = str(watermark).encode()
+        if watermark is not None:
+            changes[WATERMARK_KEY] = str(watermark).encode()
         ps.store.write(changes)
-        ps.watermark = watermark
+        if watermark is not None:
+            ps.watermark = watermark
         return changes
 
     def _index_entries(self, key: bytes, record: SowRecord | None) -> set[bytes]:
@@ -439,12 +437,7 @@ class TopicProcessor:
                     before[key] = stored
                     overlay[key] = None
                 if overlay:
-                    changes: dict[bytes, bytes | None] = {}
-                    for key, old in before.items():
-                        if self._index_fields:
-                            self._index_changes(changes, key, old, None)
-                        changes[key] = None
-                    ps.store.write(changes)
+                    changes = self._write(ps, overlay, before)
                     await ps.store.replicate(changes, self._sender.send)
                     total += len(overlay)
         if total:

@@ -80,11 +80,10 @@ class RocksPartition:
                 batch.delete(key)
             else:
                 batch.put(key, value)
+        db = self._db()
         try:
-            self._db().write(batch)
-        except StateStoreError:
-            raise
-        except Exception as exc:
+            db.write(batch)
+        except Exception as exc:  # rocksdict raises bare Exception
             raise StateStoreError(f"RocksDB write failed for {self._table.name!r}: {exc}") from exc
 
     async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:

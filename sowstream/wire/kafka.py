@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sowstream.errors import SowstreamError
@@ -100,8 +100,8 @@ def ensure_topics(
         try:
             future.result(timeout)
         except KafkaException as exc:
-            if exc.args and getattr(exc.args[0], "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
-                continue
+            if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue  # another worker created it meanwhile
             raise SowstreamError(f"could not create Kafka topic {name!r}: {exc}") from exc
 
 
