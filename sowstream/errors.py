@@ -51,3 +51,7 @@ class StateStoreError(SowstreamError):
 
 class BrokerError(SowstreamError):
     """The embedded local Kafka broker could not be provisioned, started or stopped."""
+
+
+class SubscriptionDroppedError(SowstreamError):
+    """The engine ended a subscription, e.g. because its client fell too far behind."""

@@ -1,7 +1,11 @@
-"""The ``sowstream`` command line: broker, worker, publish, delta-publish, sow, delete."""
+"""The ``sowstream`` command line: broker, worker, publish, delta-publish, sow, subscribe, delete.
+
+Every subcommand is a thin layer over the client or the engine; errors become one red line.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -12,13 +16,15 @@ from typing import Annotated, Any, TypeVar
 import orjson
 import typer
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 from sowstream.cli.broker import broker_app
-from sowstream.client import Client
+from sowstream.client import Client, Message
 from sowstream.config import ConfigError, load_config
 from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError
+from sowstream.sow.merge import merge_delta
 
 app = typer.Typer(
     help="sowstream: a State-of-the-World engine on Apache Kafka.",
@@ -221,6 +227,107 @@ def sow(
     for m in records:
         table.add_row(m.sow_key, m.data.decode("utf-8", "replace"))
     out.print(table)
+
+
+@app.command()
+@friendly_errors
+def subscribe(
+    topic: Annotated[str, typer.Argument(help="SOW topic, or a regular expression over them.")],
+    filter: Annotated[str | None, typer.Option("--filter", "-f", help="Content filter.")] = None,
+    sow: Annotated[bool, typer.Option("--sow", help="Start with the matching records.")] = False,
+    delta: Annotated[bool, typer.Option("--delta", help="Updates carry changed fields.")] = False,
+    oof: Annotated[bool, typer.Option("--oof", help="Tell when a record leaves.")] = False,
+    options: Annotated[
+        str | None, typer.Option(help="More options, e.g. 'conflation=1s,no_empties'.")
+    ] = None,
+    order_by: Annotated[str | None, typer.Option(help="Window order (with --top-n).")] = None,
+    top_n: Annotated[int | None, typer.Option(help="Live window size (needs --sow).")] = None,
+    skip_n: Annotated[int | None, typer.Option(help="Window offset (needs --top-n).")] = None,
+    identity: Annotated[str, typer.Option(help="Identity for entitlements.")] = "",
+    count: Annotated[int | None, typer.Option(help="Stop after this many messages.")] = None,
+    idle: Annotated[float | None, typer.Option(help="Stop after this many idle seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "sowstream",
+) -> None:
+    """Subscribe: live messages (with --sow, the matching records first), until Ctrl-C."""
+    opts = ",".join(o for o in ("oof" if oof else "", options or "") if o)
+    with Client(bootstrap, prefix=prefix, identity=identity) as client:
+        if sow:
+            place = client.sow_and_delta_subscribe if delta else client.sow_and_subscribe
+            sub = place(topic, filter, options=opts, order_by=order_by, top_n=top_n, skip_n=skip_n)
+        else:
+            if top_n is not None:
+                raise typer.BadParameter("--top-n needs --sow")
+            place_live = client.delta_subscribe if delta else client.subscribe
+            sub = place_live(topic, filter, options=opts)
+        view = LiveView(topic)
+        seen = 0
+        live = None if as_json else Live(view.table(), console=out, auto_refresh=False)
+        try:
+            with live if live is not None else _null():
+                while count is None or seen < count:
+                    msg = sub.next(timeout=idle if idle is not None else 1.0)
+                    if msg is None:
+                        if idle is not None:
+                            break
+                        continue
+                    if msg.command in ("group_begin", "group_end"):
+                        continue
+                    seen += 1
+                    if as_json:
+                        sys.stdout.write(_json_line(msg) + "\n")
+                        sys.stdout.flush()
+                    elif live is not None:
+                        view.apply(msg)
+                        live.update(view.table(), refresh=True)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sub.close()
+
+
+class LiveView:
+    """The subscriber's picture of the topic: records by SowKey, deltas merged, oofs removed."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.records: dict[str, Any] = {}
+
+    def apply(self, msg: Message) -> None:
+        body = msg.json()
+        if msg.command == "oof":
+            self.records.pop(msg.sow_key, None)
+        elif msg.delta and msg.sow_key in self.records:
+            self.records[msg.sow_key] = merge_delta(self.records[msg.sow_key], body)
+        else:
+            self.records[msg.sow_key] = body
+
+    def table(self) -> Table:
+        table = Table(title=f"{self.topic}: {len(self.records)} record(s)")
+        table.add_column("SowKey", style="dim")
+        table.add_column("data")
+        for key, body in self.records.items():
+            table.add_row(key, orjson.dumps(body).decode())
+        return table
+
+
+@contextlib.contextmanager
+def _null() -> Iterator[None]:
+    yield None
+
+
+def _json_line(msg: Message) -> str:
+    return orjson.dumps(
+        {
+            "command": msg.command,
+            "topic": msg.topic,
+            "sow_key": msg.sow_key,
+            "reason": msg.reason or None,
+            "delta": msg.delta,
+            "data": msg.json(),
+        }
+    ).decode()
 
 
 @app.command()

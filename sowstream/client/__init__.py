@@ -2,5 +2,6 @@
 
 from sowstream.client.client import Client, TopicInfo
 from sowstream.client.messages import Command, Message
+from sowstream.client.subscription import Subscription, SubscriptionDroppedError
 
-__all__ = ["Client", "Command", "Message", "TopicInfo"]
+__all__ = ["Client", "Command", "Message", "Subscription", "SubscriptionDroppedError", "TopicInfo"]

@@ -7,19 +7,29 @@ compute SowKeys itself and route every update of a record to the partition that 
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
 from sowstream.client.messages import Command, Message
+from sowstream.client.subscription import (
+    MAX_BUFFERED,
+    MessageHandler,
+    Subscription,
+    SubscriptionDroppedError,
+    _Live,
+    share_key,
+)
 from sowstream.config.models import match_topic_names
 from sowstream.errors import (
     CommandFailedError,
@@ -38,6 +48,17 @@ from sowstream.sow.query import (
     result_order,
     validate_query,
 )
+from sowstream.subscriptions.model import (
+    DELTA_SUBSCRIBE,
+    FAILURE,
+    SOW_AND_DELTA_SUBSCRIBE,
+    SOW_AND_SUBSCRIBE,
+    SUBSCRIBE,
+    WITH_SOW,
+    SubscriptionSpec,
+)
+from sowstream.subscriptions.options import SubscriptionOptions, parse_options
+from sowstream.subscriptions.window import PageWindow, ResultSet
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import (
@@ -91,6 +112,7 @@ class Client:
         prefix: str = DEFAULT_PREFIX,
         config: Mapping[str, str] | None = None,
         timeout: float = 30.0,
+        identity: str = "",
     ) -> None:
         self.bootstrap = resolve_bootstrap(bootstrap)
         self.name = name or f"client-{uuid.uuid4().hex[:12]}"
@@ -104,6 +126,13 @@ class Client:
         self._pending: dict[str, deque[dict[str, Any]]] = defaultdict(deque)
         self._written: dict[tuple[str, int], int] = {}
         self._delivery_errors: list[str] = []
+        self.identity = identity
+        self._cond = threading.Condition()
+        self._waiting = 0
+        self._reader: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._subscriptions: dict[str, Subscription] = {}
+        self._result_sets: dict[tuple[str, ...], ResultSet] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -117,8 +146,15 @@ class Client:
             extra=self._extra,
         )
         self._producer = Producer(producer_config(self.bootstrap, self._extra))
-        self._replies = self._consumer()
+        # The group id is the reply topic: the engine reads this group's committed offset to see
+        # how far behind the client is (slow-consumer policy).
+        self._replies = self._consumer(group=self.reply_topic)
         self._replies.assign([TopicPartition(self.reply_topic, 0, 0)])
+        self._stop.clear()
+        self._reader = threading.Thread(
+            target=self._read_replies, name=f"sowstream-replies-{self.name}", daemon=True
+        )
+        self._reader.start()
         self.refresh_topics()
         return self
 
@@ -126,7 +162,13 @@ class Client:
         """Flush pending publishes, close the Kafka clients and delete the reply topic."""
         if self._producer is None:
             return
+        for sub in list(self._subscriptions.values()):
+            sub.close()
         self._producer.flush(self.timeout)
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.join(self.timeout)
+            self._reader = None
         if self._replies is not None:
             self._replies.close()
         delete_topics(self.bootstrap, [self.reply_topic], extra=self._extra)
@@ -139,11 +181,11 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _consumer(self) -> Consumer:
+    def _consumer(self, group: str | None = None) -> Consumer:
         return Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
-                "group.id": f"{self.name}-{uuid.uuid4().hex[:6]}",
+                "group.id": group or f"{self.name}-{uuid.uuid4().hex[:6]}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
                 "fetch.wait.max.ms": 10,
@@ -367,30 +409,101 @@ class Client:
 
     # -- replies --------------------------------------------------------------------------------
 
-    def _next_reply(self, command_id: str, deadline: float) -> dict[str, Any]:
-        """The next reply for ``command_id``, parking replies for other commands."""
-        _, replies = self._require()
-        queue = self._pending[command_id]
-        while not queue:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise CommandTimeoutError(
-                    f"no complete answer to command {command_id} within {self.timeout:.0f}s: "
-                    "is a worker running for every partition?"
-                )
+    def _read_replies(self) -> None:
+        """The reply reader thread: routes engine replies to commands, live messages to
+        subscriptions, and commits its position so the engine can see a slow consumer."""
+        replies = self._replies
+        assert replies is not None
+        last_commit = 0.0
+        position = -1
+        while not self._stop.is_set():
+            if self._waiting == 0 and any(
+                s.backlog() >= MAX_BUFFERED for s in self._subscriptions.values()
+            ):
+                time.sleep(0.05)  # the application is behind: leave the backlog in Kafka
+                continue
             # poll() returns with the first message; consume(…, 0) then takes what else is there
             # (consume with a timeout would wait for the full count and add latency)
-            first = replies.poll(min(remaining, 0.2))
-            for msg in [first, *replies.consume(500, 0)] if first is not None else []:
-                value = msg.value()
-                if msg.error() or value is None:
+            try:
+                first = replies.poll(0.1)
+                msgs = [first, *replies.consume(500, 0)] if first is not None else []
+            except (KafkaException, RuntimeError):
+                if self._stop.is_set():
+                    return
+                raise
+            for msg in msgs:
+                if msg.error():
                     continue
-                reply = decode("Reply", value)
-                self._pending[reply["command_id"]].append(reply)
-        reply = queue.popleft()
-        if not queue:
-            self._pending.pop(command_id, None)
-        return reply
+                position = max(position, msg.offset() or 0)
+                self._route(msg)
+            now = time.monotonic()
+            if position >= 0 and now - last_commit > 0.5:
+                last_commit = now
+                tp = TopicPartition(self.reply_topic, 0, position + 1)
+                # only informs the slow-consumer policy; the next commit catches up
+                with contextlib.suppress(KafkaException):
+                    replies.commit(offsets=[tp], asynchronous=True)
+
+    def _route(self, msg: KafkaMessage) -> None:
+        value = msg.value()
+        headers = h.header_map(cast(h.RawHeaders, msg.headers()))
+        command = headers.get(h.COMMAND)
+        if command is not None:
+            sub = self._subscriptions.get(headers.get(h.SUB_ID, ""))
+            if sub is None:
+                return  # unsubscribed meanwhile
+            if command == FAILURE:
+                sub.fail(
+                    SubscriptionDroppedError(
+                        f"subscription {sub.sub_id}: {headers.get(h.REASON, '')}: "
+                        f"{(value or b'').decode('utf-8', 'replace')}"
+                    )
+                )
+                self._subscriptions.pop(sub.sub_id, None)
+                return
+            sub.on_live(
+                _Live(
+                    command,
+                    headers.get(h.TOPIC, ""),
+                    int(headers.get(h.PARTITION, "-1")),
+                    int(headers.get(h.OFFSET, "-1")),
+                    headers.get(h.SOW_KEY, ""),
+                    value or b"",
+                    int(headers.get(h.TIMESTAMP, "0")),
+                    headers.get(h.REASON, ""),
+                    headers.get(h.DELTA) == "1",
+                    int(headers.get(h.SEQ, "0")),
+                )
+            )
+            return
+        if value is None:
+            return
+        reply = decode("Reply", value)
+        with self._cond:
+            self._pending[reply["command_id"]].append(reply)
+            self._cond.notify_all()
+
+    def _next_reply(self, command_id: str, deadline: float) -> dict[str, Any]:
+        """The next reply for ``command_id`` (the reader thread parks replies per command)."""
+        self._require()
+        with self._cond:
+            self._waiting += 1
+            try:
+                while not self._pending.get(command_id):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise CommandTimeoutError(
+                            f"no complete answer to command {command_id} within "
+                            f"{self.timeout:.0f}s: is a worker running for every partition?"
+                        )
+                    self._cond.wait(min(remaining, 0.5))
+                queue = self._pending[command_id]
+                reply = queue.popleft()
+                if not queue:
+                    self._pending.pop(command_id, None)
+                return reply
+            finally:
+                self._waiting -= 1
 
     def _await_acks(self, command_id: str, expected: int) -> int:
         deadline = time.monotonic() + self.timeout
@@ -465,6 +578,7 @@ class Client:
                     "batch_size": batch_size,
                     "after_offset": self._written.get((info.log_topic, partition), -1),
                     "options": {},
+                    "identity": self.identity,
                 }
                 producer.produce(
                     info.control_topic, value=encode("Command", command), partition=partition
@@ -474,7 +588,12 @@ class Client:
         return self._collect(command_id, query_id, expected, opts)
 
     def _collect(
-        self, command_id: str, query_id: str, expected: int, opts: QueryOptions
+        self,
+        command_id: str,
+        query_id: str,
+        expected: int,
+        opts: QueryOptions,
+        on_part_end: Callable[[str, int, int], None] | None = None,
     ) -> Iterator[Message]:
         deadline = time.monotonic() + self.timeout
         yield Message("group_begin", query_id=query_id)
@@ -483,6 +602,7 @@ class Client:
         # rebalance two workers may answer one partition, and the first complete answer wins.
         partial: dict[tuple[str, int, str], list[Message]] = defaultdict(list)
         complete: set[tuple[str, int]] = set()
+        oofs: list[Message] = []
         sent = 0
         while len(complete) < expected:
             reply = self._next_reply(command_id, deadline)
@@ -496,6 +616,20 @@ class Client:
                     command_id=command_id,
                 )
             answer = (*part, reply["answer_id"])
+            if reply["command"] == "oof":  # a replace moved these records out of scope
+                partial[answer].extend(
+                    Message(
+                        "oof",
+                        topic=reply["topic"],
+                        sow_key=rec["sow_key"],
+                        query_id=query_id,
+                        data=rec["data"],
+                        timestamp=rec["timestamp"],
+                        reason=reply["reason"],
+                    )
+                    for rec in reply["records"]
+                )
+                continue
             if reply["command"] == "sow":
                 partial[answer].extend(
                     Message(
@@ -511,9 +645,13 @@ class Client:
                 )
                 continue
             complete.add(part)
+            if on_part_end is not None:
+                on_part_end(reply["topic"], reply["partition"], reply["log_offset"])
             records = partial.pop(answer, [])
             for other in [a for a in partial if a[:2] == part]:
                 del partial[other]
+            oofs.extend(m for m in records if m.command == "oof")
+            records = [m for m in records if m.command != "oof"]
             if opts.ordered:
                 buffered.extend(records)
             else:
@@ -526,10 +664,311 @@ class Client:
                 sent += 1
                 yield msg
         yield Message("group_end", query_id=query_id, count=sent)
+        yield from oofs
 
     def sow_records(self, topic: str, filter: str | None = None, **options: Any) -> list[Any]:
         """Convenience: the parsed bodies of a :meth:`sow` query's records, in order."""
         return [m.json() for m in self.sow(topic, filter, **options) if m.command == "sow"]
+
+    # -- subscriptions --------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        options: str | SubscriptionOptions | None = None,
+        sub_id: str | None = None,
+        on_message: MessageHandler | None = None,
+    ) -> Subscription:
+        """Live messages for records of ``topic`` that match ``filter``, from now on."""
+        return self._subscribe(SUBSCRIBE, topic, filter, options, sub_id, on_message)
+
+    def delta_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        options: str | SubscriptionOptions | None = None,
+        sub_id: str | None = None,
+        on_message: MessageHandler | None = None,
+    ) -> Subscription:
+        """Like :meth:`subscribe`, but updates to known records carry only what changed."""
+        return self._subscribe(DELTA_SUBSCRIBE, topic, filter, options, sub_id, on_message)
+
+    def sow_and_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        options: str | SubscriptionOptions | None = None,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        sub_id: str | None = None,
+        query_id: str | None = None,
+        on_message: MessageHandler | None = None,
+    ) -> Subscription:
+        """The matching records now (``group_begin`` … ``group_end``), then live messages.
+
+        As if query and subscription were placed at one instant: each record is in the SOW part
+        or in a later message, never missing, never twice. With ``top_n`` (and ``skip_n``,
+        ``order_by``) the window stays live. With ``options='replace'`` and an existing
+        ``sub_id`` the subscription's filter changes in place.
+        """
+        return self._subscribe(
+            SOW_AND_SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            order_by=order_by,
+            top_n=top_n,
+            skip_n=skip_n,
+            batch_size=batch_size,
+            query_id=query_id,
+        )
+
+    def sow_and_delta_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        options: str | SubscriptionOptions | None = None,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        sub_id: str | None = None,
+        query_id: str | None = None,
+        on_message: MessageHandler | None = None,
+    ) -> Subscription:
+        """:meth:`sow_and_subscribe` whose live updates carry only what changed."""
+        return self._subscribe(
+            SOW_AND_DELTA_SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            order_by=order_by,
+            top_n=top_n,
+            skip_n=skip_n,
+            batch_size=batch_size,
+            query_id=query_id,
+        )
+
+    def unsubscribe(self, subscription: Subscription | str) -> None:
+        """End a subscription (by object or SubId)."""
+        sub = (
+            self._subscriptions.get(subscription) if isinstance(subscription, str) else subscription
+        )
+        if sub is not None:
+            sub.close()
+
+    def _drop_subscription(self, sub: Subscription) -> None:
+        self._subscriptions.pop(sub.sub_id, None)
+        if self._producer is None:
+            return
+        for spec in sub.specs:
+            self._producer.produce(self.names.subscriptions, key=spec.key.encode(), value=None)
+        self._producer.flush(self.timeout)
+
+    def _subscribe(
+        self,
+        command: str,
+        topic: str,
+        filter: str | None,
+        options: str | SubscriptionOptions | None,
+        sub_id: str | None,
+        on_message: MessageHandler | None,
+        *,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        query_id: str | None = None,
+    ) -> Subscription:
+        user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
+        top_n = top_n if top_n is not None else user.top_n
+        skip_n = skip_n if skip_n is not None else user.skip_n
+        validate_query(
+            filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
+        )
+        if top_n is not None and command not in WITH_SOW:
+            raise InvalidCommandError("top_n/skip_n need sow_and_subscribe: a window needs a SOW")
+        user = replace(user, top_n=top_n, skip_n=skip_n)
+        existing = self._subscriptions.get(sub_id) if sub_id else None
+        if user.replace:
+            return self._replace(existing, command, topic, filter, user, order_by, batch_size)
+        if existing is not None:
+            raise InvalidCommandError(
+                f"subscription id {sub_id!r} is in use: pass options='replace' to change it"
+            )
+        sub_id = sub_id or uuid.uuid4().hex[:16]
+        infos = self._resolve_topics(topic)
+        # A window needs every change of the filtered set, whole, with the reason a record left.
+        wire = replace(user, oof=True, select=None, no_empties=False) if top_n is not None else user
+        specs = [
+            SubscriptionSpec(
+                sub_id=sub_id,
+                reply_to=self.reply_topic,
+                topic=info.name,
+                command=command,
+                filter=filter,
+                options=wire,
+                identity=self.identity,
+                order_by=order_by,
+            )
+            for info in infos
+        ]
+        window = None
+        if top_n is not None:
+            share = share_key(infos[0].name, filter, order_by, self.identity)
+            results = self._result_sets.get(share)
+            if results is None:
+                opts = validate_query(order_by=order_by)
+                results = self._result_sets[share] = ResultSet(opts.order_by)
+            window = PageWindow(results, top_n, skip_n or 0)
+        sub = Subscription(
+            sub_id,
+            specs,
+            user,
+            key_fields={info.name: info.keys for info in infos},
+            window=window,
+            on_message=on_message,
+            unsubscribe=self._drop_subscription,
+        )
+        self._subscriptions[sub_id] = sub
+        try:
+            self._register(specs)
+            group = self._place(
+                sub, infos, command, filter, wire, order_by, batch_size, query_id, None
+            )
+        except BaseException:
+            self._drop_subscription(sub)
+            raise
+        if command in WITH_SOW:
+            sub.deliver_group(group)
+        else:
+            for _ in group:  # placement: wait until every partition runs the subscription
+                pass
+        sub.release()
+        return sub
+
+    def _register(self, specs: list[SubscriptionSpec]) -> None:
+        """Write the registrations to the registry topic (so any worker can serve them)."""
+        producer, _ = self._require()
+        for spec in specs:
+            producer.produce(
+                self.names.subscriptions,
+                key=spec.key.encode(),
+                value=encode("Subscription", spec.to_wire()),
+            )
+        if producer.flush(self.timeout):
+            raise CommandTimeoutError("could not register the subscription in time")
+
+    def _place(
+        self,
+        sub: Subscription,
+        infos: list[TopicInfo],
+        command: str,
+        filter: str | None,
+        options: SubscriptionOptions,
+        order_by: str | None,
+        batch_size: int,
+        query_id: str | None,
+        previous_filter: str | None,
+    ) -> Iterator[Message]:
+        """Send the subscription to every partition and read the answers (as a SOW group)."""
+        query_id = query_id or uuid.uuid4().hex[:16]
+        command_id = uuid.uuid4().hex
+        self.flush()  # read-your-writes, as for sow
+        producer, _ = self._require()
+        for info in infos:
+            for partition in range(info.partitions):
+                body: dict[str, Any] = {
+                    "command": command,
+                    "command_id": command_id,
+                    "query_id": query_id,
+                    "reply_to": self.reply_topic,
+                    "topic": info.name,
+                    "filter": filter,
+                    "sow_keys": None,
+                    "order_by": order_by,
+                    "top_n": None,
+                    "skip_n": None,
+                    "batch_size": batch_size,
+                    "after_offset": self._written.get((info.log_topic, partition), -1),
+                    "options": {},
+                    "sub_id": sub.sub_id,
+                    "identity": self.identity,
+                    "sub_options": options.to_text(),
+                    "previous_filter": previous_filter,
+                }
+                producer.produce(
+                    info.control_topic, value=encode("Command", body), partition=partition
+                )
+        producer.flush(self.timeout)
+        expected = sum(info.partitions for info in infos)
+        opts = validate_query(batch_size=batch_size)
+        on_part_end = sub.set_cut if previous_filter is None and not options.replace else None
+        # Read the whole answer now: the subscription must be in place when this returns.
+        return iter(list(self._collect(command_id, query_id, expected, opts, on_part_end)))
+
+    def _replace(
+        self,
+        sub: Subscription | None,
+        command: str,
+        topic: str,
+        filter: str | None,
+        user: SubscriptionOptions,
+        order_by: str | None,
+        batch_size: int,
+    ) -> Subscription:
+        if sub is None:
+            raise InvalidCommandError("replace needs the sub_id of an existing subscription")
+        old = sub.specs[0]
+        if old.paginated or old.order_by:
+            given = (user.top_n, user.skip_n, order_by)
+            wanted = (old.options.top_n, old.options.skip_n, old.order_by)
+            for name, now, before in zip(
+                ("top_n", "skip_n", "OrderBy"), given, wanted, strict=True
+            ):
+                if before is not None and now is None:
+                    raise InvalidCommandError(
+                        f"replace must give {name} again: the subscription was placed with it"
+                    )
+            if user.top_n is not None:
+                raise InvalidCommandError(
+                    "replace of a paginated subscription is not supported yet: unsubscribe and "
+                    "subscribe again"
+                )
+        infos = [self.topic_info(spec.topic) for spec in sub.specs]
+        wire = replace(user, replace=False)
+        specs = [replace(spec, filter=filter, options=wire) for spec in sub.specs]
+        sub.hold()
+        try:
+            self._register(specs)
+            group = self._place(
+                sub,
+                infos,
+                old.command,
+                filter,
+                replace(wire, replace=True),
+                order_by,
+                batch_size,
+                None,
+                old.filter or "",
+            )
+            sub.specs = specs
+            sub.options = wire
+            sub.deliver_group(group)
+        finally:
+            sub.release()
+        return sub
 
     # -- generic --------------------------------------------------------------------------------
 

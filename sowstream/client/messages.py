@@ -12,8 +12,9 @@ import orjson
 class Message:
     """One message delivered to the application.
 
-    ``command`` is ``group_begin``, ``sow``, ``group_end`` or ``ack`` (later also ``publish`` and
-    ``oof``). ``data`` is the raw body; :meth:`json` parses it.
+    ``command`` is ``group_begin``, ``sow``, ``group_end``, ``ack``, ``publish`` or ``oof``.
+    ``data`` is the raw body; :meth:`json` parses it. On a delta subscription ``delta`` marks a
+    body holding only the key and the changed fields; ``reason`` says why an ``oof`` was sent.
     """
 
     command: str
@@ -26,6 +27,8 @@ class Message:
     count: int = 0
     status: str = "success"
     reason: str = ""
+    sub_id: str = ""
+    delta: bool = False
 
     def json(self) -> Any:
         """The body parsed as JSON (None for an empty body)."""

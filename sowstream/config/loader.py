@@ -20,10 +20,18 @@ from sowstream.config.amps import (
     load_amps_xml,
     message_type_supported,
 )
-from sowstream.config.errors import ConfigError, Loc, from_validation_error, skip_or_raise
+from sowstream.config.errors import (
+    ConfigError,
+    FieldProblem,
+    Loc,
+    from_validation_error,
+    skip_or_raise,
+)
 from sowstream.config.models import (
     EngineConfig,
+    Entitlements,
     RocksDBConfig,
+    SlowConsumerConfig,
     SowstreamConfig,
     TopicConfig,
 )
@@ -142,7 +150,7 @@ def load_yaml_text(
             element="document",
             problem=f"expected a mapping with 'engine' and 'sow' keys, got {_kind(document)}",
         )
-    _check_keys(document, ("engine", "sow"), "", source)
+    _check_keys(document, ("engine", "sow", "entitlements"), "", source)
     engine = _engine(document.get("engine"), source)
 
     sow = document.get("sow")
@@ -170,9 +178,18 @@ def load_yaml_text(
         defined_at[topic.name] = element
         topics.append(topic)
     try:
-        return SowstreamConfig(engine=engine, topics=tuple(topics), source=source)
+        config = SowstreamConfig(engine=engine, topics=tuple(topics), source=source)
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "sow") from None
+    entitlements = document.get("entitlements")
+    if entitlements is None:
+        return config
+    try:
+        return config.model_copy(
+            update={"entitlements": Entitlements.parse(entitlements, config.topics)}
+        )
+    except FieldProblem as exc:
+        raise ConfigError(source=source, element=exc.field, problem=str(exc)) from None
 
 
 def _engine(raw: Any, source: str) -> EngineConfig:
@@ -186,6 +203,10 @@ def _engine(raw: Any, source: str) -> EngineConfig:
     _check_keys(raw, EngineConfig.model_fields, "engine.", source)
     if isinstance(raw.get("rocksdb"), dict):
         _check_keys(raw["rocksdb"], RocksDBConfig.model_fields, "engine.rocksdb.", source)
+    if isinstance(raw.get("slow_consumer"), dict):
+        _check_keys(
+            raw["slow_consumer"], SlowConsumerConfig.model_fields, "engine.slow_consumer.", source
+        )
     settings = {key: value for key, value in raw.items() if value is not None}
     try:
         return EngineConfig(**settings)

@@ -8,7 +8,7 @@ the loaders turn that into a ``ConfigError`` that names the file and element.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from sowstream.config.errors import FieldProblem
 from sowstream.config.units import parse_interval, parse_size
 from sowstream.errors import InvalidCommandError, UnknownTopicError
+from sowstream.filters import Filter, FilterError, compile_filter
 
 # Grow these Literals as message types and modes are implemented; validation follows them.
 MessageType = Literal["json"]
@@ -350,6 +351,39 @@ class RocksDBConfig(_Frozen):
         return _bounded_int(value, "max_write_buffer_number", 1, 64)
 
 
+class SlowConsumerConfig(_Frozen):
+    """When a subscriber's unread backlog gets its subscriptions conflated, then dropped.
+
+    Backlogs are counted in messages; intervals are milliseconds (YAML takes ``1s`` too).
+    """
+
+    conflate_after: int = 10_000
+    drop_after: int = 100_000
+    conflation_interval: int = 1_000
+    check_interval: int = 2_000
+
+    @field_validator("conflate_after", "drop_after", mode="before")
+    @classmethod
+    def _messages(cls, value: object, info: ValidationInfo) -> int:
+        return _bounded_int(value, str(info.field_name), 1, 2**62)
+
+    @field_validator("conflation_interval", "check_interval", mode="before")
+    @classmethod
+    def _interval(cls, value: object, info: ValidationInfo) -> int:
+        ms = parse_interval(value) if isinstance(value, str) else value
+        return _bounded_int(ms, str(info.field_name), 100, 86_400_000)
+
+    @model_validator(mode="after")
+    def _order(self) -> SlowConsumerConfig:
+        if self.drop_after <= self.conflate_after:
+            raise FieldProblem(
+                "drop_after",
+                f"drop_after ({self.drop_after}) must be above conflate_after "
+                f"({self.conflate_after}): conflation is the first step, dropping the last",
+            )
+        return self
+
+
 class EngineConfig(_Frozen):
     """Settings of the engine process: Kafka connection, naming, local state and metrics."""
 
@@ -361,6 +395,7 @@ class EngineConfig(_Frozen):
     web_port: int | None = None
     kafka: dict[str, str] = Field(default_factory=dict)
     rocksdb: RocksDBConfig = RocksDBConfig()
+    slow_consumer: SlowConsumerConfig = SlowConsumerConfig()
 
     @field_validator("app_id", "topic_prefix", mode="before")
     @classmethod
@@ -419,12 +454,73 @@ def match_topic_names(pattern: str, names: Iterable[str]) -> list[str]:
     return [name for name in names if regex.fullmatch(name)]
 
 
+ANY_IDENTITY = "*"
+
+
+class Entitlements(_Frozen):
+    """Row-level entitlements: per identity and topic, a filter a record must pass to be seen.
+
+    The identity ``*`` covers identities that have no rule of their own for a topic; a topic with
+    no rule for an identity (and none under ``*``) is fully visible to it.
+    """
+
+    rules: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: object, topics: Iterable[TopicConfig]) -> Entitlements:
+        """Validate ``identity -> topic -> filter``; FieldProblem names the bad element."""
+        names = {t.name for t in topics}
+        if not isinstance(raw, Mapping):
+            raise FieldProblem(
+                "entitlements", f"must map identities to topics and filters, got {raw!r}"
+            )
+        rules: dict[str, dict[str, str]] = {}
+        for identity, per_topic in raw.items():
+            where = f"entitlements.{identity}"
+            if not isinstance(identity, str) or not identity:
+                raise FieldProblem("entitlements", f"identity must be a string, got {identity!r}")
+            if not isinstance(per_topic, Mapping):
+                raise FieldProblem(where, f"must map topic names to filters, got {per_topic!r}")
+            rules[identity] = {}
+            for topic, text in per_topic.items():
+                if topic not in names:
+                    raise FieldProblem(f"{where}.{topic}", f"unknown topic {topic!r}")
+                if not isinstance(text, str) or not text.strip():
+                    raise FieldProblem(f"{where}.{topic}", f"must be a filter, got {text!r}")
+                try:
+                    compile_filter(text)
+                except FilterError as exc:
+                    raise FieldProblem(f"{where}.{topic}", f"bad filter: {exc}") from None
+                rules[identity][topic] = text
+        return cls(rules=rules)
+
+    def filter_text(self, identity: str, topic: str) -> str | None:
+        """The filter ``identity`` is held to on ``topic``, or None."""
+        own = self.rules.get(identity, {})
+        if topic in own:
+            return own[topic]
+        return self.rules.get(ANY_IDENTITY, {}).get(topic)
+
+
 class SowstreamConfig(_Frozen):
     """A whole configuration: the engine settings and the SOW topics, read from ``source``."""
 
     engine: EngineConfig = EngineConfig()
     topics: tuple[TopicConfig, ...] = ()
+    entitlements: Entitlements = Entitlements()
     source: str = "<string>"
+
+    def entitlement_lookup(self, topic: str) -> Callable[[str], Filter | None]:
+        """identity -> compiled entitlement filter on ``topic`` (cached; None = all visible)."""
+        cache: dict[str, Filter | None] = {}
+
+        def lookup(identity: str) -> Filter | None:
+            if identity not in cache:
+                text = self.entitlements.filter_text(identity, topic)
+                cache[identity] = compile_filter(text) if text else None
+            return cache[identity]
+
+        return lookup
 
     @model_validator(mode="after")
     def _unique_names(self) -> SowstreamConfig:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,8 +21,13 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
+from sowstream.engine import metrics
 from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
+from sowstream.engine.slow import SlowConsumerWatch
+from sowstream.filters import FilterError
+from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
@@ -31,6 +36,7 @@ from sowstream.wire.topics import TopicNames
 log = logging.getLogger("sowstream.engine")
 
 LOG_BATCH_MAX = 2_000
+CONFLATION_TICK = 0.02
 REPLY_METADATA_WAIT = 5.0
 
 
@@ -40,6 +46,8 @@ class FaustSender(Sender):
     def __init__(self, app: faust.App) -> None:
         self._app = app
         self._gone = _GoneTopics()
+        # Told when a client's reply topic disappears, so its subscriptions can go too.
+        self.on_gone: Callable[[str], None] | None = None
 
     async def send(
         self,
@@ -55,13 +63,17 @@ class FaustSender(Sender):
         fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
         return cast("asyncio.Future[Any]", fut)
 
-    async def send_reply(self, topic: str, value: bytes) -> None:
+    async def send_reply(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any] | None:
         # A client deletes its reply topic on close; answers still in flight for it would make
         # the producer wait for the topic's metadata for its whole request timeout (minutes).
         if topic in self._gone:
-            return
+            return None
         try:
-            await asyncio.wait_for(self.send(topic, value), REPLY_METADATA_WAIT)
+            return await asyncio.wait_for(
+                self.send(topic, value, headers=headers), REPLY_METADATA_WAIT
+            )
         except (TimeoutError, KafkaError) as exc:
             self._gone.add(topic)
             log.info(
@@ -69,6 +81,9 @@ class FaustSender(Sender):
                 topic,
                 type(exc).__name__,
             )
+            if self.on_gone is not None:
+                self.on_gone(topic)
+            return None
 
 
 class _GoneTopics:
@@ -293,8 +308,19 @@ class Engine:
             broker_credentials=faust_credentials(config.engine.kafka),
         )
         self.sender = FaustSender(self.app)
+        self.sender.on_gone = self._client_gone
         self.processors: dict[str, TopicProcessor] = {}
         self.pumps: list[LogPump] = []
+        self.registry = SubscriptionRegistry(
+            bootstrap, self.names.subscriptions, config.engine.kafka, self._registration
+        )
+        self.slow_consumers = SlowConsumerWatch(
+            bootstrap,
+            config.engine.kafka,
+            config.engine.slow_consumer,
+            lambda: self.processors.values(),
+            lambda spec: self.registry.write(spec, remove=True),
+        )
         for topic in config.topics:
             self._wire(topic)
         self._wire_lifecycle()
@@ -326,7 +352,14 @@ class Engine:
             )
         log_name = self.names.log(topic.name)
         reader = KafkaLogReader(self.bootstrap, log_name, self.config.engine.kafka)
-        proc = TopicProcessor(topic, self.names, self.sender, table=table, log_reader=reader)
+        proc = TopicProcessor(
+            topic,
+            self.names,
+            self.sender,
+            table=table,
+            log_reader=reader,
+            entitlement=self.config.entitlement_lookup(topic.name),
+        )
         self.processors[topic.name] = proc
         self.pumps.append(LogPump(self, proc, ctl_topic.get_topic_name()))
 
@@ -335,6 +368,27 @@ class Engine:
                 await self._command(proc, event)
 
         app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+
+    def _registration(self, key: str, spec: SubscriptionSpec | None) -> None:
+        """A registry record arrived: start, change or stop a subscription."""
+        topic = spec.topic if spec is not None else key.rsplit("|", 1)[-1]
+        proc = self.processors.get(topic)
+        if proc is None:
+            return
+        if spec is None:
+            proc.unsubscribe(key)
+            return
+        try:
+            proc.subs.upsert(spec, held=proc.partitions)
+        except FilterError as exc:
+            log.warning("ignored registration %s with a bad filter: %s", key, exc)
+
+    def _client_gone(self, reply_to: str) -> None:
+        """A client's reply topic vanished (it crashed or closed): end its subscriptions."""
+        for proc in self.processors.values():
+            for spec in proc.subs.remove_client(reply_to):
+                self.registry.write(spec, remove=True)
+                metrics.SUBSCRIPTIONS_DROPPED.labels("client_gone").inc()
 
     async def _command(self, proc: TopicProcessor, event: Any) -> None:
         msg = event.message
@@ -351,6 +405,8 @@ class Engine:
             return
         if cmd["command"] == "sow":
             await proc.query(cmd, msg.partition)
+        elif cmd["command"] in SUBSCRIBE_COMMANDS:
+            await proc.subscribe(cmd, msg.partition)
         else:
             await proc.reply(
                 cmd["reply_to"],
@@ -382,7 +438,25 @@ class Engine:
 
         @app.task
         async def pump_logs() -> None:
+            # Existing subscriptions must be known before any change is applied, or their
+            # subscribers would miss it.
+            await self.registry.loaded.wait()
             await asyncio.gather(*(pump.run() for pump in self.pumps))
+
+        @app.task
+        async def follow_registry() -> None:
+            await self.registry.run()
+
+        @app.task
+        async def watch_slow_consumers() -> None:
+            await self.slow_consumers.run(self.config.engine.slow_consumer.check_interval / 1000)
+
+        @app.task
+        async def flush_conflation() -> None:
+            while True:
+                await asyncio.sleep(CONFLATION_TICK)
+                for proc in self.processors.values():
+                    await proc.flush_conflated()
 
         async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
             for pump in self.pumps:
@@ -397,6 +471,7 @@ class Engine:
         specs = [
             TopicSpec(self.names.meta, 1, {"cleanup.policy": "compact"}),
             TopicSpec(self.names.dead_letter, 1, {"retention.ms": "-1"}),
+            TopicSpec(self.names.subscriptions, 1, {"cleanup.policy": "compact"}),
         ]
         for t in self.config.topics:
             # LogAppendTime: the broker stamps each record, so expiration and history use one clock.

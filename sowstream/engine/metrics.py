@@ -12,3 +12,13 @@ EXPIRED = Counter("sowstream_records_expired_total", "SOW records removed on exp
 QUERY_SECONDS = Histogram(
     "sowstream_query_seconds", "Time to answer one partition's share of a sow query", ["topic"]
 )
+DELIVERED = Counter(
+    "sowstream_subscription_messages_total",
+    "Messages sent to subscribers (publish and oof)",
+    ["topic"],
+)
+SUBSCRIPTIONS_DROPPED = Counter(
+    "sowstream_subscriptions_dropped_total",
+    "Subscriptions dropped by the slow-consumer policy or because the client went away",
+    ["reason"],
+)

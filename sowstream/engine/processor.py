@@ -30,7 +30,7 @@ from sowstream.engine.store import (
     is_record_key,
 )
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
-from sowstream.filters import FilterError
+from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.keys import field_values
@@ -38,6 +38,19 @@ from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query
 from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
+from sowstream.subscriptions.model import (
+    FAILURE,
+    OOF,
+    OOF_DELETED,
+    OOF_EXPIRED,
+    OOF_MATCH,
+    WITH_SOW,
+    Change,
+    Delivery,
+    SubscriptionSpec,
+)
+from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.topics import TopicNames
@@ -87,8 +100,13 @@ class Sender:
         """Queue one record for production; returns its delivery future when there is one."""
         raise NotImplementedError
 
-    async def send_reply(self, topic: str, value: bytes) -> None:
-        """Queue a reply for a client; a client that has gone away must not hold the engine up."""
+    async def send_reply(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any] | None:
+        """Queue a reply for a client; a client that has gone away must not hold the engine up.
+
+        Returns the delivery future, or None when the reply was dropped (client gone).
+        """
         raise NotImplementedError
 
 
@@ -97,6 +115,10 @@ class _Outcome:
     """What applying a batch produced: store changes to replicate, then messages to send."""
 
     changes: dict[bytes, bytes | None] = field(default_factory=dict)
+    overlay: dict[bytes, SowRecord | None] = field(default_factory=dict)
+    before: dict[bytes, SowRecord | None] = field(default_factory=dict)
+    last: int = -1
+    events: list[Change] = field(default_factory=list)
     rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
     dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
     acks: list[tuple[RawRecord, int, str, str, str]] = field(default_factory=list)
@@ -125,8 +147,10 @@ class TopicProcessor:
         *,
         table: Any | None = None,
         log_reader: LogReader | None = None,
+        entitlement: EntitlementLookup | None = None,
     ) -> None:
         self.topic = topic
+        self.subs = TopicSubscriptions(topic, entitlement)
         self.names = names
         self.log_topic = names.log(topic.name)
         self._sender = sender
@@ -223,7 +247,12 @@ class TopicProcessor:
             async with ps.lock:
                 if self._parts.get(partition) is not ps:
                     continue  # revoked while waiting: the new owner reads these records again
-                outcome = self._apply(ps, recs, replay=False)
+                outcome = self._fold(ps, recs, replay=False)
+                if outcome.events:
+                    # Subscribers' messages are delivered before the state that produced them is
+                    # stored: a crash in between replays the batch, so delivery is at-least-once.
+                    await self.deliver(self.subs.dispatch(outcome.events, _now_ms()), wait=True)
+                self._commit(ps, outcome)
                 await ps.store.replicate(outcome.changes, self._sender.send)
             await self._perform(outcome)
             async with ps.applied:
@@ -238,14 +267,26 @@ class TopicProcessor:
         return SowRecord.from_bytes(raw) if raw is not None else None
 
     def _apply(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> _Outcome:
-        """Fold ``recs`` into the partition and write the result as one batch.
+        """Fold ``recs`` into the partition and write the result as one batch."""
+        outcome = self._fold(ps, recs, replay=replay)
+        self._commit(ps, outcome)
+        return outcome
+
+    def _commit(self, ps: PartitionState, outcome: _Outcome) -> None:
+        if outcome.last > ps.watermark:
+            outcome.changes = self._write(ps, outcome.overlay, outcome.before, outcome.last)
+
+    def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> _Outcome:
+        """Compute what ``recs`` do to the partition, without writing it yet.
 
         Every key an op touches is written again even when unchanged: after a crash the replayed
-        ops re-send their records, so a changelog that missed the last batch catches up.
+        ops re-send their records, so a changelog that missed the last batch catches up. With
+        subscriptions present, each op's effect on its record is kept as a :class:`Change`.
         """
         outcome = _Outcome()
-        overlay: dict[bytes, SowRecord | None] = {}
-        before: dict[bytes, SowRecord | None] = {}
+        overlay = outcome.overlay
+        before = outcome.before
+        events = outcome.events if (self.subs and not replay) else None
         last = ps.watermark
         applied = 0
         for rec in recs:
@@ -266,7 +307,7 @@ class TopicProcessor:
                     outcome.rekeys.append((op.sow_key, rec))
                 continue
             if op.sow_key is None:
-                count = self._delete_by_filter(ps, overlay, before, op)
+                count = self._delete_by_filter(ps, overlay, before, op, events, rec)
             else:
                 key = op.sow_key.encode()
                 stored = self._load_record(ps, overlay, key)
@@ -275,15 +316,42 @@ class TopicProcessor:
                 new = apply_keyed(self.topic, stored, op)
                 overlay[key] = new
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
+                if events is not None:
+                    self._note(events, op.sow_key, stored, new, rec)
             applied += 1
             if not replay and op.reply_to:
                 outcome.acks.append((rec, count, "success", "", ""))
-        if last > ps.watermark:
-            outcome.changes = self._write(ps, overlay, before, last)
+        outcome.last = last
         metrics.UPDATES.labels(self.topic.name).inc(applied)
         if outcome.dead:
             metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
         return outcome
+
+    @staticmethod
+    def _note(
+        events: list[Change],
+        sow_key: str,
+        stored: SowRecord | None,
+        new: SowRecord | None,
+        rec: RawRecord,
+        seq: int = 0,
+    ) -> None:
+        """Record an op's effect for subscribers."""
+        if new is stored:
+            # Already applied before a crash: re-announce the stored result of exactly this op
+            # (its message may not have gone out); subscribers drop it if they have it.
+            if stored is not None and stored.log_offset == rec.offset:
+                events.append(
+                    Change(
+                        sow_key, None, stored, rec.partition, rec.offset, rec.timestamp, resent=True
+                    )
+                )
+            return
+        events.append(
+            Change(
+                sow_key, stored, new, rec.partition, rec.offset, rec.timestamp, OOF_DELETED, seq=seq
+            )
+        )
 
     def _delete_by_filter(
         self,
@@ -291,11 +359,14 @@ class TopicProcessor:
         overlay: dict[bytes, SowRecord | None],
         before: dict[bytes, SowRecord | None],
         op: LogOp,
+        events: list[Change] | None = None,
+        rec: RawRecord | None = None,
     ) -> int:
         count = 0
         candidates = dict.fromkeys(self._candidate_keys(ps, plan(self.topic, op.filter)))
         candidates.update(dict.fromkeys(overlay))
-        for key in candidates:
+        # Sorted: each removed record's message sequence must come out the same on a replay.
+        for key in sorted(candidates) if events is not None else candidates:
             stored = self._load_record(ps, overlay, key)
             if stored is None or not deleted_by_filter(stored, op):
                 continue
@@ -303,6 +374,8 @@ class TopicProcessor:
                 before[key] = stored
             overlay[key] = None
             count += 1
+            if events is not None and rec is not None:
+                self._note(events, stored.sow_key, stored, None, rec, seq=count)
         return count
 
     def _write(
@@ -413,6 +486,24 @@ class TopicProcessor:
         """Send one Reply message to a client's reply topic (dropped if the client is gone)."""
         await self._sender.send_reply(reply_to, encode("Reply", body))
 
+    async def deliver(self, deliveries: Sequence[Delivery], *, wait: bool = False) -> None:
+        """Send subscription messages; with ``wait``, until Kafka has them all."""
+        if not deliveries:
+            return
+        futures = []
+        for d in deliveries:
+            fut = await self._sender.send_reply(d.spec.reply_to, d.data, live_headers(d))
+            if fut is not None:
+                futures.append(fut)
+        metrics.DELIVERED.labels(self.topic.name).inc(len(deliveries))
+        if wait and futures:
+            await asyncio.gather(*futures, return_exceptions=True)
+
+    async def flush_conflated(self, now_ms: int | None = None) -> None:
+        """Send the messages of conflation intervals that have ended."""
+        if self.subs:
+            await self.deliver(self.subs.flush(now_ms if now_ms is not None else _now_ms()))
+
     # -- expiration ----------------------------------------------------------------------------
 
     async def expire_due(self, now_ms: int | None = None) -> int:
@@ -421,7 +512,7 @@ class TopicProcessor:
             return 0
         now = now_ms if now_ms is not None else _now_ms()
         total = 0
-        for ps in list(self._parts.values()):
+        for p, ps in list(self._parts.items()):
             if not ps.ready or not ps.expiry or ps.expiry[0][0] > now:
                 continue
             async with ps.lock:
@@ -436,6 +527,24 @@ class TopicProcessor:
                         continue
                     before[key] = stored
                     overlay[key] = None
+                if overlay and self.subs:
+                    # Not a log operation: placed after everything the partition has applied,
+                    # ordered by expiry time (so the same on a replay).
+                    gone = sorted((r.expiration or 0, r.sow_key, r) for r in before.values() if r)
+                    expired = [
+                        Change(
+                            r.sow_key,
+                            r,
+                            None,
+                            p,
+                            ps.watermark,
+                            now,
+                            OOF_EXPIRED,
+                            seq=due * 1000 + i + 1,
+                        )
+                        for i, (due, _, r) in enumerate(gone)
+                    ]
+                    await self.deliver(self.subs.dispatch(expired, now), wait=True)
                 if overlay:
                     changes = self._write(ps, overlay, before)
                     await ps.store.replicate(changes, self._sender.send)
@@ -459,12 +568,12 @@ class TopicProcessor:
                     yield key
 
     async def _matching(
-        self, ps: PartitionState, how: Plan, opts: QueryOptions
+        self, ps: PartitionState, how: Plan, opts: QueryOptions, visible: Filter | None = None
     ) -> list[tuple[SowRecord, dict[str, Any] | None]]:
-        """Records of the partition that match, read under the partition lock."""
+        """Records of the partition that match (and ``visible`` allows), read under its lock."""
         out: list[tuple[SowRecord, dict[str, Any] | None]] = []
         flt = opts.filter
-        need_parsed = flt is not None or bool(opts.order_by)
+        need_parsed = flt is not None or visible is not None or bool(opts.order_by)
         # An expired record may still wait for the next expiry sweep; never show it.
         now = _now_ms() if self._expires else None
         seen = 0
@@ -485,6 +594,8 @@ class TopicProcessor:
                 continue
             parsed = orjson.loads(rec.data) if need_parsed else None
             if flt is not None and not flt.matches(parsed):  # type: ignore[arg-type]
+                continue
+            if visible is not None and not visible.matches(parsed):  # type: ignore[arg-type]
                 continue
             out.append((rec, parsed))
         return out
@@ -539,8 +650,9 @@ class TopicProcessor:
             return
         how = plan(self.topic, opts.filter, cmd.get("sow_keys"))
         started = time.perf_counter()
+        visible = self.subs.visible(cmd.get("identity") or "")
         async with ps.lock:
-            matched = await self._matching(ps, how, opts)
+            matched = await self._matching(ps, how, opts, visible)
         if self._parts.get(partition) is not ps:
             return  # revoked while reading: the new owner answers
         if opts.ordered:
@@ -552,12 +664,114 @@ class TopicProcessor:
         await self.reply(reply_to, {**base, "command": "part_end", "count": len(matched)})
         metrics.QUERY_SECONDS.labels(self.topic.name).observe(time.perf_counter() - started)
 
+    async def _fail(
+        self, reply_to: str, base: dict[str, Any], exc: Exception, reason: str | None = None
+    ) -> None:
+        if reason is None:
+            reason = "bad_filter" if isinstance(exc, FilterError) else "bad_option"
+        await self.reply(
+            reply_to,
+            {
+                **base,
+                "command": "part_end",
+                "status": "failure",
+                "reason": reason,
+                "message": str(exc),
+            },
+        )
+
+    async def subscribe(self, cmd: dict[str, Any], partition: int) -> None:
+        """Place (or replace) a subscription on one partition, with its SOW part if asked.
+
+        Under the partition lock the subscription starts (or switches filter) and the snapshot is
+        read, so on this partition every change is either in the snapshot or after its watermark,
+        which ``part_end`` reports for the client to cut live messages at.
+        """
+        reply_to = cmd["reply_to"]
+        base = {
+            "answer_id": uuid.uuid4().hex[:12],
+            "command_id": cmd["command_id"],
+            "query_id": cmd.get("query_id") or "",
+            "topic": self.topic.name,
+            "partition": partition,
+        }
+        try:
+            spec = spec_from_command(cmd)
+            view = self.subs.view(spec)
+            opts = validate_query(batch_size=cmd.get("batch_size") or 1)
+            replace = spec.options.replace
+            previous = cmd.get("previous_filter")
+            old = compile_filter(previous) if replace and previous and previous.strip() else None
+        except (FilterError, InvalidCommandError) as exc:
+            await self._fail(reply_to, base, exc)
+            return
+        ps = await self.ready(partition)
+        try:
+            await self._wait_applied(partition, ps, cmd.get("after_offset", -1))
+        except _PartitionMoved:
+            return
+        except SowstreamError as exc:
+            await self._fail(reply_to, base, exc, "timeout")
+            return
+        matched: list[tuple[SowRecord, dict[str, Any] | None]] = []
+        leaving: list[SowRecord] = []
+        async with ps.lock:
+            if self._parts.get(partition) is not ps:
+                return
+            self.subs.upsert(spec, held=self.partitions)
+            self.subs.pin(spec, partition)
+            watermark = ps.watermark
+            if replace or spec.command in WITH_SOW:
+                scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
+                everything = QueryOptions(None, (), None, 0, opts.batch_size)
+                if not replace:
+                    matched = await self._matching(
+                        ps, plan(self.topic, view.filter), scope, view.entitled
+                    )
+                else:
+                    # Entering scope: the new SOW part; leaving scope: out of focus.
+                    for rec, body in await self._matching(
+                        ps, FullScan(), everything, view.entitled
+                    ):
+                        assert body is None
+                        parsed = rec.parsed()
+                        was = old is None or old.matches(parsed)
+                        now = view.filter is None or view.filter.matches(parsed)
+                        if now and not was:
+                            matched.append((rec, parsed))
+                        elif was and not now:
+                            leaving.append(rec)
+        await self._send_batches(reply_to, base, matched, opts.batch_size)
+        if leaving and spec.options.oof:
+            # Part of the replace's answer (not live traffic): the client shows them after the
+            # records that entered.
+            await self._send_batches(
+                reply_to,
+                {**base, "reason": OOF_MATCH},
+                [(r, None) for r in leaving],
+                opts.batch_size,
+                command=OOF,
+            )
+        await self.reply(
+            reply_to,
+            {**base, "command": "part_end", "count": len(matched), "log_offset": watermark},
+        )
+
+    async def send_failure(self, spec: SubscriptionSpec, reason: str, text: str) -> None:
+        """Tell a subscriber the engine ended its subscription, and why."""
+        await self._sender.send_reply(spec.reply_to, text.encode(), failure_headers(spec, reason))
+
+    def unsubscribe(self, key: str) -> SubscriptionSpec | None:
+        """Forget a subscription (its registry tombstone arrived)."""
+        return self.subs.remove(key)
+
     async def _send_batches(
         self,
         reply_to: str,
         base: dict[str, Any],
         matched: list[tuple[SowRecord, dict[str, Any] | None]],
         batch_size: int,
+        command: str = "sow",
     ) -> None:
         batch: list[dict[str, Any]] = []
         size = 0
@@ -570,12 +784,12 @@ class TopicProcessor:
                 "sort_rank": rank,
             }
             if batch and (len(batch) >= batch_size or size + len(rec.data) > MAX_REPLY_BYTES):
-                await self.reply(reply_to, {**base, "command": "sow", "records": batch})
+                await self.reply(reply_to, {**base, "command": command, "records": batch})
                 batch, size = [], 0
             batch.append(item)
             size += len(rec.data) + len(rec.sow_key) + 32
         if batch:
-            await self.reply(reply_to, {**base, "command": "sow", "records": batch})
+            await self.reply(reply_to, {**base, "command": command, "records": batch})
 
     async def _wait_applied(self, partition: int, ps: PartitionState, offset: int) -> None:
         if offset < 0 or ps.watermark >= offset:
@@ -597,8 +811,55 @@ class TopicProcessor:
                     continue
 
 
+def spec_from_command(cmd: dict[str, Any]) -> SubscriptionSpec:
+    """The subscription a control-topic command asks for (InvalidCommandError if malformed)."""
+    if not cmd.get("sub_id"):
+        raise InvalidCommandError(f"{cmd['command']} needs a subscription id (SubId)")
+    return SubscriptionSpec(
+        sub_id=cmd["sub_id"],
+        reply_to=cmd["reply_to"],
+        topic=cmd["topic"],
+        command=cmd["command"],
+        filter=cmd.get("filter"),
+        options=parse_options(cmd.get("sub_options") or ""),
+        identity=cmd.get("identity") or "",
+        order_by=cmd.get("order_by"),
+    )
+
+
 class _PartitionMoved(Exception):
     """The partition was revoked while a command waited for it."""
+
+
+def live_headers(d: Delivery) -> list[tuple[str, bytes]]:
+    """Kafka headers of a live subscription message (documented in docs/protocol.md)."""
+    pairs = [
+        (h.COMMAND, d.command.encode()),
+        (h.SUB_ID, d.spec.sub_id.encode()),
+        (h.TOPIC, d.spec.topic.encode()),
+        (h.PARTITION, str(d.partition).encode()),
+        (h.OFFSET, str(d.offset).encode()),
+        (h.TIMESTAMP, str(d.timestamp).encode()),
+    ]
+    if not d.spec.options.no_sowkey:
+        pairs.append((h.SOW_KEY, d.sow_key.encode()))
+    if d.reason:
+        pairs.append((h.REASON, d.reason.encode()))
+    if d.is_delta:
+        pairs.append((h.DELTA, b"1"))
+    if d.seq:
+        pairs.append((h.SEQ, str(d.seq).encode()))
+    return pairs
+
+
+def failure_headers(spec: SubscriptionSpec, reason: str) -> list[tuple[str, bytes]]:
+    """Headers of the message that tells a client the engine ended its subscription."""
+    return [
+        (h.COMMAND, FAILURE.encode()),
+        (h.SUB_ID, spec.sub_id.encode()),
+        (h.TOPIC, spec.topic.encode()),
+        (h.REASON, reason.encode()),
+    ]
 
 
 def _now_ms() -> int:

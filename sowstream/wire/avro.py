@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import fastavro
 
-SchemaName = Literal["SowRecord", "Command", "Reply", "TopicInfo", "DeadLetter"]
+SchemaName = Literal["SowRecord", "Command", "Reply", "TopicInfo", "DeadLetter", "Subscription"]
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 

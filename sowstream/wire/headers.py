@@ -7,13 +7,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-COMMAND = "sow.cmd"  # publish (default) | delta_publish | sow_delete
+COMMAND = "sow.cmd"  # publish (default) | delta_publish | sow_delete; on replies: publish | oof
 SOW_KEY = "sow.key"  # SowKey for topics whose publishers supply keys, when the record has no key
 EXPIRATION = "sow.expiration"  # per-message expiration in seconds; 0 = never
 FILTER = "sow.filter"  # sow_delete by content filter (partition-scoped: send one per partition)
 REPLY_TO = "sow.reply_to"  # reply topic for the processed ack
 COMMAND_ID = "sow.cmd_id"  # correlates the ack with the command
 ORIGIN = "sow.origin"  # "partition:offset" of the unkeyed record this keyed copy came from
+
+# Live subscription messages on a reply topic: the value is the JSON body, the rest is here, so a
+# plain Kafka consumer can read a subscription. Engine replies (Avro) carry no sow.cmd header.
+SUB_ID = "sow.sub_id"  # the subscription (SubId) the message is for
+TOPIC = "sow.topic"  # SOW topic name
+REASON = "sow.reason"  # oof reason: deleted | expired | match | entitlement
+PARTITION = "sow.partition"  # log partition of the change
+OFFSET = "sow.offset"  # log offset of the change: with partition, the sequence for de-duplication
+TIMESTAMP = "sow.timestamp"  # log timestamp (ms) of the change
+SEQ = "sow.seq"  # with sow.offset, orders messages one operation produced several of (default 0)
+DELTA = "sow.delta"  # "1" when the body holds only the changed fields
 
 PUBLISH = "publish"
 DELTA_PUBLISH = "delta_publish"

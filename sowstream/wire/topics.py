@@ -31,6 +31,11 @@ class TopicNames:
         """Rejected log records with the reason."""
         return f"{self.prefix}.deadletter"
 
+    @property
+    def subscriptions(self) -> str:
+        """Compacted registry of live subscriptions, read by every worker."""
+        return f"{self.prefix}.subs"
+
     def reply(self, client_id: str) -> str:
         """A client's private reply topic."""
         return f"{self.prefix}.reply.{client_id}"

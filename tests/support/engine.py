@@ -22,13 +22,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def write_config(
-    path: Path, topics: list[dict[str, Any]], *, prefix: str, kafka: dict[str, str] | None = None
+    path: Path,
+    topics: list[dict[str, Any]],
+    *,
+    prefix: str,
+    kafka: dict[str, str] | None = None,
+    engine_extra: dict[str, Any] | None = None,
+    entitlements: dict[str, dict[str, str]] | None = None,
 ) -> Path:
     """Write a YAML config with an isolated app id and topic prefix."""
-    engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix}
+    engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix, **(engine_extra or {})}
     if kafka:
         engine["kafka"] = kafka
-    doc = {"engine": engine, "sow": topics}
+    doc: dict[str, Any] = {"engine": engine, "sow": topics}
+    if entitlements:
+        doc["entitlements"] = entitlements
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -43,13 +51,20 @@ class EngineProcesses:
         topics: list[dict[str, Any]],
         prefix: str | None = None,
         kafka: dict[str, str] | None = None,
+        engine_extra: dict[str, Any] | None = None,
+        entitlements: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
         self.kafka = dict(kafka or {})
         self.prefix = prefix or f"t{uuid.uuid4().hex[:10]}"
         self.config = write_config(
-            workdir / "sowstream.yaml", topics, prefix=self.prefix, kafka=self.kafka
+            workdir / "sowstream.yaml",
+            topics,
+            prefix=self.prefix,
+            kafka=self.kafka,
+            engine_extra=engine_extra,
+            entitlements=entitlements,
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 

@@ -1,0 +1,301 @@
+"""A live subscription as the application sees it: an iterator of messages or a callback.
+
+The engine answers a subscription on every partition separately. This class stitches the answers
+into what AMPS promises: the SOW part first, then live messages, each record's updates in log
+order and none twice. Live messages that arrive while the SOW part is still coming are held back;
+when a partition's part ends, its watermark says which of them the snapshot already covers.
+Replayed messages (after a worker failover) are dropped by their (partition, log offset) sequence.
+Paginated subscriptions (top_n) keep their window here, over a result set shared by identical
+subscriptions of this client.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sowstream.client.messages import Message
+from sowstream.errors import SubscriptionDroppedError
+from sowstream.subscriptions.delta import changed_fields, has_changes, project, with_fields
+from sowstream.subscriptions.model import OOF, OOF_MATCH, PUBLISH, SubscriptionSpec
+from sowstream.subscriptions.options import SubscriptionOptions
+from sowstream.subscriptions.window import PageWindow, ResultSet
+
+# Messages the client holds for an application that does not read: beyond this the client stops
+# reading its reply topic, so the backlog stays in Kafka where the engine's slow-consumer policy
+# sees it.
+MAX_BUFFERED = 10_000
+
+MessageHandler = Callable[[Message], None]
+
+# The snapshot covers every operation up to its watermark, including all records one delete by
+# filter removed there (seq 1..n); expiry sequences (time-based, far larger) come after it.
+CUT_SEQ = 10**9
+
+
+@dataclass
+class _Live:
+    """A live message as read from the reply topic."""
+
+    command: str
+    topic: str
+    partition: int
+    offset: int
+    sow_key: str
+    data: bytes
+    timestamp: int
+    reason: str
+    delta: bool
+    seq: int = 0
+
+
+class Subscription:
+    """Messages of one subscription, in order: ``for message in subscription: ...``.
+
+    With an ``on_message`` handler the messages go to it instead (called on the client's reply
+    reader thread, so it must not block for long).
+    """
+
+    def __init__(
+        self,
+        sub_id: str,
+        specs: list[SubscriptionSpec],
+        user_options: SubscriptionOptions,
+        *,
+        key_fields: dict[str, tuple[str, ...]],
+        window: PageWindow | None = None,
+        on_message: MessageHandler | None = None,
+        unsubscribe: Callable[[Subscription], None] | None = None,
+    ) -> None:
+        self.sub_id = sub_id
+        self.specs = specs
+        self.options = user_options
+        self._keys = key_fields
+        self._window = window
+        self._handler = on_message
+        self._unsubscribe = unsubscribe
+        self._queue: queue.Queue[Message | BaseException | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._holding = True  # until the SOW part (or the placement) completes
+        self._held: list[_Live] = []
+        self._last: dict[tuple[str, int], tuple[int, int]] = {}
+        self._closed = False
+
+    # -- reader-thread side ------------------------------------------------------------------------
+
+    def backlog(self) -> int:
+        """Messages waiting for the application."""
+        return self._queue.qsize() + len(self._held)
+
+    def on_live(self, live: _Live) -> None:
+        """A live message arrived for this subscription."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._holding:
+                self._held.append(live)
+                return
+            self._accept(live)
+
+    def fail(self, error: BaseException) -> None:
+        """End the subscription with ``error`` (raised to the iterating application)."""
+        with self._lock:
+            self._closed = True
+        self._emit(error)
+
+    # -- placement (application thread) ------------------------------------------------------------
+
+    def hold(self) -> None:
+        """Hold live messages back while a SOW part or replace is read."""
+        with self._lock:
+            self._holding = True
+
+    def set_cut(self, topic: str, partition: int, watermark: int) -> None:
+        """The SOW part of ``partition`` reflects the log up to ``watermark``."""
+        with self._lock:
+            where = (topic, partition)
+            self._last[where] = max(self._last.get(where, (-1, 0)), (watermark, CUT_SEQ))
+
+    def release(self) -> None:
+        """The SOW part is complete: let the held live messages through, in arrival order."""
+        with self._lock:
+            held, self._held = self._held, []
+            self._holding = False
+            for live in held:
+                self._accept(live)
+
+    def deliver_group(self, messages: Iterator[Message]) -> None:
+        """Pass the SOW part's messages (group_begin … group_end) to the application."""
+        if self._window is not None:
+            messages = self._windowed_group(messages)
+        for msg in messages:
+            self._emit(msg)
+
+    # -- rules -------------------------------------------------------------------------------------
+
+    def _accept(self, live: _Live) -> None:
+        where = (live.topic, live.partition)
+        seq = (live.offset, live.seq)
+        if seq <= self._last.get(where, (-1, 0)):
+            return  # already covered by the snapshot, or a replay after a failover
+        self._last[where] = seq
+        if self._window is not None:
+            for msg in self._windowed(live):
+                self._emit(msg)
+            return
+        self._emit(self._message(live))
+
+    def _message(self, live: _Live, **changes: Any) -> Message:
+        fields: dict[str, Any] = {
+            "command": live.command,
+            "topic": live.topic,
+            "sow_key": "" if self.options.no_sowkey else live.sow_key,
+            "data": live.data,
+            "timestamp": live.timestamp,
+            "reason": live.reason,
+            "sub_id": self.sub_id,
+            "delta": live.delta,
+        }
+        fields.update(changes)
+        return Message(**fields)
+
+    def _windowed_group(self, messages: Iterator[Message]) -> Iterator[Message]:
+        """Load the SOW part into the shared result set; show only the window."""
+        assert self._window is not None
+        results = self._window.results
+        end: Message | None = None
+        for msg in messages:
+            if msg.command == "sow":
+                results.upsert(msg.sow_key, orjson.loads(msg.data))
+            elif msg.command == "group_begin":
+                yield msg
+            elif msg.command == "group_end":
+                end = msg
+        self._window.reset()
+        members = self._window.members()
+        for key in members:
+            record = results.get(key)
+            assert record is not None
+            yield Message(
+                "sow",
+                topic=self.specs[0].topic,
+                sow_key=key,
+                data=self._shape(record),
+                sub_id=self.sub_id,
+            )
+        if end is not None:
+            yield Message("group_end", query_id=end.query_id, count=len(members))
+
+    def _shape(self, record: dict[str, Any]) -> bytes:
+        select = self.options.select
+        return orjson.dumps(record if select is None else project(record, select))
+
+    def _windowed(self, live: _Live) -> Iterator[Message]:
+        """Turn a change of the whole filtered set into what the page window shows."""
+        assert self._window is not None
+        results = self._window.results
+        previous = results.get(live.sow_key)
+        record = orjson.loads(live.data) if live.command == PUBLISH else None
+        change = results.apply(live.sow_key, record)
+        for event in self._window.events(change):
+            if event.kind == "leave":
+                if not self.options.oof:
+                    continue
+                reason = live.reason if event.sow_key == live.sow_key and record is None else ""
+                yield self._message(
+                    live,
+                    command=OOF,
+                    sow_key=event.sow_key,
+                    data=self._shape(event.record),
+                    reason=reason or OOF_MATCH,
+                    delta=False,
+                )
+            elif event.kind == "update" and self.specs[0].delta and previous is not None:
+                delta = changed_fields(previous, event.record)
+                if self.options.select is not None:
+                    delta = project(delta, self.options.select)
+                keys = self._keys.get(live.topic, ())
+                if self.options.no_empties and not has_changes(delta, keys):
+                    continue
+                delta = with_fields(delta, event.record, keys)
+                yield self._message(
+                    live,
+                    command=PUBLISH,
+                    sow_key=event.sow_key,
+                    data=orjson.dumps(delta),
+                    delta=True,
+                )
+            else:
+                yield self._message(
+                    live,
+                    command=PUBLISH,
+                    sow_key=event.sow_key,
+                    data=self._shape(event.record),
+                    reason="",
+                    delta=False,
+                )
+
+    def _emit(self, item: Message | BaseException) -> None:
+        if self._handler is not None and isinstance(item, Message):
+            self._handler(item)
+        else:
+            self._queue.put(item)
+
+    # -- application side --------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        item = self._queue.get()
+        if item is None:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def next(self, timeout: float | None = None) -> Message | None:
+        """The next message, or None if none arrives within ``timeout`` seconds."""
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is None:
+            self._queue.put(None)  # keep reporting the end
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Unsubscribe; iteration ends after the messages already received."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._unsubscribe is not None:
+            self._unsubscribe(self)
+        self._queue.put(None)
+
+    unsubscribe = close
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def share_key(
+    topic: str, filter: str | None, order_by: str | None, identity: str
+) -> tuple[str, ...]:
+    """Paginated subscriptions with equal keys share one result set."""
+    return (topic, (filter or "").strip(), (order_by or "").strip(), identity)
+
+
+__all__ = ["MAX_BUFFERED", "ResultSet", "Subscription", "SubscriptionDroppedError", "share_key"]

@@ -1,0 +1,107 @@
+"""The worker's view of the subscription registry: the compacted ``<prefix>.subs`` topic.
+
+Clients write a ``Subscription`` record there before placing a subscription and a tombstone when
+they unsubscribe; every worker reads the whole topic, so whichever worker owns a partition after a
+restart or rebalance serves the subscriptions that exist. The engine itself writes tombstones for
+clients that went away or were dropped by the slow-consumer policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from sowstream.errors import SowstreamError
+from sowstream.filters import FilterError
+from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.wire.avro import decode, encode
+from sowstream.wire.kafka import producer_config
+
+log = logging.getLogger("sowstream.engine")
+
+# Called with (registry key, spec or None for a tombstone).
+Apply = Callable[[str, SubscriptionSpec | None], None]
+
+
+class SubscriptionRegistry:
+    """Follows the registry topic and reports every registration and removal to ``apply``."""
+
+    def __init__(self, bootstrap: str, topic: str, extra: Mapping[str, str], apply: Apply) -> None:
+        self.topic = topic
+        self._bootstrap = bootstrap
+        self._extra = dict(extra)
+        self._apply = apply
+        self.loaded = asyncio.Event()
+        self._producer: Producer | None = None
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": "sowstream-registry",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 20,
+                "log_level": 4,
+                **self._extra,
+            }
+        )
+
+    def _handle(self, msg: Any) -> None:
+        key = (msg.key() or b"").decode("utf-8", "replace")
+        value = msg.value()
+        if value is None:
+            self._apply(key, None)
+            return
+        try:
+            spec = SubscriptionSpec.from_wire(decode("Subscription", value))
+        except (SowstreamError, FilterError, ValueError, KeyError, EOFError) as exc:
+            log.warning("ignored unreadable registration %r on %s: %s", key, self.topic, exc)
+            return
+        self._apply(key, spec)
+
+    async def run(self) -> None:
+        """Read the registry from the start, then follow it until cancelled."""
+        loop = asyncio.get_running_loop()
+        consumer = self._consumer()
+        try:
+            tp = TopicPartition(self.topic, 0)
+            _, end = await loop.run_in_executor(
+                None, lambda: consumer.get_watermark_offsets(tp, timeout=30)
+            )
+            consumer.assign([TopicPartition(self.topic, 0, OFFSET_BEGINNING)])
+            position = 0
+            if end <= 0:
+                self.loaded.set()
+            while True:
+                msgs = await loop.run_in_executor(None, _poll_batch, consumer)
+                for msg in msgs:
+                    if msg.error():
+                        continue
+                    self._handle(msg)
+                    position = (msg.offset() or 0) + 1
+                if not self.loaded.is_set() and position >= end:
+                    self.loaded.set()
+        finally:
+            await loop.run_in_executor(None, consumer.close)
+
+    def write(self, spec: SubscriptionSpec, *, remove: bool = False) -> None:
+        """Write (or, with ``remove``, tombstone) a registration; used for dropped clients."""
+        if self._producer is None:
+            self._producer = Producer(producer_config(self._bootstrap, self._extra))
+        value = None if remove else encode("Subscription", spec.to_wire())
+        try:
+            self._producer.produce(self.topic, key=spec.key.encode(), value=value)
+            self._producer.poll(0)
+        except (KafkaException, BufferError) as exc:
+            log.warning("could not update the subscription registry for %s: %s", spec.key, exc)
+
+
+def _poll_batch(consumer: Consumer) -> list[Any]:
+    first = consumer.poll(0.1)
+    if first is None:
+        return []
+    return [first, *consumer.consume(500, 0)]

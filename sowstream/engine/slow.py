@@ -1,0 +1,127 @@
+"""The slow-consumer policy: a subscriber that stops reading must not cost anyone else.
+
+Replies travel through the client's own reply topic, so a client that stops reading never blocks
+the engine: its backlog piles up in Kafka. The client commits how far it has read (consumer group
+= its reply topic), and every few seconds each worker compares that with the topic's end:
+
+* backlog at or above ``conflate_after`` messages: the client's subscriptions are conflated
+  (``conflation_interval``) so it gets the latest state per record instead of every update; this
+  lifts once the backlog is below half the threshold;
+* backlog at or above ``drop_after``: its subscriptions end, the registry forgets them and the
+  client receives a ``failure`` message with reason ``slow_consumer`` (raised by the iterator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from sowstream.config.models import SlowConsumerConfig
+from sowstream.engine import metrics
+from sowstream.engine.processor import TopicProcessor
+from sowstream.subscriptions.model import SubscriptionSpec
+
+log = logging.getLogger("sowstream.engine")
+
+SLOW_CONSUMER = "slow_consumer"
+
+
+class SlowConsumerWatch:
+    """Measures each subscribed client's backlog and applies the policy."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        extra: Mapping[str, str],
+        policy: SlowConsumerConfig,
+        processors: Callable[[], Iterable[TopicProcessor]],
+        forget: Callable[[SubscriptionSpec], None],
+    ) -> None:
+        self._bootstrap = bootstrap
+        self._extra = dict(extra)
+        self.policy = policy
+        self._processors = processors
+        self._forget = forget
+        self._admin: AdminClient | None = None
+        self._consumer: Consumer | None = None
+        self.conflated: set[str] = set()
+
+    def _backlogs(self, clients: list[str]) -> dict[str, int]:
+        """Unread messages per reply topic (clients that never committed count from 0)."""
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self._bootstrap, **self._extra})
+            self._consumer = Consumer(
+                {
+                    "bootstrap.servers": self._bootstrap,
+                    "group.id": "sowstream-slow-consumer-watch",
+                    "log_level": 3,
+                    **self._extra,
+                }
+            )
+        assert self._consumer is not None
+        out: dict[str, int] = {}
+        for reply in clients:
+            try:
+                _, end = self._consumer.get_watermark_offsets(TopicPartition(reply, 0), timeout=5)
+                futures = self._admin.list_consumer_group_offsets(
+                    [ConsumerGroupTopicPartitions(reply, [TopicPartition(reply, 0)])]
+                )
+                result = futures[reply].result(timeout=5)
+                committed = result.topic_partitions[0].offset
+            except KafkaException:
+                continue  # gone or unreachable: the reply path handles vanished clients
+            out[reply] = end - max(committed, 0)
+        return out
+
+    async def check(self) -> None:
+        """One round: measure every subscribed client and act on its backlog."""
+        procs = list(self._processors())
+        clients = sorted({c for p in procs for c in p.subs.clients()})
+        if not clients:
+            return
+        loop = asyncio.get_running_loop()
+        backlogs = await loop.run_in_executor(None, self._backlogs, clients)
+        for reply, backlog in backlogs.items():
+            if backlog >= self.policy.drop_after:
+                await self._drop(reply, backlog, procs)
+            elif backlog >= self.policy.conflate_after and reply not in self.conflated:
+                log.warning("client %s is %d messages behind: conflating", reply, backlog)
+                self.conflated.add(reply)
+                for proc in procs:
+                    proc.subs.force_conflation(reply, self.policy.conflation_interval)
+            elif backlog < self.policy.conflate_after // 2 and reply in self.conflated:
+                self.conflated.discard(reply)
+                for proc in procs:
+                    proc.subs.force_conflation(reply, None)
+
+    async def _drop(self, reply: str, backlog: int, procs: list[TopicProcessor]) -> None:
+        log.warning(
+            "client %s is %d messages behind (limit %d): dropping its subscriptions",
+            reply,
+            backlog,
+            self.policy.drop_after,
+        )
+        self.conflated.discard(reply)
+        for proc in procs:
+            proc.subs.force_conflation(reply, None)
+            for spec in proc.subs.remove_client(reply):
+                self._forget(spec)
+                metrics.SUBSCRIPTIONS_DROPPED.labels(SLOW_CONSUMER).inc()
+                text = (
+                    f"{backlog} unread messages on {reply} reached the limit of "
+                    f"{self.policy.drop_after}: the engine dropped the subscription"
+                )
+                await proc.send_failure(spec, SLOW_CONSUMER, text)
+
+    async def run(self, interval: float) -> None:
+        """Check every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check()
+            except KafkaException as exc:
+                log.warning("slow-consumer check failed: %s", exc)

@@ -1,0 +1,1 @@
+"""Subscriptions: options, deltas, out-of-focus, conflation, pagination and filter indexing."""

@@ -1,0 +1,386 @@
+"""Turns SOW changes into subscriber messages: full, delta, out-of-focus, conflated.
+
+One :class:`TopicSubscriptions` per SOW topic and worker holds every subscription on that topic.
+For each change it finds candidate subscriptions through a filter index, decides for each whether
+the record was and is *in focus* (entitled and matching), and renders what the subscriber gets.
+It is pure: no Kafka, no clock of its own, so the rules can be tested exhaustively.
+
+Focus is decided from the record's previous and new state, so the engine keeps no per-subscriber
+copy of what was sent: a record is "previously received" when its previous state was in focus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sowstream.config.models import TopicConfig
+from sowstream.filters import Filter, compile_filter
+from sowstream.filters.values import canonical_text, get_path
+from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.delta import (
+    changed_fields,
+    has_changes,
+    merge_deltas,
+    project,
+    with_fields,
+)
+from sowstream.subscriptions.index import FilterIndex
+from sowstream.subscriptions.model import (
+    OOF,
+    OOF_ENTITLEMENT,
+    OOF_MATCH,
+    PUBLISH,
+    Change,
+    Delivery,
+    SubscriptionSpec,
+    dumps,
+)
+
+# Resolves an identity to its row-level entitlement filter on this topic (None: sees everything).
+EntitlementLookup = Callable[[str], Filter | None]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A conflation interval's net effect on one conflation key."""
+
+    sow_key: str
+    partition: int
+    offset: int
+    timestamp: int
+    seq: int
+    base: SowRecord | None  # what the subscriber holds: in-focus state at the interval's start
+    latest: SowRecord | None  # in-focus state now, None when out of focus
+    reason: str = ""
+    went_out: bool = False
+    delta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _View:
+    """A subscription as seen on one partition: its spec and compiled filters."""
+
+    spec: SubscriptionSpec
+    filter: Filter | None
+    entitled: Filter | None
+
+    def in_focus(self, body: dict[str, Any] | None) -> bool:
+        if body is None:
+            return False
+        if self.entitled is not None and not self.entitled.matches(body):
+            return False
+        return self.filter is None or self.filter.matches(body)
+
+
+@dataclass(slots=True)
+class _Active:
+    view: _View
+    pinned: dict[int, _View] = field(default_factory=dict)
+    pending: dict[str, _Pending] = field(default_factory=dict)
+    due_at: int | None = None
+
+    def on(self, partition: int) -> _View:
+        return self.pinned.get(partition, self.view)
+
+
+class TopicSubscriptions:
+    """Every subscription on one SOW topic, and the rules that decide what each receives."""
+
+    def __init__(self, topic: TopicConfig, entitlement: EntitlementLookup | None = None) -> None:
+        self.topic = topic
+        self._entitlement = entitlement or (lambda identity: None)
+        self._subs: dict[str, _Active] = {}
+        self._index = FilterIndex()
+        self._always: set[str] = set()  # subscriptions with pinned views: not in the index
+        self._forced: dict[str, int] = {}  # reply topic -> conflation imposed on a slow client
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def __bool__(self) -> bool:
+        return bool(self._subs)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._subs
+
+    def specs(self) -> list[SubscriptionSpec]:
+        """The registered subscriptions."""
+        return [a.view.spec for a in self._subs.values()]
+
+    def get(self, key: str) -> SubscriptionSpec | None:
+        """The registered spec under ``key``."""
+        active = self._subs.get(key)
+        return active.view.spec if active is not None else None
+
+    def view(self, spec: SubscriptionSpec) -> _View:
+        """Compile ``spec`` (FilterError on a bad filter)."""
+        flt = compile_filter(spec.filter) if spec.filter and spec.filter.strip() else None
+        return _View(spec, flt, self._entitlement(spec.identity))
+
+    def visible(self, identity: str) -> Filter | None:
+        """The entitlement filter queries by ``identity`` must apply (None: no restriction)."""
+        return self._entitlement(identity)
+
+    def upsert(self, spec: SubscriptionSpec, *, held: Iterable[int] = ()) -> None:
+        """Register or update a subscription.
+
+        An update (a replace) must not change what a partition sends until that partition has
+        run the replace under its lock, so partitions in ``held`` keep the old view pinned.
+        """
+        view = self.view(spec)
+        current = self._subs.get(spec.key)
+        if current is None:
+            self._subs[spec.key] = _Active(view)
+        else:
+            if current.view.spec == spec:
+                return
+            for p in held:
+                current.pinned.setdefault(p, current.view)
+            current.view = view
+            self._reindex(spec.key, current)
+            return
+        self._index.add(spec.key, view.filter.ast if view.filter is not None else None)
+
+    def pin(self, spec: SubscriptionSpec, partition: int) -> None:
+        """Make ``partition`` use ``spec`` from now on (the partition just ran a replace)."""
+        current = self._subs.get(spec.key)
+        if current is None or current.view.spec != spec:
+            self.upsert(spec)
+            current = self._subs[spec.key]
+        current.pinned.pop(partition, None)
+        self._reindex(spec.key, current)
+
+    def _reindex(self, key: str, active: _Active) -> None:
+        self._index.add(key, active.view.filter.ast if active.view.filter is not None else None)
+        if active.pinned:
+            self._always.add(key)
+        else:
+            self._always.discard(key)
+
+    def remove(self, key: str) -> SubscriptionSpec | None:
+        """Unregister; returns the removed spec."""
+        active = self._subs.pop(key, None)
+        self._index.remove(key)
+        self._always.discard(key)
+        return active.view.spec if active is not None else None
+
+    def remove_client(self, reply_to: str) -> list[SubscriptionSpec]:
+        """Unregister every subscription of the client behind ``reply_to``."""
+        gone = [a.view.spec for a in self._subs.values() if a.view.spec.reply_to == reply_to]
+        for spec in gone:
+            self.remove(spec.key)
+        return gone
+
+    def view_on(self, key: str, partition: int) -> _View | None:
+        """The view a partition currently uses for subscription ``key``."""
+        active = self._subs.get(key)
+        return active.on(partition) if active is not None else None
+
+    # -- matching ---------------------------------------------------------------------------------
+
+    def dispatch(self, changes: Sequence[Change], now_ms: int) -> list[Delivery]:
+        """Messages for ``changes`` (in log order); conflated subscriptions buffer theirs."""
+        if not self._subs:
+            return []
+        out: list[Delivery] = []
+        for change in changes:
+            before = change.before_body()
+            after = change.after_body()
+            keys = self._always.copy()
+            if before is not None:
+                keys |= self._index.candidates(before)
+            if after is not None:
+                keys |= self._index.candidates(after)
+            for key in keys:
+                active = self._subs.get(key)
+                if active is not None:
+                    self._match(active, change, before, after, now_ms, out)
+        return out
+
+    def _match(
+        self,
+        active: _Active,
+        change: Change,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        now_ms: int,
+        out: list[Delivery],
+    ) -> None:
+        view = active.on(change.partition)
+        was = view.in_focus(before)
+        now = view.in_focus(after)
+        if not was and not now:
+            return
+        reason = ""
+        if was and not now:
+            reason = self._oof_reason(view, change, after)
+        interval = view.spec.options.conflation_ms or self._forced.get(view.spec.reply_to)
+        # Pending messages go first, or a newer immediate one would overtake them.
+        if interval is not None or active.pending:
+            self._offer(active, view, change, was, now, reason, now_ms, interval or 0)
+            return
+        if now:
+            delivery = self._publish(view.spec, change, before if was else None, change.after)
+            if delivery is not None:
+                out.append(delivery)
+        elif view.spec.options.oof:
+            out.append(self._oof(view.spec, change, reason))
+
+    def _oof_reason(self, view: _View, change: Change, after: dict[str, Any] | None) -> str:
+        if after is None:
+            return change.reason
+        if view.entitled is not None and not view.entitled.matches(after):
+            return OOF_ENTITLEMENT
+        return OOF_MATCH
+
+    def _oof(self, spec: SubscriptionSpec, change: Change, reason: str) -> Delivery:
+        # "match" shows the new state; the others the last state the subscriber may see.
+        record = change.after if reason == OOF_MATCH else change.before
+        assert record is not None
+        return self._delivery(spec, OOF, record, change, reason=reason)
+
+    def _delivery(
+        self,
+        spec: SubscriptionSpec,
+        command: str,
+        record: SowRecord,
+        change: Change | _Pending,
+        *,
+        reason: str = "",
+        data: bytes | None = None,
+        is_delta: bool = False,
+    ) -> Delivery:
+        if data is None:
+            select = spec.options.select
+            data = record.data if select is None else dumps(project(record.parsed(), select))
+        return Delivery(
+            spec,
+            command,
+            change.sow_key,
+            data,
+            change.partition,
+            change.offset,
+            change.timestamp,
+            reason=reason,
+            is_delta=is_delta,
+            seq=change.seq,
+        )
+
+    def _publish(
+        self,
+        spec: SubscriptionSpec,
+        change: Change | _Pending,
+        before: dict[str, Any] | None,
+        after: SowRecord | None,
+        delta: dict[str, Any] | None = None,
+    ) -> Delivery | None:
+        """A publish of ``after``: whole, or only what changed since ``before`` for deltas."""
+        assert after is not None
+        if not spec.delta or before is None or spec.paginated:
+            return self._delivery(spec, PUBLISH, after, change)
+        body = after.parsed()
+        if delta is None:
+            delta = changed_fields(before, body)
+        options = spec.options
+        if options.select is not None:
+            delta = project(delta, options.select)
+        if options.no_empties and not has_changes(delta, self.topic.keys):
+            return None
+        if options.send_keys:
+            delta = with_fields(delta, body, self.topic.keys)
+        return self._delivery(spec, PUBLISH, after, change, data=dumps(delta), is_delta=True)
+
+    # -- conflation -------------------------------------------------------------------------------
+
+    def _conflation_key(self, spec: SubscriptionSpec, change: Change) -> str:
+        path = spec.options.conflation_key
+        if path is None:
+            return change.sow_key
+        body = change.after_body() or change.before_body() or {}
+        values = get_path(body, path)
+        return canonical_text(values[0]) if values else change.sow_key
+
+    def _offer(
+        self,
+        active: _Active,
+        view: _View,
+        change: Change,
+        was: bool,
+        now: bool,
+        reason: str,
+        now_ms: int,
+        interval: int,
+    ) -> None:
+        ckey = self._conflation_key(view.spec, change)
+        pending = active.pending.get(ckey)
+        if pending is None or pending.sow_key != change.sow_key:
+            pending = _Pending(
+                change.sow_key,
+                change.partition,
+                change.offset,
+                change.timestamp,
+                change.seq,
+                base=change.before if was else None,
+                latest=None,
+            )
+            active.pending[ckey] = pending
+        pending.partition, pending.offset = change.partition, change.offset
+        pending.timestamp, pending.seq = change.timestamp, change.seq
+        if now:
+            if not was and pending.base is not None:
+                pending.went_out = True  # out and back in within the interval
+            if was and not pending.went_out and view.spec.delta:
+                before, after = change.before_body(), change.after_body()
+                assert before is not None and after is not None
+                pending.delta = merge_deltas(pending.delta, changed_fields(before, after))
+            pending.latest = change.after
+        else:
+            pending.latest = None
+            pending.reason = reason
+            if pending.base is not None:
+                pending.went_out = True
+        if active.due_at is None:
+            active.due_at = now_ms + interval
+
+    def force_conflation(self, reply_to: str, interval_ms: int | None) -> None:
+        """Conflate every subscription of one client (a slow consumer), or stop doing so."""
+        if interval_ms is None:
+            self._forced.pop(reply_to, None)
+        else:
+            self._forced[reply_to] = interval_ms
+
+    def clients(self) -> set[str]:
+        """Reply topics of the subscribed clients."""
+        return {a.view.spec.reply_to for a in self._subs.values()}
+
+    def next_due(self) -> int | None:
+        """When the earliest conflation interval ends (ms), or None when nothing waits."""
+        dues = [a.due_at for a in self._subs.values() if a.due_at is not None]
+        return min(dues) if dues else None
+
+    def flush(self, now_ms: int) -> list[Delivery]:
+        """Messages of every conflation interval that has ended by ``now_ms``."""
+        out: list[Delivery] = []
+        for active in self._subs.values():
+            if active.due_at is None or active.due_at > now_ms:
+                continue
+            active.due_at = None
+            pending, active.pending = active.pending, {}
+            spec = active.view.spec
+            for item in pending.values():
+                delivery = self._settle(spec, item)
+                if delivery is not None:
+                    out.append(delivery)
+        return out
+
+    def _settle(self, spec: SubscriptionSpec, item: _Pending) -> Delivery | None:
+        if item.latest is None:
+            if item.base is None or not spec.options.oof:
+                return None
+            # The subscriber never saw the interval's updates: show what it last received.
+            return self._delivery(spec, OOF, item.base, item, reason=item.reason)
+        if item.base is None or item.went_out or not spec.delta:
+            return self._delivery(spec, PUBLISH, item.latest, item)
+        return self._publish(spec, item, item.base.parsed(), item.latest, delta=item.delta)

@@ -1,0 +1,162 @@
+"""What a subscription is, what changed in the SOW, and what a subscriber is sent.
+
+These are plain values shared by the engine (which matches changes against subscriptions) and the
+client (which registers them); ``schemas/Subscription.avsc`` is their wire form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from sowstream.errors import InvalidCommandError
+from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.options import SubscriptionOptions, parse_options
+
+SUBSCRIBE = "subscribe"
+SOW_AND_SUBSCRIBE = "sow_and_subscribe"
+DELTA_SUBSCRIBE = "delta_subscribe"
+SOW_AND_DELTA_SUBSCRIBE = "sow_and_delta_subscribe"
+UNSUBSCRIBE = "unsubscribe"
+SUBSCRIBE_COMMANDS = frozenset(
+    {SUBSCRIBE, SOW_AND_SUBSCRIBE, DELTA_SUBSCRIBE, SOW_AND_DELTA_SUBSCRIBE}
+)
+WITH_SOW = frozenset({SOW_AND_SUBSCRIBE, SOW_AND_DELTA_SUBSCRIBE})
+DELTA = frozenset({DELTA_SUBSCRIBE, SOW_AND_DELTA_SUBSCRIBE})
+
+# Out-of-focus reasons, as AMPS names them.
+OOF_DELETED = "deleted"
+OOF_EXPIRED = "expired"
+OOF_MATCH = "match"
+OOF_ENTITLEMENT = "entitlement"
+
+# Reply-topic message kinds for live traffic.
+PUBLISH = "publish"
+OOF = "oof"
+FAILURE = "failure"  # the engine ended the subscription; sow.reason says why
+
+
+@dataclass(frozen=True)
+class SubscriptionSpec:
+    """One registered subscription: who gets what from which topic.
+
+    ``key`` identifies it in the registry: one client's subscription id on one topic (a
+    subscription on a topic pattern is registered once per matching topic).
+    """
+
+    sub_id: str
+    reply_to: str
+    topic: str
+    command: str
+    filter: str | None = None
+    options: SubscriptionOptions = field(default_factory=SubscriptionOptions)
+    identity: str = ""
+    order_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.command not in SUBSCRIBE_COMMANDS:
+            raise InvalidCommandError(
+                f"unknown subscription command {self.command!r}: expected one of "
+                f"{', '.join(sorted(SUBSCRIBE_COMMANDS))}"
+            )
+
+    @property
+    def key(self) -> str:
+        """Registry key: unique per client, subscription id and topic."""
+        return f"{self.reply_to}|{self.sub_id}|{self.topic}"
+
+    @property
+    def delta(self) -> bool:
+        """Whether updates to records already delivered are sent as deltas."""
+        return self.command in DELTA
+
+    @property
+    def paginated(self) -> bool:
+        """A top_n window: the engine sends the whole filtered stream, the client pages it."""
+        return self.options.top_n is not None
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``Subscription`` Avro record."""
+        return {
+            "sub_id": self.sub_id,
+            "reply_to": self.reply_to,
+            "topic": self.topic,
+            "command": self.command,
+            "filter": self.filter,
+            "options": self.options.to_text(),
+            "identity": self.identity,
+            "order_by": self.order_by,
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> SubscriptionSpec:
+        """Inverse of :meth:`to_wire`; bad options raise InvalidCommandError."""
+        return cls(
+            sub_id=d["sub_id"],
+            reply_to=d["reply_to"],
+            topic=d["topic"],
+            command=d["command"],
+            filter=d.get("filter"),
+            options=parse_options(d.get("options") or ""),
+            identity=d.get("identity") or "",
+            order_by=d.get("order_by"),
+        )
+
+
+@dataclass(slots=True)
+class Change:
+    """What one log operation (or an expiry) did to one record of a partition.
+
+    ``reason`` says why a record disappeared (``deleted`` or ``expired``). ``resent`` marks the
+    stored state re-announced for an operation replayed after a crash, whose own effect is
+    already in the store: subscribers get it whole and drop it if they saw it already.
+    ``(offset, seq)`` orders a partition's messages: ``seq`` tells apart the records one delete
+    by filter removed, and places expiries, which are not log operations.
+    """
+
+    sow_key: str
+    before: SowRecord | None
+    after: SowRecord | None
+    partition: int
+    offset: int
+    timestamp: int
+    reason: str = ""
+    resent: bool = False
+    seq: int = 0
+    _before_body: dict[str, Any] | None = None
+    _after_body: dict[str, Any] | None = None
+
+    def before_body(self) -> dict[str, Any] | None:
+        """The previous state parsed (cached)."""
+        if self._before_body is None and self.before is not None:
+            self._before_body = self.before.parsed()
+        return self._before_body
+
+    def after_body(self) -> dict[str, Any] | None:
+        """The new state parsed (cached)."""
+        if self._after_body is None and self.after is not None:
+            self._after_body = self.after.parsed()
+        return self._after_body
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One message for one subscription, ready for the subscriber's reply topic."""
+
+    spec: SubscriptionSpec
+    command: str
+    sow_key: str
+    data: bytes
+    partition: int
+    offset: int
+    timestamp: int
+    reason: str = ""
+    is_delta: bool = False
+    seq: int = 0
+
+
+def dumps(body: dict[str, Any]) -> bytes:
+    """JSON bytes of a message body."""
+    return orjson.dumps(body)

@@ -1,0 +1,642 @@
+"""Subscriptions end to end: two real workers, four partitions, a real Kafka broker.
+
+The spec's examples are used verbatim where the chapters give them: the delta chapter's order 3
+update and record 99 conflation, the out-of-focus chapter's buyer moving from NY to LN, and the
+pagination example (ids 1, 2, 5, … with top_n 2, skip_n 1, then id 4 arrives).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from sowstream.client import Client, Message, Subscription
+from sowstream.errors import (
+    CommandFailedError,
+    InvalidCommandError,
+    SubscriptionDroppedError,
+    UnknownTopicError,
+)
+from sowstream.filters import FilterError
+from sowstream.sow.merge import merge_delta
+from sowstream.wire import headers as h
+from tests.support.engine import EngineProcesses
+
+pytestmark = pytest.mark.integration
+
+TOPICS: list[dict[str, Any]] = [
+    {"Name": "orders", "Key": ["/order"], "Partitions": 4},
+    {"Name": "buyer", "Key": ["/buyer/id"], "Partitions": 4},
+    {"Name": "records", "Key": ["/id"], "Partitions": 4},
+    {"Name": "quotes", "Key": ["/id"], "Expiration": "enabled", "Partitions": 4},
+    {"Name": "pages", "Key": ["/id"], "Partitions": 4},
+    {"Name": "secure", "Key": ["/id"], "Partitions": 4},
+    {"Name": "load", "Key": ["/id"], "Partitions": 4},
+    {"Name": "flood", "Key": ["/id"], "Partitions": 4},
+]
+NAMES = [t["Name"] for t in TOPICS]
+ENTITLEMENTS = {"alice": {"secure": "/owner = 'alice'"}, "*": {"secure": "/public = true"}}
+SLOW = {"conflate_after": 3000, "drop_after": 20000, "check_interval": "500ms"}
+
+
+@pytest.fixture(scope="module")
+def engine(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcesses]:
+    procs = EngineProcesses(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("subs"),
+        TOPICS,
+        engine_extra={"slow_consumer": SLOW},
+        entitlements=ENTITLEMENTS,
+    )
+    procs.start("w1")
+    procs.start("w2")
+    try:
+        procs.wait_ready(NAMES)
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+@pytest.fixture
+def client(engine: EngineProcesses) -> Iterator[Client]:
+    with engine.client() as c:
+        yield c
+
+
+@pytest.fixture
+def publisher(engine: EngineProcesses) -> Iterator[Client]:
+    with engine.client() as c:
+        yield c
+
+
+def take(sub: Subscription, n: int, timeout: float = 20.0) -> list[Message]:
+    """The next ``n`` messages, failing if they do not come in time."""
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"only {len(out)} of {n} messages arrived: {out}"
+        msg = sub.next(timeout=remaining)
+        if msg is not None:
+            out.append(msg)
+    return out
+
+
+def quiet(sub: Subscription, wait: float = 1.5) -> list[Message]:
+    """Whatever arrives until ``wait`` seconds pass without a message."""
+    out: list[Message] = []
+    while (msg := sub.next(timeout=wait)) is not None:
+        out.append(msg)
+    return out
+
+
+def records(msgs: list[Message], command: str = "sow") -> list[Any]:
+    return [m.json() for m in msgs if m.command == command]
+
+
+def reset(client: Client, topic: str) -> None:
+    client.sow_delete(topic, filter="1=1")
+
+
+def settle(client: Client, topic: str) -> None:
+    """Wait until the engine applied ``client``'s publishes (a query reads its own writes)."""
+    list(client.sow(topic, top_n=0))
+
+
+# -- the subscribe family ----------------------------------------------------------------------
+
+
+def test_sow_and_subscribe_snapshot_then_live(client: Client, publisher: Client) -> None:
+    reset(publisher, "records")
+    for i in range(10):
+        publisher.publish("records", {"id": i, "kind": "a" if i % 2 else "b"})
+    publisher.flush()
+    settle(publisher, "records")
+    sub = client.sow_and_subscribe("records", "/kind = 'a'", batch_size=3)
+    group = take(sub, 7)
+    assert group[0].command == "group_begin" and group[-1].command == "group_end"
+    assert sorted(r["id"] for r in records(group)) == [1, 3, 5, 7, 9]
+    assert group[-1].count == 5
+    publisher.publish("records", {"id": 11, "kind": "a"})
+    publisher.publish("records", {"id": 12, "kind": "b"})  # not in the filter
+    publisher.publish("records", {"id": 3, "kind": "a", "note": "updated"})
+    live = take(sub, 2)
+    assert [m.command for m in live] == ["publish", "publish"]
+    assert {m.json()["id"] for m in live} == {11, 3}
+    assert all(m.sub_id == sub.sub_id and m.topic == "records" and m.sow_key for m in live)
+    assert quiet(sub, 1.0) == []
+    sub.close()
+
+
+def test_subscribe_gets_only_what_is_published_after_it(client: Client, publisher: Client) -> None:
+    reset(publisher, "records")
+    publisher.publish("records", {"id": 1, "v": 1})
+    publisher.flush()
+    sub = client.subscribe("records")
+    publisher.publish("records", {"id": 1, "v": 2})
+    publisher.publish("records", {"id": 2, "v": 1})
+    assert sorted((m.json()["id"], m.json()["v"]) for m in take(sub, 2)) == [(1, 2), (2, 1)]
+    sub.close()
+    publisher.publish("records", {"id": 3, "v": 1})
+    publisher.flush()
+    assert quiet(sub, 1.0) == []
+
+
+def test_callback_form_and_several_subscriptions_of_one_client(
+    client: Client, publisher: Client
+) -> None:
+    reset(publisher, "records")
+    got_a: list[Message] = []
+    got_b: list[Message] = []
+    done = threading.Event()
+
+    def on_b(msg: Message) -> None:
+        got_b.append(msg)
+        if msg.command == "publish":
+            done.set()
+
+    sub_a = client.subscribe("records", "/kind = 'a'", on_message=got_a.append)
+    settle(publisher, "records")
+    sub_b = client.sow_and_delta_subscribe("records", "/kind = 'b'", on_message=on_b)
+    publisher.publish("records", {"id": 1, "kind": "a"})
+    publisher.publish("records", {"id": 2, "kind": "b"})
+    assert done.wait(20)
+    deadline = time.monotonic() + 20
+    while not got_a and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [m.json() for m in got_a] == [{"id": 1, "kind": "a"}]
+    assert [m.command for m in got_b] == ["group_begin", "group_end", "publish"]
+    assert got_b[-1].json() == {"id": 2, "kind": "b"}
+    client.unsubscribe(sub_a)
+    client.unsubscribe(sub_b.sub_id)
+
+
+def test_replies_are_readable_by_a_plain_kafka_consumer(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    reset(publisher, "records")
+    sub = client.subscribe("records", options="oof")
+    key = publisher.publish("records", {"id": 5, "x": 1})
+    take(sub, 1)
+    consumer = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": "plain-reader"})
+    consumer.assign([TopicPartition(client.reply_topic, 0, 0)])
+    found = None
+    deadline = time.monotonic() + 20
+    while found is None and time.monotonic() < deadline:
+        msg = consumer.poll(1.0)
+        if msg is None or msg.error():
+            continue
+        headers = h.header_map(msg.headers())
+        if headers.get(h.COMMAND) == "publish":
+            found = (headers, msg.value())
+    consumer.close()
+    assert found is not None
+    headers, value = found
+    assert orjson.loads(value) == {"id": 5, "x": 1}
+    assert headers[h.SUB_ID] == sub.sub_id
+    assert headers[h.TOPIC] == "records"
+    assert headers[h.SOW_KEY] == key
+    assert int(headers[h.OFFSET]) >= 0 and int(headers[h.PARTITION]) in range(4)
+    sub.close()
+
+
+def test_sow_and_subscribe_under_load_misses_nothing_and_repeats_nothing(
+    client: Client, publisher: Client
+) -> None:
+    """Publishes keep arriving while the subscription is placed: every key's versions, from the
+    snapshot on, arrive complete and in order."""
+    reset(publisher, "load")
+    keys, rounds = 40, 60
+    stop = threading.Event()
+    published: dict[int, int] = {}
+
+    def publish() -> None:
+        for version in range(1, rounds + 1):
+            for k in range(keys):
+                publisher.publish("load", {"id": k, "v": version})
+                published[k] = version
+            publisher.flush()
+            time.sleep(0.01)
+            if stop.is_set():
+                return
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    time.sleep(0.3)  # the load is on
+    settle(publisher, "load")
+    sub = client.sow_and_subscribe("load")
+    thread.join()
+    msgs = quiet(sub, 3.0)
+    sub.close()
+    seen: dict[int, list[int]] = {}
+    for m in msgs:
+        if m.command in ("sow", "publish"):
+            body = m.json()
+            seen.setdefault(body["id"], []).append(body["v"])
+    assert msgs[0].command == "group_begin"
+    assert sorted(seen) == list(range(keys))
+    for k, versions in seen.items():
+        start = versions[0]
+        # contiguous from the snapshot's version to the last one published: nothing missed,
+        # nothing twice, in order
+        assert versions == list(range(start, rounds + 1)), (k, versions)
+
+
+def test_sow_and_subscribe_on_an_unknown_topic_is_an_error(client: Client) -> None:
+    with pytest.raises(UnknownTopicError):
+        client.sow_and_subscribe("nope")
+
+
+# -- delta subscriptions -------------------------------------------------------------------------
+
+
+def test_delta_order_3_example(client: Client, publisher: Client) -> None:
+    reset(publisher, "orders")
+    publisher.publish(
+        "orders",
+        {"order": 3, "customer": "Patrick", "status": "active", "qty": 1000, "ticker": "MSFT"},
+    )
+    publisher.publish(
+        "orders", {"order": 4, "customer": "Jan", "status": "active", "qty": 5, "ticker": "IBM"}
+    )
+    settle(publisher, "orders")
+    sub = client.sow_and_delta_subscribe("orders")
+    assert len(records(take(sub, 4))) == 2
+    key = publisher.publish(
+        "orders",
+        orjson.loads(
+            b"""{
+    "order":3,
+    "customer":"Patrick",
+    "status":"pending",
+    "qty":1000,
+    "ticker":"MSFT"
+}"""
+        ),
+    )
+    (msg,) = take(sub, 1)
+    assert msg.command == "publish" and msg.delta
+    assert msg.json() == {"order": 3, "status": "pending"}
+    assert msg.sow_key == key
+    # a new record arrives whole
+    publisher.publish("orders", {"order": 5, "customer": "Ann", "status": "new"})
+    (new,) = take(sub, 1)
+    assert new.json() == {"order": 5, "customer": "Ann", "status": "new"} and not new.delta
+    sub.close()
+
+
+def test_delta_options_no_sowkey_no_empties_select_and_nesting(
+    client: Client, publisher: Client
+) -> None:
+    reset(publisher, "orders")
+    publisher.publish("orders", {"order": 1, "a": 1, "b": 1, "n": {"x": 1, "y": [1, 2]}})
+    settle(publisher, "orders")
+    plain = client.sow_and_delta_subscribe("orders", options="no_sowkey")
+    settle(publisher, "orders")
+    picky = client.sow_and_delta_subscribe("orders", options="no_empties,select=[/order,/a]")
+    take(plain, 3)
+    take(picky, 3)
+    publisher.publish("orders", {"order": 1, "a": 1, "b": 2, "n": {"x": 1, "y": [1, 2]}})
+    publisher.publish("orders", {"order": 1, "a": 1, "b": 2, "n": {"x": 2, "y": [1, 3]}})
+    publisher.publish("orders", {"order": 1, "a": 1, "b": 2, "n": {"x": 2, "y": [1, 3]}})
+    publisher.publish("orders", {"order": 1, "a": 9, "b": 2, "n": {"x": 2, "y": [1, 3]}})
+    got = take(plain, 4)
+    assert [m.json() for m in got] == [
+        {"order": 1, "b": 2},
+        {"order": 1, "n": {"x": 2, "y": [1, 3]}},  # nested field by field, arrays whole
+        {"order": 1},  # nothing changed: an empty delta without no_empties
+        {"order": 1, "a": 9},
+    ]
+    assert all(m.sow_key == "" for m in got)
+    # no_empties with a select list: only changes to /a produce a message
+    (only,) = take(picky, 1)
+    assert only.json() == {"order": 1, "a": 9} and only.sow_key
+    assert quiet(picky, 1.0) == []
+    plain.close()
+    picky.close()
+
+
+# -- out of focus ------------------------------------------------------------------------------
+
+
+def test_oof_buyer_moves_from_ny_to_ln(client: Client, publisher: Client) -> None:
+    reset(publisher, "buyer")
+    publisher.publish("buyer", {"buyer": {"id": 7, "loc": "NY"}})
+    settle(publisher, "buyer")
+    sub = client.sow_and_subscribe("buyer", '/buyer/loc="NY"', options="oof")
+    assert records(take(sub, 3)) == [{"buyer": {"id": 7, "loc": "NY"}}]
+    key = publisher.publish("buyer", {"buyer": {"id": 7, "loc": "LN"}})
+    (oof,) = take(sub, 1)
+    assert oof.command == "oof" and oof.reason == "match"
+    assert oof.topic == "buyer" and oof.sow_key == key
+    assert oof.json() == {"buyer": {"id": 7, "loc": "LN"}}  # the updated state
+    sub.close()
+
+
+def test_oof_reasons_deleted_expired_and_delta_publish_match(
+    client: Client, publisher: Client
+) -> None:
+    reset(publisher, "quotes")
+    publisher.publish("quotes", {"id": 1, "px": 10, "state": "open"}, expiration=0)
+    publisher.publish("quotes", {"id": 2, "px": 20, "state": "open"}, expiration=0)
+    publisher.publish("quotes", {"id": 3, "px": 30, "state": "open"}, expiration=0)
+    settle(publisher, "quotes")
+    sub = client.sow_and_subscribe("quotes", "/state = 'open'", options="oof")
+    assert len(records(take(sub, 5))) == 3
+    publisher.sow_delete("quotes", filter="/id = 1")
+    (deleted,) = take(sub, 1)
+    assert (deleted.command, deleted.reason) == ("oof", "deleted")
+    assert deleted.json() == {"id": 1, "px": 10, "state": "open"}  # the previous state
+    publisher.publish("quotes", {"id": 2, "px": 21, "state": "open"}, expiration=1)
+    assert take(sub, 1)[0].command == "publish"
+    (expired,) = take(sub, 1, timeout=30)
+    assert (expired.command, expired.reason) == ("oof", "expired")
+    assert expired.json() == {"id": 2, "px": 21, "state": "open"}
+    publisher.delta_publish("quotes", {"id": 3, "state": "filled"})
+    (match,) = take(sub, 1)
+    assert (match.command, match.reason) == ("oof", "match")
+    assert match.json() == {"id": 3, "px": 30, "state": "filled"}  # the merged record
+    sub.close()
+
+
+def test_delta_with_oof_returns_whole_when_back_in_focus(client: Client, publisher: Client) -> None:
+    reset(publisher, "records")
+    publisher.publish("records", {"id": 1, "state": "open", "qty": 1, "px": 5})
+    settle(publisher, "records")
+    sub = client.sow_and_delta_subscribe("records", "/state = 'open'", options="oof")
+    take(sub, 3)
+    publisher.publish("records", {"id": 1, "state": "open", "qty": 2, "px": 5})
+    publisher.publish("records", {"id": 1, "state": "done", "qty": 2, "px": 5})
+    publisher.publish("records", {"id": 1, "state": "open", "qty": 2, "px": 5})
+    delta, oof, back = take(sub, 3)
+    assert delta.delta and delta.json() == {"id": 1, "qty": 2}
+    assert oof.command == "oof" and oof.reason == "match"
+    assert back.command == "publish" and not back.delta
+    assert back.json() == {"id": 1, "state": "open", "qty": 2, "px": 5}
+    sub.close()
+
+
+# -- conflation --------------------------------------------------------------------------------
+
+
+def test_conflated_delta_record_99_example(client: Client, publisher: Client) -> None:
+    reset(publisher, "records")
+    publisher.publish("records", {"id": 99, "status": "open", "notes": "none", "xref": 82})
+    settle(publisher, "records")
+    sub = client.sow_and_delta_subscribe("records", options="conflation=2s")
+    group = take(sub, 3)  # the SOW part is not conflated
+    assert records(group) == [{"id": 99, "status": "open", "notes": "none", "xref": 82}]
+    for body in (
+        b'{ "id": 99, "status":"questioned", "notes":"none", "xref":82}',
+        b'{ "id": 99, "status":"questioned", "notes":"jcarlo hold", "xref":82 }',
+        b'{ "id": 99, "status":"cleared", "notes":"none", "xref":82 }',
+        b'{ "id": 99, "status":"open", "notes":"none", "xref":82 }',
+    ):
+        publisher.publish("records", body)
+    publisher.flush()
+    (msg,) = take(sub, 1, timeout=10)
+    assert msg.json() == {"id": 99, "status": "open", "notes": "none"}
+    assert quiet(sub, 2.5) == []
+    sub.close()
+
+
+def test_conflation_keeps_the_latest_state_per_key_and_oof_rules(
+    client: Client, publisher: Client
+) -> None:
+    reset(publisher, "records")
+    publisher.publish("records", {"id": 1, "state": "open", "v": 0})
+    publisher.publish("records", {"id": 2, "state": "open", "v": 0})
+    settle(publisher, "records")
+    sub = client.sow_and_subscribe("records", "/state = 'open'", options="oof,conflation=2s")
+    take(sub, 4)
+    publisher.publish("records", {"id": 1, "state": "open", "v": 1})
+    publisher.publish("records", {"id": 1, "state": "open", "v": 2})
+    publisher.publish("records", {"id": 1, "state": "open", "v": 3})
+    # id 2: update, then out of focus, in one interval: oof with what the subscriber last saw
+    publisher.publish("records", {"id": 2, "state": "open", "v": 1})
+    publisher.publish("records", {"id": 2, "state": "done", "v": 2})
+    publisher.flush()
+    got = {m.json()["id"]: m for m in take(sub, 2, timeout=10)}
+    assert got[1].command == "publish" and got[1].json() == {"id": 1, "state": "open", "v": 3}
+    assert got[2].command == "oof" and got[2].json() == {"id": 2, "state": "open", "v": 0}
+    # out and back in within one interval: just the latest state
+    publisher.publish("records", {"id": 1, "state": "done", "v": 4})
+    publisher.publish("records", {"id": 1, "state": "open", "v": 5})
+    publisher.flush()
+    (back,) = take(sub, 1, timeout=10)
+    assert back.command == "publish" and back.json() == {"id": 1, "state": "open", "v": 5}
+    sub.close()
+
+
+# -- pagination ----------------------------------------------------------------------------------
+
+
+def test_paginated_window_follows_the_chapter_example(client: Client, publisher: Client) -> None:
+    reset(publisher, "pages")
+    for i in (1, 2, 5, 6, 8):
+        publisher.publish("pages", {"id": i})
+    settle(publisher, "pages")
+    sub = client.sow_and_subscribe("pages", top_n=2, skip_n=1, order_by="/id", options="oof")
+    group = take(sub, 4)
+    assert [r["id"] for r in records(group)] == [2, 5]
+    publisher.publish("pages", {"id": 4})
+    got = take(sub, 2)
+    assert [(m.command, m.json()["id"]) for m in got] == [("publish", 4), ("oof", 5)]
+    assert got[1].reason == "match"
+    # a record before the window leaves: everything shifts by one
+    publisher.sow_delete("pages", filter="/id = 1")
+    got = take(sub, 2)
+    assert sorted((m.command, m.json()["id"]) for m in got) == [("oof", 2), ("publish", 5)]
+    # outside the window: nothing
+    publisher.publish("pages", {"id": 8, "note": "x"})
+    assert quiet(sub, 1.0) == []
+    sub.close()
+
+
+def test_paginated_subscriptions_share_one_result_set(client: Client, publisher: Client) -> None:
+    reset(publisher, "pages")
+    for i in range(1, 7):
+        publisher.publish("pages", {"id": i})
+    settle(publisher, "pages")
+    first = client.sow_and_subscribe("pages", top_n=2, order_by="/id")
+    settle(publisher, "pages")
+    second = client.sow_and_subscribe("pages", top_n=2, skip_n=2, order_by="/id")
+    assert [r["id"] for r in records(take(first, 4))] == [1, 2]
+    assert [r["id"] for r in records(take(second, 4))] == [3, 4]
+    assert len(client._result_sets) == 1
+    first.close()
+    second.close()
+
+
+# -- replace -------------------------------------------------------------------------------------
+
+
+def test_replace_changes_the_filter_atomically(client: Client, publisher: Client) -> None:
+    reset(publisher, "records")
+    for i in range(6):
+        publisher.publish("records", {"id": i, "n": i})
+    settle(publisher, "records")
+    sub = client.sow_and_subscribe("records", "/n < 3", options="oof", sub_id="watch")
+    assert sorted(r["id"] for r in records(take(sub, 5))) == [0, 1, 2]
+    again = client.sow_and_subscribe("records", "/n >= 2", options="oof,replace", sub_id="watch")
+    assert again is sub
+    msgs = take(sub, 7)  # group of 3 newly in scope, then oof for 0 and 1
+    assert msgs[0].command == "group_begin"
+    assert sorted(r["id"] for r in records(msgs)) == [3, 4, 5]
+    assert sorted(r["id"] for r in records(msgs, "oof")) == [0, 1]
+    publisher.publish("records", {"id": 0, "n": 10})  # now in scope
+    publisher.publish("records", {"id": 1, "n": 1})  # still out
+    (live,) = take(sub, 1)
+    assert live.json() == {"id": 0, "n": 10}
+    assert quiet(sub, 1.0) == []
+    sub.close()
+
+
+def test_replace_errors(client: Client, publisher: Client) -> None:
+    with pytest.raises(InvalidCommandError, match="existing"):
+        client.sow_and_subscribe("records", options="replace", sub_id="missing")
+    settle(publisher, "pages")
+    sub = client.sow_and_subscribe("pages", top_n=2, skip_n=1, order_by="/id", sub_id="pg")
+    with pytest.raises(InvalidCommandError, match="OrderBy"):
+        client.sow_and_subscribe(
+            "pages", "/id > 1", top_n=2, skip_n=1, options="replace", sub_id="pg"
+        )
+    with pytest.raises(InvalidCommandError, match="in use"):
+        client.sow_and_subscribe("pages", sub_id="pg")
+    sub.close()
+
+
+# -- entitlements --------------------------------------------------------------------------------
+
+
+def test_entitlements_filter_queries_and_subscriptions(
+    engine: EngineProcesses, publisher: Client
+) -> None:
+    reset(publisher, "secure")
+    publisher.publish("secure", {"id": 1, "owner": "alice", "public": False})
+    publisher.publish("secure", {"id": 2, "owner": "bob", "public": True})
+    publisher.publish("secure", {"id": 3, "owner": "bob", "public": False})
+    publisher.flush()
+    with engine.client(identity="alice") as alice, engine.client(identity="eve") as eve:
+        assert [r["id"] for r in alice.sow_records("secure")] == [1]
+        assert [r["id"] for r in eve.sow_records("secure")] == [2]
+        sub_a = alice.sow_and_subscribe("secure", options="oof")
+        sub_e = eve.sow_and_delta_subscribe("secure", options="oof")
+        assert [r["id"] for r in records(take(sub_a, 3))] == [1]
+        assert [r["id"] for r in records(take(sub_e, 3))] == [2]
+        publisher.publish("secure", {"id": 4, "owner": "carol", "public": False})  # nobody's
+        publisher.publish("secure", {"id": 1, "owner": "bob", "public": False})  # alice loses it
+        publisher.publish("secure", {"id": 2, "owner": "bob", "public": False})  # eve loses it
+        (a,) = take(sub_a, 1)
+        (e,) = take(sub_e, 1)
+        assert (a.command, a.reason, a.json()["owner"]) == ("oof", "entitlement", "alice")
+        assert (e.command, e.reason, e.json()["public"]) == ("oof", "entitlement", True)
+        assert quiet(sub_a, 1.0) == [] and quiet(sub_e, 0.5) == []
+        sub_a.close()
+        sub_e.close()
+
+
+# -- bad input and slow consumers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("bogus", "unknown subscription option 'bogus'"),
+        ("conflation=50ms", "100ms"),
+        ("select=[a]", "'a'"),
+        ("oof=1", "oof"),
+    ],
+)
+def test_bad_options_are_clear_errors(client: Client, options: str, message: str) -> None:
+    with pytest.raises(InvalidCommandError, match=message):
+        client.sow_and_subscribe("records", options=options)
+
+
+def test_bad_filter_is_an_error_with_a_position(client: Client) -> None:
+    with pytest.raises(FilterError):
+        client.subscribe("records", "/a = = 1")
+
+
+def test_engine_rejects_bad_subscription_commands_from_foreign_clients(
+    engine: EngineProcesses, client: Client
+) -> None:
+    """A client that skips validation gets a failure naming the problem; the engine goes on."""
+    info = client.topic_info("records")
+    sub = Subscription("x", [], parse_opts(""), key_fields={})
+    client._subscriptions["x"] = sub
+    with pytest.raises(CommandFailedError, match="unknown subscription option"):
+        list(
+            client._place(
+                sub, [info], "subscribe", None, raw_options("nonsense"), None, 1, None, None
+            )
+        )
+    client._subscriptions.pop("x")
+    assert client.sow_records("records", top_n=0) == []
+
+
+def test_a_slow_subscriber_is_conflated_then_dropped_without_stalling_others(
+    engine: EngineProcesses, publisher: Client
+) -> None:
+    reset(publisher, "flood")
+    with engine.client() as slow, engine.client() as fast:
+        stalled = slow.subscribe("flood")
+        total = 40_000
+        keeping_up = fast.subscribe("flood", f"/id = {total - 1}")
+        # distinct records: conflation cannot shrink this backlog, so the policy must drop
+        for i in range(total):
+            publisher.publish("flood", {"id": i, "n": i})
+        publisher.flush()
+        # the reader keeps up and sees its record's last update promptly
+        last = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            msg = keeping_up.next(timeout=5)
+            if msg is None:
+                break
+            last = msg.json()["n"]
+        assert last == total - 1
+        # the stalled one, once it reads again, finds its subscription was dropped
+        with pytest.raises(SubscriptionDroppedError, match="slow_consumer"):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                stalled.next(timeout=5)
+        keeping_up.close()
+
+
+def parse_opts(text: str) -> Any:
+    from sowstream.subscriptions.options import parse_options
+
+    return parse_options(text)
+
+
+class raw_options:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.replace = False
+
+    def to_text(self) -> str:
+        return self.text
+
+
+def apply_view(msgs: list[Message]) -> dict[str, Any]:
+    """A subscriber's picture after ``msgs``: deltas merged, oofs removed."""
+    view: dict[str, Any] = {}
+    for m in msgs:
+        if m.command in ("sow", "publish"):
+            body = m.json()
+            view[m.sow_key] = merge_delta(view[m.sow_key], body) if m.delta else body
+        elif m.command == "oof":
+            view.pop(m.sow_key, None)
+    return view
+
+
+Check = Callable[[], bool]
