@@ -83,6 +83,7 @@ class TopicInfo:
     partitions: int
     log_topic: str
     control_topic: str
+    sow: bool = True
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> TopicInfo:
@@ -94,6 +95,7 @@ class TopicInfo:
             d["partitions"],
             d["log_topic"],
             d["control_topic"],
+            d.get("sow", True),
         )
 
 
@@ -279,8 +281,12 @@ class Client:
         raw = data.encode() if isinstance(data, str) else bytes(data)
         return raw, parse_body(topic, raw)
 
-    def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str:
+    def _sow_key(
+        self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None
+    ) -> str | None:
         if not info.keys:
+            if not info.sow and sow_key is None:
+                return None  # a plain topic needs no key: Kafka spreads the messages
             return validate_user_sow_key(info.name, sow_key)
         return generated_sow_key(info.name, info.key_domain, info.keys, parsed)
 
@@ -318,8 +324,8 @@ class Client:
         sow_key: str | None = None,
         expiration: int | str | None = None,
         ack: bool = False,
-    ) -> str:
-        """Insert or fully replace a record; returns its SowKey.
+    ) -> str | None:
+        """Insert or fully replace a record; returns its SowKey (None on an unkeyed plain topic).
 
         ``expiration`` (seconds, ``0`` = never) overrides the topic's default. With ``ack`` the
         call waits until the engine applied the publish and raises if it was rejected.
@@ -334,7 +340,7 @@ class Client:
         sow_key: str | None = None,
         expiration: int | str | None = None,
         ack: bool = False,
-    ) -> str:
+    ) -> str | None:
         """Merge ``data`` into the stored record (insert if absent); returns its SowKey."""
         return self._publish(h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack)
 
@@ -346,7 +352,7 @@ class Client:
         sow_key: str | None,
         expiration: int | str | None,
         ack: bool,
-    ) -> str:
+    ) -> str | None:
         info = self.topic_info(topic)
         raw, parsed = self._body(topic, data)
         key = self._sow_key(info, parsed, sow_key)
@@ -557,7 +563,11 @@ class Client:
         opts = validate_query(
             filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
         )
-        infos = self._resolve_topics(topic)
+        infos = [info for info in self._resolve_topics(topic) if info.sow]
+        if not infos:
+            raise InvalidCommandError(
+                f"topic {topic!r} has no SOW: it can be subscribed to, not queried"
+            )
         query_id = query_id or uuid.uuid4().hex[:16]
         command_id = uuid.uuid4().hex
         self.flush()  # read-your-writes: know the offsets of our own publishes first
@@ -990,7 +1000,7 @@ class Client:
             key = self._publish(
                 name, command.topic, command.data, command.sow_key, command.expiration, command.ack
             )
-            return iter([Message("ack", topic=command.topic, sow_key=key, count=1)])
+            return iter([Message("ack", topic=command.topic, sow_key=key or "", count=1)])
         if name == h.SOW_DELETE:
             count = self.sow_delete(
                 command.topic,

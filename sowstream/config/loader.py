@@ -50,6 +50,8 @@ TOPIC_KEYS: dict[str, str] = {
     "Partitions": "partitions",
     "History": "history",
 }
+# What a plain (non-SOW) topic under ``topics:`` may set.
+PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions"})
 HISTORY_KEYS: dict[str, str] = {"Window": "window_ms", "Granularity": "granularity_ms"}
 _TOPIC_FIELD_KEYS = {field: key for key, field in TOPIC_KEYS.items()}
 _HISTORY_FIELD_KEYS = {field: key for key, field in HISTORY_KEYS.items()}
@@ -150,7 +152,7 @@ def load_yaml_text(
             element="document",
             problem=f"expected a mapping with 'engine' and 'sow' keys, got {_kind(document)}",
         )
-    _check_keys(document, ("engine", "sow", "entitlements"), "", source)
+    _check_keys(document, ("engine", "sow", "topics", "entitlements"), "", source)
     engine = _engine(document.get("engine"), source)
 
     sow = document.get("sow")
@@ -177,6 +179,34 @@ def load_yaml_text(
             )
         defined_at[topic.name] = element
         topics.append(topic)
+    plain = document.get("topics") or []
+    if not isinstance(plain, list):
+        raise ConfigError(
+            source=source,
+            element="topics",
+            problem=f"must be a list of topics ('- Name: trades' items), got {_kind(plain)}",
+        )
+    for number, item in enumerate(plain):
+        element = f"topics[{number}]"
+        if isinstance(item, dict):
+            for key in item:
+                if key in TOPIC_KEYS and key not in PLAIN_TOPIC_KEYS:
+                    raise ConfigError(
+                        source=source,
+                        element=f"{element}.{key}",
+                        problem=f"{key} only applies to SOW topics: define the topic under 'sow:'",
+                    )
+        topic = _topic(item, element, source, skip_unsupported)
+        if topic is None:
+            continue
+        if topic.name in defined_at:
+            raise ConfigError(
+                source=source,
+                element=f"{element}.Name",
+                problem=f"topic {topic.name!r} is already defined by {defined_at[topic.name]}",
+            )
+        defined_at[topic.name] = element
+        topics.append(topic.model_copy(update={"sow": False}))
     try:
         config = SowstreamConfig(engine=engine, topics=tuple(topics), source=source)
     except ValidationError as exc:

@@ -196,7 +196,11 @@ class HistoryConfig(_Frozen):
 
 
 class TopicConfig(_Frozen):
-    """One SOW topic: how records are identified, indexed, stored, expired and partitioned."""
+    """One topic: how records are identified, indexed, stored, expired and partitioned.
+
+    Most topics keep a SOW; ``sow=False`` marks a plain topic that only carries messages to
+    subscribers (it has a log and can be subscribed to, but nothing is stored or queried).
+    """
 
     name: str
     message_type: MessageType = "json"
@@ -209,6 +213,7 @@ class TopicConfig(_Frozen):
     indexes: tuple[str, ...] = ()
     partitions: int = 4
     history: HistoryConfig | None = None
+    sow: bool = True  # False: a plain topic (subscriptions only, nothing is stored)
 
     @field_validator("name", mode="before")
     @classmethod

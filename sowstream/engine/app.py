@@ -336,7 +336,7 @@ class Engine:
             value_serializer="raw",
         )
         table = None
-        if topic.durability == "persistent":
+        if topic.sow and topic.durability == "persistent":
             rocks = self.config.engine.rocksdb
             table = app.Table(
                 f"sow-{topic.name}",
@@ -533,4 +533,5 @@ def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:
         "hash_indexes": [list(i) for i in topic.hash_indexes],
         "expiration": expiration,
         "durability": topic.durability,
+        "sow": topic.sow,
     }

@@ -34,7 +34,8 @@ from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.keys import field_values
-from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_filter
+from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_filter, parse_body
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query
 from sowstream.sow.record import SowRecord
@@ -180,6 +181,11 @@ class TopicProcessor:
         return ps
 
     async def _load(self, partition: int, ps: PartitionState) -> None:
+        if not self.topic.sow:
+            # Nothing is stored, so nothing to rebuild: serve what is published from now on.
+            if self._log_reader is not None:
+                ps.watermark = await self._log_reader.end_offset(partition)
+            return
         raw = ps.store.get(WATERMARK_KEY)
         transient = self.topic.durability == "transient"
         if raw is not None and not transient:
@@ -273,6 +279,9 @@ class TopicProcessor:
         return outcome
 
     def _commit(self, ps: PartitionState, outcome: _Outcome) -> None:
+        if not self.topic.sow:
+            ps.watermark = max(ps.watermark, outcome.last)
+            return
         if outcome.last > ps.watermark:
             outcome.changes = self._write(ps, outcome.overlay, outcome.before, outcome.last)
 
@@ -283,6 +292,8 @@ class TopicProcessor:
         ops re-send their records, so a changelog that missed the last batch catches up. With
         subscriptions present, each op's effect on its record is kept as a :class:`Change`.
         """
+        if not self.topic.sow:
+            return self._fold_plain(ps, recs, replay=replay)
         outcome = _Outcome()
         overlay = outcome.overlay
         before = outcome.before
@@ -326,6 +337,57 @@ class TopicProcessor:
         if outcome.dead:
             metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
         return outcome
+
+    def _fold_plain(
+        self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool
+    ) -> _Outcome:
+        """A topic without a SOW: every publish goes to subscribers whole, nothing is stored.
+
+        With no stored state a delta_publish cannot be merged, so it is passed on as published
+        (as AMPS does); a sow_delete has nothing to delete.
+        """
+        outcome = _Outcome()
+        events = outcome.events if (self.subs and not replay) else None
+        last = ps.watermark
+        for rec in recs:
+            if rec.offset <= ps.watermark:
+                continue
+            last = max(last, rec.offset)
+            command = rec.headers.get(h.COMMAND) or h.PUBLISH
+            try:
+                sow_key = self._plain_key(rec, command)
+            except InvalidMessageError as exc:
+                if not replay:
+                    outcome.dead.append((rec, exc))
+                    outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                continue
+            if sow_key is not None and events is not None:
+                assert rec.value is not None
+                after = SowRecord(sow_key, rec.value, rec.offset, rec.timestamp)
+                events.append(
+                    Change(sow_key, None, after, rec.partition, rec.offset, rec.timestamp)
+                )
+            if not replay and rec.headers.get(h.REPLY_TO):
+                outcome.acks.append((rec, int(sow_key is not None), "success", "", ""))
+        outcome.last = last
+        return outcome
+
+    def _plain_key(self, rec: RawRecord, command: str) -> str | None:
+        """The message's key on a plain topic (None for a delete, which does nothing here)."""
+        if command not in h.LOG_COMMANDS:
+            raise InvalidMessageError(
+                f"topic {self.topic.name!r}: unknown command {command!r} in header {h.COMMAND}",
+                topic=self.topic.name,
+                reason="unknown_command",
+            )
+        if command == h.SOW_DELETE:
+            return None
+        body = parse_body(self.topic.name, rec.value)
+        if self.topic.keys:
+            return generated_sow_key(
+                self.topic.name, self.topic.effective_key_domain, self.topic.keys, body
+            )
+        return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"
 
     @staticmethod
     def _note(
@@ -611,6 +673,10 @@ class TopicProcessor:
             "partition": partition,
         }
         try:
+            if not self.topic.sow:
+                raise InvalidCommandError(
+                    f"topic {self.topic.name!r} has no SOW: it can be subscribed to, not queried"
+                )
             opts = validate_query(
                 filter=cmd.get("filter"),
                 order_by=cmd.get("order_by"),

@@ -383,4 +383,8 @@ class TopicSubscriptions:
             return self._delivery(spec, OOF, item.base, item, reason=item.reason)
         if item.base is None or item.went_out or not spec.delta:
             return self._delivery(spec, PUBLISH, item.latest, item)
-        return self._publish(spec, item, item.base.parsed(), item.latest, delta=item.delta)
+        base, latest = item.base.parsed(), item.latest.parsed()
+        # The interval's deltas merged; plus the net change, which also catches fields that an
+        # intermediate whole-value replacement dropped from a nested object.
+        delta = merge_deltas(item.delta, changed_fields(base, latest))
+        return self._publish(spec, item, base, item.latest, delta=delta)

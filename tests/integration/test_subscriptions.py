@@ -40,6 +40,7 @@ TOPICS: list[dict[str, Any]] = [
     {"Name": "load", "Key": ["/id"], "Partitions": 4},
     {"Name": "flood", "Key": ["/id"], "Partitions": 4},
 ]
+PLAIN = [{"Name": "ticks", "Partitions": 4}]
 NAMES = [t["Name"] for t in TOPICS]
 ENTITLEMENTS = {"alice": {"secure": "/owner = 'alice'"}, "*": {"secure": "/public = true"}}
 SLOW = {"conflate_after": 3000, "drop_after": 20000, "check_interval": "500ms"}
@@ -55,6 +56,7 @@ def engine(
         TOPICS,
         engine_extra={"slow_consumer": SLOW},
         entitlements=ENTITLEMENTS,
+        plain_topics=PLAIN,
     )
     procs.start("w1")
     procs.start("w2")
@@ -139,7 +141,7 @@ def test_sow_and_subscribe_snapshot_then_live(client: Client, publisher: Client)
 def test_subscribe_gets_only_what_is_published_after_it(client: Client, publisher: Client) -> None:
     reset(publisher, "records")
     publisher.publish("records", {"id": 1, "v": 1})
-    publisher.flush()
+    settle(publisher, "records")
     sub = client.subscribe("records")
     publisher.publish("records", {"id": 1, "v": 2})
     publisher.publish("records", {"id": 2, "v": 1})
@@ -248,6 +250,22 @@ def test_sow_and_subscribe_under_load_misses_nothing_and_repeats_nothing(
         # contiguous from the snapshot's version to the last one published: nothing missed,
         # nothing twice, in order
         assert versions == list(range(start, rounds + 1)), (k, versions)
+
+
+def test_topic_without_sow_empty_group_then_live_full_messages(
+    client: Client, publisher: Client
+) -> None:
+    sub = client.sow_and_delta_subscribe("ticks", "/px > 1")
+    assert [m.command for m in take(sub, 2)] == ["group_begin", "group_end"]
+    publisher.publish("ticks", {"sym": "A", "px": 2})
+    publisher.delta_publish("ticks", {"sym": "A", "qty": 5, "px": 3})  # nothing to merge into
+    publisher.publish("ticks", {"sym": "A", "px": 1})  # filtered out
+    got = take(sub, 2)
+    assert [m.json() for m in got] == [{"sym": "A", "px": 2}, {"sym": "A", "qty": 5, "px": 3}]
+    assert not any(m.delta for m in got)
+    with pytest.raises(InvalidCommandError, match="no SOW"):
+        client.sow("ticks")
+    sub.close()
 
 
 def test_sow_and_subscribe_on_an_unknown_topic_is_an_error(client: Client) -> None:

@@ -29,6 +29,7 @@ def write_config(
     kafka: dict[str, str] | None = None,
     engine_extra: dict[str, Any] | None = None,
     entitlements: dict[str, dict[str, str]] | None = None,
+    plain_topics: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write a YAML config with an isolated app id and topic prefix."""
     engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix, **(engine_extra or {})}
@@ -37,6 +38,8 @@ def write_config(
     doc: dict[str, Any] = {"engine": engine, "sow": topics}
     if entitlements:
         doc["entitlements"] = entitlements
+    if plain_topics:
+        doc["topics"] = plain_topics
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -53,6 +56,7 @@ class EngineProcesses:
         kafka: dict[str, str] | None = None,
         engine_extra: dict[str, Any] | None = None,
         entitlements: dict[str, dict[str, str]] | None = None,
+        plain_topics: list[dict[str, Any]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
@@ -65,6 +69,7 @@ class EngineProcesses:
             kafka=self.kafka,
             engine_extra=engine_extra,
             entitlements=entitlements,
+            plain_topics=plain_topics,
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 

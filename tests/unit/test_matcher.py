@@ -192,3 +192,11 @@ def test_select_projects_full_and_delta_messages() -> None:
     assert ts.dispatch([change({"id": 1, "a": 1, "b": 1}, {"id": 1, "a": 1, "b": 2})], 0) == []
     changed = ts.dispatch([change({"id": 1, "a": 1, "b": 2}, {"id": 1, "a": 3, "b": 2})], 0)
     assert bodies(changed) == [("publish", "", {"id": 1, "a": 3})]
+
+
+def test_conflated_delta_removes_nested_fields_a_replacement_dropped() -> None:
+    ts = subs(spec("delta_subscribe", options="conflation=1s"))
+    states = [{"id": 1, "k": {"x": 0, "y": 2}}, {"id": 1, "k": 5}, {"id": 1, "k": {"x": 1}}]
+    for before, after in itertools.pairwise(states):
+        ts.dispatch([change(before, after)], 0)
+    assert bodies(ts.flush(1000)) == [("publish", "", {"id": 1, "k": {"x": 1, "y": None}})]
