@@ -65,30 +65,10 @@ def subscriber_view(sub: Subscription) -> dict[str, Any]:
 FILTERS = [None, "/v > 3", "/g = 1", "/x/v >= 5"]
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    ops,
-    st.lists(st.integers(0, 60), max_size=5),
-    st.none() | st.integers(0, 60),
-    st.sampled_from(FILTERS),
-    st.booleans(),
-)
-def test_subscriber_view_equals_filtered_sow(
-    sequence: list[tuple[str, int, int, int]],
-    cuts: list[int],
-    replay_from: int | None,
-    flt: str | None,
-    delta: bool,
-) -> None:
-    records = to_records(sequence)
-    spec = SubscriptionSpec(
-        sub_id="s",
-        reply_to="r",
-        topic="t",
-        command="delta_subscribe" if delta else "subscribe",
-        filter=flt,
-        options=parse_options("oof"),
-    )
+def app_messages(
+    records: list[Any], cuts: list[int], replay_from: int | None, spec: SubscriptionSpec
+) -> Subscription:
+    """What the application receives: the engine's messages through the client's Subscription."""
     sender = CapturingSender()
 
     async def go() -> None:
@@ -120,6 +100,41 @@ def test_subscriber_view_equals_filtered_sow(
                 int(hdrs.get(h.SEQ, "0")),
             )
         )
+    return sub
+
+
+def drain(sub: Subscription) -> list[tuple[str, str, bytes, bool]]:
+    out = []
+    while (msg := sub.next(timeout=0)) is not None:
+        out.append((msg.command, msg.sow_key, msg.data, msg.delta))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ops,
+    st.lists(st.integers(0, 60), max_size=5),
+    st.none() | st.integers(0, 60),
+    st.sampled_from(FILTERS),
+    st.booleans(),
+)
+def test_subscriber_view_equals_filtered_sow(
+    sequence: list[tuple[str, int, int, int]],
+    cuts: list[int],
+    replay_from: int | None,
+    flt: str | None,
+    delta: bool,
+) -> None:
+    records = to_records(sequence)
+    spec = SubscriptionSpec(
+        sub_id="s",
+        reply_to="r",
+        topic="t",
+        command="delta_subscribe" if delta else "subscribe",
+        filter=flt,
+        options=parse_options("oof"),
+    )
+    sub = app_messages(records, cuts, replay_from, spec)
     compiled = compile_filter(flt) if flt else None
     expected = {
         key.decode(): body
@@ -127,6 +142,30 @@ def test_subscriber_view_equals_filtered_sow(
         if compiled is None or compiled.matches(body)
     }
     assert subscriber_view(sub) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops,
+    st.lists(st.integers(0, 60), max_size=5),
+    st.integers(0, 60),
+    st.sampled_from(FILTERS),
+    st.booleans(),
+)
+def test_a_crash_replay_changes_nothing_the_application_sees(
+    sequence: list[tuple[str, int, int, int]],
+    cuts: list[int],
+    replay_from: int,
+    flt: str | None,
+    delta: bool,
+) -> None:
+    """At-least-once from the engine, exactly once and in order after the client's dedup."""
+    records = to_records(sequence)
+    command = "delta_subscribe" if delta else "subscribe"
+    spec = SubscriptionSpec("s", "r", "t", command, flt, parse_options("oof"))
+    calm = drain(app_messages(records, cuts, None, spec))
+    crashed = drain(app_messages(records, cuts, replay_from, spec))
+    assert crashed == calm
 
 
 def test_messages_for_one_record_follow_log_order() -> None:
