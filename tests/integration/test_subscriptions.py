@@ -7,6 +7,8 @@ pagination example (ids 1, 2, 5, … with top_n 2, skip_n 1, then id 4 arrives).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -658,3 +660,69 @@ def apply_view(msgs: list[Message]) -> dict[str, Any]:
 
 
 Check = Callable[[], bool]
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def _cli(engine: EngineProcesses, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sowstream",
+            *args,
+            "--bootstrap",
+            engine.bootstrap,
+            "--prefix",
+            engine.prefix,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_subscribe_prints_json_lines(engine: EngineProcesses, publisher: Client) -> None:
+    reset(publisher, "orders")
+    publisher.publish("orders", {"order": 1, "status": "new"})
+    settle(publisher, "orders")
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def run() -> None:
+        result["cli"] = _cli(
+            engine,
+            "subscribe",
+            "orders",
+            "--sow",
+            "--delta",
+            "--oof",
+            "--json",
+            "--filter",
+            "/status <> 'gone'",
+            "--count",
+            "3",
+            "--idle",
+            "30",
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(6)  # the CLI connects and places the subscription
+    publisher.publish("orders", {"order": 1, "status": "open"})
+    publisher.publish("orders", {"order": 1, "status": "gone"})
+    thread.join(120)
+    done = result["cli"]
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert [(m["command"], m["data"]) for m in lines] == [
+        ("sow", {"order": 1, "status": "new"}),
+        ("publish", {"order": 1, "status": "open"}),
+        ("oof", {"order": 1, "status": "gone"}),
+    ]
+    assert lines[1]["delta"] and lines[2]["reason"] == "match"
+
+
+def test_cli_subscribe_errors_are_one_line(engine: EngineProcesses) -> None:
+    bad = _cli(engine, "subscribe", "orders", "--options", "conflation=10ms", "--idle", "1")
+    assert bad.returncode == 1 and "100ms" in bad.stderr and "Traceback" not in bad.stderr
