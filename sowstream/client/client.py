@@ -281,9 +281,7 @@ class Client:
         raw = data.encode() if isinstance(data, str) else bytes(data)
         return raw, parse_body(topic, raw)
 
-    def _sow_key(
-        self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None
-    ) -> str | None:
+    def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str | None:
         if not info.keys:
             if not info.sow and sow_key is None:
                 return None  # a plain topic needs no key: Kafka spreads the messages
@@ -891,6 +889,7 @@ class Client:
         batch_size: int,
         query_id: str | None,
         previous_filter: str | None,
+        on_part_end: Callable[[str, int, int], None] | None = None,
     ) -> Iterator[Message]:
         """Send the subscription to every partition and read the answers (as a SOW group)."""
         query_id = query_id or uuid.uuid4().hex[:16]
@@ -924,7 +923,8 @@ class Client:
         producer.flush(self.timeout)
         expected = sum(info.partitions for info in infos)
         opts = validate_query(batch_size=batch_size)
-        on_part_end = sub.set_cut if previous_filter is None and not options.replace else None
+        if on_part_end is None and previous_filter is None:
+            on_part_end = sub.set_cut
         # Read the whole answer now: the subscription must be in place when this returns.
         return iter(list(self._collect(command_id, query_id, expected, opts, on_part_end)))
 
@@ -951,14 +951,12 @@ class Client:
                     raise InvalidCommandError(
                         f"replace must give {name} again: the subscription was placed with it"
                     )
-            if user.top_n is not None:
-                raise InvalidCommandError(
-                    "replace of a paginated subscription is not supported yet: unsubscribe and "
-                    "subscribe again"
-                )
         infos = [self.topic_info(spec.topic) for spec in sub.specs]
         wire = replace(user, replace=False)
+        if old.paginated:
+            wire = replace(wire, oof=True, select=None, no_empties=False)
         specs = [replace(spec, filter=filter, options=wire) for spec in sub.specs]
+        cuts: dict[tuple[str, int], int] = {}
         sub.hold()
         try:
             self._register(specs)
@@ -972,10 +970,23 @@ class Client:
                 batch_size,
                 None,
                 old.filter or "",
+                on_part_end=lambda topic, partition, mark: cuts.__setitem__(
+                    (topic, partition), mark
+                ),
             )
+            sub.release_through(cuts)  # what the old filter sent before each partition switched
             sub.specs = specs
-            sub.options = wire
-            sub.deliver_group(group)
+            sub.options = replace(user, replace=False)
+            window = sub.window
+            if window is None:
+                sub.deliver_group(group)
+            else:
+                share = share_key(infos[0].name, filter, order_by, self.identity)
+                results = self._result_sets.get(share)
+                fill = results is None
+                if results is None:
+                    results = self._result_sets[share] = window.results.copy()
+                sub.replace_window(results, group, fill)
         finally:
             sub.release()
         return sub

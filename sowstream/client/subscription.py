@@ -121,6 +121,54 @@ class Subscription:
             where = (topic, partition)
             self._last[where] = max(self._last.get(where, (-1, 0)), (watermark, CUT_SEQ))
 
+    def release_through(self, cuts: dict[tuple[str, int], int]) -> None:
+        """Deliver the held messages a replace's answer does not cover yet: those at or before
+        each partition's replace point were sent under the old filter and go first."""
+        with self._lock:
+            keep: list[_Live] = []
+            for live in self._held:
+                if live.offset <= cuts.get((live.topic, live.partition), -1):
+                    self._accept(live)
+                else:
+                    keep.append(live)
+            self._held = keep
+
+    def replace_window(self, results: ResultSet, group: Iterator[Message], fill: bool) -> None:
+        """A paginated subscription's replace: move the window to the new filter's result set
+        (filled from the replace's answer when ``fill``) and show what changed on the page."""
+        assert self._window is not None
+        begin = end = None
+        for msg in group:
+            if msg.command == "group_begin":
+                begin = msg
+            elif msg.command == "group_end":
+                end = msg
+            elif fill and msg.command == "sow":
+                results.apply(msg.sow_key, orjson.loads(msg.data))
+            elif fill and msg.command == "oof":
+                results.apply(msg.sow_key, None)
+        entered: list[Message] = []
+        left: list[Message] = []
+        topic = self.specs[0].topic
+        for event in self._window.move_to(results):
+            data = self._shape(event.record)
+            if event.kind == "leave":
+                if self.options.oof:
+                    left.append(Message("oof", topic, event.sow_key, data=data, reason=OOF_MATCH))
+            elif event.kind == "enter":
+                entered.append(Message("sow", topic, event.sow_key, data=data, sub_id=self.sub_id))
+        query_id = begin.query_id if begin is not None else ""
+        for msg in [Message("group_begin", query_id=query_id), *entered]:
+            self._emit(msg)
+        self._emit(Message("group_end", query_id=end.query_id if end else "", count=len(entered)))
+        for msg in left:
+            self._emit(msg)
+
+    @property
+    def window(self) -> PageWindow | None:
+        """The page window of a paginated subscription."""
+        return self._window
+
     def release(self) -> None:
         """The SOW part is complete: let the held live messages through, in arrival order."""
         with self._lock:

@@ -33,8 +33,7 @@ from sowstream.errors import InvalidCommandError, InvalidMessageError, Sowstream
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.expiration import processes_expiration
-from sowstream.sow.keys import field_values
-from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.keys import field_values, generated_sow_key
 from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_filter, parse_body
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query

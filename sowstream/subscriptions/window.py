@@ -120,6 +120,15 @@ class ResultSet:
             return []
         return [sow_key for _, sow_key in self._sorted.islice(start, stop)]
 
+    def copy(self) -> ResultSet:
+        """A new result set with the same order and records (the record objects are shared)."""
+        twin = ResultSet(self.order_by)
+        for key in self.keys_between(0, len(self)):
+            record = self.get(key)
+            assert record is not None
+            twin.upsert(key, record)
+        return twin
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -195,6 +204,12 @@ class PageWindow:
             self._version = change.version
             return []
         return self._diff(change)
+
+    def move_to(self, results: ResultSet) -> list[WindowEvent]:
+        """Follow another result set (the subscription's filter was replaced): events for what
+        differs on the page. Records present in both sets should be the same objects."""
+        self.results = results
+        return self._diff(None)
 
     def sync(self) -> list[WindowEvent]:
         """Events that bring the window up to date with the result set, whatever it missed."""

@@ -520,6 +520,36 @@ def test_replace_changes_the_filter_atomically(client: Client, publisher: Client
     sub.close()
 
 
+def test_replace_of_a_paginated_subscription_moves_the_window(
+    client: Client, publisher: Client
+) -> None:
+    reset(publisher, "pages")
+    for i in range(1, 9):
+        publisher.publish("pages", {"id": i, "even": i % 2 == 0})
+    settle(publisher, "pages")
+    sub = client.sow_and_subscribe(
+        "pages", top_n=2, skip_n=1, order_by="/id", options="oof", sub_id="paged"
+    )
+    assert [r["id"] for r in records(take(sub, 4))] == [2, 3]
+    client.sow_and_subscribe(
+        "pages",
+        "/even = true",
+        top_n=2,
+        skip_n=1,
+        order_by="/id",
+        options="oof,replace",
+        sub_id="paged",
+    )
+    msgs = take(sub, 6)  # evens 2,4,6,8 skip 1: 4 and 6 enter, 2 and 3 leave
+    assert [m.command for m in msgs] == ["group_begin", "sow", "sow", "group_end", "oof", "oof"]
+    assert [m.json()["id"] for m in msgs if m.command == "sow"] == [4, 6]
+    assert sorted(m.json()["id"] for m in msgs if m.command == "oof") == [2, 3]
+    publisher.publish("pages", {"id": 5, "even": True})  # now even: enters at rank 2
+    got = take(sub, 2)
+    assert [(m.command, m.json()["id"]) for m in got] == [("publish", 5), ("oof", 6)]
+    sub.close()
+
+
 def test_replace_errors(client: Client, publisher: Client) -> None:
     with pytest.raises(InvalidCommandError, match="existing"):
         client.sow_and_subscribe("records", options="replace", sub_id="missing")
