@@ -373,7 +373,7 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         # The document's shape.
         ("- Name: a\n", "document", "expected a mapping"),
         ("just text\n", "document", "expected a mapping"),
-        ("topics: []\n", "topics", "unknown key; expected one of: engine, sow"),
+        ("toppics: []\n", "toppics", "did you mean 'topics'? expected one of: engine, sow, topics"),
         ("sow: {Name: a}\n", "sow", "must be a list of topics"),
         ("sow:\n  - orders\n", "sow[0]", "each topic must be a mapping"),
         # engine settings.
