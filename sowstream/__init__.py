@@ -1,10 +1,11 @@
 """sowstream: State-of-the-World messaging on Apache Kafka.
 
-The public surface is the :class:`Client`, its :class:`Command` and :class:`Message` types and the
-exception hierarchy rooted at :class:`SowstreamError`.
+The public surface is the :class:`Client`, its :class:`Command`, :class:`Message` and
+:class:`Subscription` types, :class:`SubscriptionOptions` and the exception hierarchy rooted at
+:class:`SowstreamError`.
 """
 
-from sowstream.client import Client, Command, Message
+from sowstream.client import Client, Command, Message, Subscription
 from sowstream.errors import (
     CommandFailedError,
     CommandTimeoutError,
@@ -12,9 +13,11 @@ from sowstream.errors import (
     InvalidMessageError,
     SowstreamError,
     StateStoreError,
+    SubscriptionDroppedError,
     UnknownTopicError,
 )
 from sowstream.filters import FilterError
+from sowstream.subscriptions.options import SubscriptionOptions
 
 __version__ = "0.1.0"
 
@@ -29,5 +32,8 @@ __all__ = [
     "Message",
     "SowstreamError",
     "StateStoreError",
+    "Subscription",
+    "SubscriptionDroppedError",
+    "SubscriptionOptions",
     "UnknownTopicError",
 ]
