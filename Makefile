@@ -5,12 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 
-.PHONY: run test lint typecheck unit integration broker-start broker-stop bench clean
+.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -45,6 +45,9 @@ broker-stop: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.sow_bench
+
+bench-subs: $(STAMP)
+	$(BIN)/python -m bench.subs_bench
 
 clean:
 	rm -rf $(VENV) .sowstream build *.egg-info

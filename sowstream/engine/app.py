@@ -70,6 +70,11 @@ class FaustSender(Sender):
         # the producer wait for the topic's metadata for its whole request timeout (minutes).
         if topic in self._gone:
             return None
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if producer.client.cluster.partitions_for_topic(topic):
+            # Metadata is cached, so the send cannot wait on it: skip the timeout's task (this is
+            # the hot path of subscription fan-out).
+            return await self.send(topic, value, headers=headers)
         try:
             return await asyncio.wait_for(
                 self.send(topic, value, headers=headers), REPLY_METADATA_WAIT

@@ -61,6 +61,7 @@ log = logging.getLogger("sowstream.engine")
 MAX_REPLY_BYTES = 900_000
 SCAN_YIELD_EVERY = 5_000
 APPLIED_WAIT_SECONDS = 30.0
+DELIVERY_WAIT_SECONDS = 10.0
 
 
 @dataclass(slots=True)
@@ -558,7 +559,16 @@ class TopicProcessor:
                 futures.append(fut)
         metrics.DELIVERED.labels(self.topic.name).inc(len(deliveries))
         if wait and futures:
-            await asyncio.gather(*futures, return_exceptions=True)
+            # Bounded: a reply topic deleted under us must not hold the partition for the
+            # producer's whole delivery timeout (its client is gone anyway).
+            _, late = await asyncio.wait(futures, timeout=DELIVERY_WAIT_SECONDS)
+            if late:
+                log.warning(
+                    "topic %s: %d subscription messages not acknowledged by Kafka within %.0fs",
+                    self.topic.name,
+                    len(late),
+                    DELIVERY_WAIT_SECONDS,
+                )
 
     async def flush_conflated(self, now_ms: int | None = None) -> None:
         """Send the messages of conflation intervals that have ended."""

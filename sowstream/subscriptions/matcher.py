@@ -95,6 +95,7 @@ class TopicSubscriptions:
         self._index = FilterIndex()
         self._always: set[str] = set()  # subscriptions with pinned views: not in the index
         self._forced: dict[str, int] = {}  # reply topic -> conflation imposed on a slow client
+        self._waiting: set[str] = set()  # subscriptions with a conflation interval running
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -343,6 +344,7 @@ class TopicSubscriptions:
                 pending.went_out = True
         if active.due_at is None:
             active.due_at = now_ms + interval
+            self._waiting.add(active.view.spec.key)
 
     def force_conflation(self, reply_to: str, interval_ms: int | None) -> None:
         """Conflate every subscription of one client (a slow consumer), or stop doing so."""
@@ -357,15 +359,20 @@ class TopicSubscriptions:
 
     def next_due(self) -> int | None:
         """When the earliest conflation interval ends (ms), or None when nothing waits."""
-        dues = [a.due_at for a in self._subs.values() if a.due_at is not None]
+        dues = [a.due_at for k in self._waiting if (a := self._subs.get(k)) and a.due_at]
         return min(dues) if dues else None
 
     def flush(self, now_ms: int) -> list[Delivery]:
         """Messages of every conflation interval that has ended by ``now_ms``."""
         out: list[Delivery] = []
-        for active in self._subs.values():
+        for key in list(self._waiting):
+            active = self._subs.get(key)
+            if active is None:
+                self._waiting.discard(key)
+                continue
             if active.due_at is None or active.due_at > now_ms:
                 continue
+            self._waiting.discard(key)
             active.due_at = None
             pending, active.pending = active.pending, {}
             spec = active.view.spec
