@@ -34,7 +34,14 @@ from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.keys import field_values, generated_sow_key
-from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record, deleted_by_filter, parse_body
+from sowstream.sow.ops import (
+    LogOp,
+    RawRecord,
+    apply_keyed,
+    decode_log_record,
+    deleted_by_filter,
+    parse_body,
+)
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query
 from sowstream.sow.record import SowRecord
@@ -62,18 +69,6 @@ MAX_REPLY_BYTES = 900_000
 SCAN_YIELD_EVERY = 5_000
 APPLIED_WAIT_SECONDS = 30.0
 DELIVERY_WAIT_SECONDS = 10.0
-
-
-@dataclass(slots=True)
-class RawRecord:
-    """A log record as read from Kafka."""
-
-    partition: int
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: dict[str, str]
 
 
 class LogReader(Protocol):

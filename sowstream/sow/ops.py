@@ -23,6 +23,18 @@ from sowstream.wire import headers as h
 
 
 @dataclass(slots=True)
+class RawRecord:
+    """A transaction-log record as any Kafka reader delivers it (headers decoded to text)."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str]
+
+
+@dataclass(slots=True)
 class LogOp:
     """One decoded log record, ready to apply.
 
