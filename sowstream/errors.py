@@ -55,3 +55,7 @@ class BrokerError(SowstreamError):
 
 class SubscriptionDroppedError(SowstreamError):
     """The engine ended a subscription, e.g. because its client fell too far behind."""
+
+
+class PipelineError(SowstreamError):
+    """A data-pipeline job cannot run: broker unreachable, log missing, records aged out."""

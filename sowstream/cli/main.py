@@ -6,24 +6,22 @@ Every subcommand is a thin layer over the client or the engine; errors become on
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from sowstream.cli.broker import broker_app
+from sowstream.cli.common import Bootstrap, err, friendly_errors, out
+from sowstream.cli.pipeline import pipeline_app
 from sowstream.client import Client, Message
-from sowstream.config import ConfigError, load_config
-from sowstream.errors import SowstreamError
-from sowstream.filters import FilterError
+from sowstream.config import load_config
 from sowstream.sow.merge import merge_delta
 
 app = typer.Typer(
@@ -32,36 +30,9 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(broker_app, name="broker", help="Run the embedded local Kafka broker.")
+app.add_typer(pipeline_app, name="pipeline", help="Spark jobs over the transaction log.")
 
-err = Console(stderr=True)
-out = Console()
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-Bootstrap = Annotated[
-    str | None,
-    typer.Option(
-        "--bootstrap",
-        "-b",
-        envvar="SOWSTREAM_BOOTSTRAP",
-        help="Kafka bootstrap servers (default: the local broker).",
-    ),
-]
 Prefix = Annotated[str, typer.Option(help="Topic prefix of the engine.")]
-
-
-def friendly_errors(fn: F) -> F:
-    """Turn our errors into one red line and exit status 1 instead of a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (SowstreamError, FilterError, ConfigError) as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(1) from exc
-
-    return wrapper  # type: ignore[return-value]
 
 
 @app.command()
