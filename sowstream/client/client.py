@@ -40,6 +40,7 @@ from sowstream.errors import (
     UnknownTopicError,
 )
 from sowstream.filters import compile_filter
+from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, message_bookmark, parse_bookmark
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
 from sowstream.sow.ops import parse_body
 from sowstream.sow.query import (
@@ -135,6 +136,7 @@ class Client:
         self._stop = threading.Event()
         self._subscriptions: dict[str, Subscription] = {}
         self._result_sets: dict[tuple[str, ...], ResultSet] = {}
+        self._bookmarks: dict[str, str] = {}  # sub_id -> last delivered, for MOST_RECENT
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -551,12 +553,14 @@ class Client:
         skip_n: int | None = None,
         batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
         query_id: str | None = None,
+        bookmark: str | None = None,
     ) -> Iterator[Message]:
         """Query the SOW: ``group_begin``, one ``sow`` message per matching record, ``group_end``.
 
         ``topic`` is a SOW topic name or a regular expression over them. Results are complete
         across all partitions; each partition's part is a consistent snapshot that includes this
-        client's own earlier publishes.
+        client's own earlier publishes. With ``bookmark`` (a timestamp such as
+        ``20261123T080000``) the answer is the SOW as it was then (topics with History).
         """
         opts = validate_query(
             filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
@@ -585,7 +589,7 @@ class Client:
                     "skip_n": skip_n,
                     "batch_size": batch_size,
                     "after_offset": self._written.get((info.log_topic, partition), -1),
-                    "options": {},
+                    "options": {"bookmark": bookmark} if bookmark else {},
                     "identity": self.identity,
                 }
                 producer.produce(
@@ -634,6 +638,9 @@ class Client:
                         data=rec["data"],
                         timestamp=rec["timestamp"],
                         reason=reply["reason"],
+                        bookmark=message_bookmark(
+                            rec["timestamp"], reply["partition"], rec["log_offset"]
+                        ),
                     )
                     for rec in reply["records"]
                 )
@@ -648,6 +655,9 @@ class Client:
                         data=rec["data"],
                         timestamp=rec["timestamp"],
                         batch_size=len(reply["records"]),
+                        bookmark=message_bookmark(
+                            rec["timestamp"], reply["partition"], rec["log_offset"]
+                        ),
                     )
                     for rec in reply["records"]
                 )
@@ -688,9 +698,16 @@ class Client:
         options: str | SubscriptionOptions | None = None,
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
     ) -> Subscription:
-        """Live messages for records of ``topic`` that match ``filter``, from now on."""
-        return self._subscribe(SUBSCRIBE, topic, filter, options, sub_id, on_message)
+        """Live messages for records of ``topic`` that match ``filter``, from now on.
+
+        With ``bookmark`` (a timestamp, a message's ``bookmark``, ``EPOCH`` or ``MOST_RECENT``)
+        the log's matching messages since then are replayed first, then live ones follow.
+        """
+        return self._subscribe(
+            SUBSCRIBE, topic, filter, options, sub_id, on_message, bookmark=bookmark
+        )
 
     def delta_subscribe(
         self,
@@ -700,9 +717,12 @@ class Client:
         options: str | SubscriptionOptions | None = None,
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
     ) -> Subscription:
         """Like :meth:`subscribe`, but updates to known records carry only what changed."""
-        return self._subscribe(DELTA_SUBSCRIBE, topic, filter, options, sub_id, on_message)
+        return self._subscribe(
+            DELTA_SUBSCRIBE, topic, filter, options, sub_id, on_message, bookmark=bookmark
+        )
 
     def sow_and_subscribe(
         self,
@@ -717,13 +737,15 @@ class Client:
         sub_id: str | None = None,
         query_id: str | None = None,
         on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
     ) -> Subscription:
         """The matching records now (``group_begin`` … ``group_end``), then live messages.
 
         As if query and subscription were placed at one instant: each record is in the SOW part
         or in a later message, never missing, never twice. With ``top_n`` (and ``skip_n``,
         ``order_by``) the window stays live. With ``options='replace'`` and an existing
-        ``sub_id`` the subscription's filter changes in place.
+        ``sub_id`` the subscription's filter changes in place. With ``bookmark`` on a topic with
+        History: the SOW as it was then, the log replayed from there, then live messages.
         """
         return self._subscribe(
             SOW_AND_SUBSCRIBE,
@@ -737,6 +759,7 @@ class Client:
             skip_n=skip_n,
             batch_size=batch_size,
             query_id=query_id,
+            bookmark=bookmark,
         )
 
     def sow_and_delta_subscribe(
@@ -752,6 +775,7 @@ class Client:
         sub_id: str | None = None,
         query_id: str | None = None,
         on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
     ) -> Subscription:
         """:meth:`sow_and_subscribe` whose live updates carry only what changed."""
         return self._subscribe(
@@ -766,6 +790,7 @@ class Client:
             skip_n=skip_n,
             batch_size=batch_size,
             query_id=query_id,
+            bookmark=bookmark,
         )
 
     def unsubscribe(self, subscription: Subscription | str) -> None:
@@ -776,7 +801,19 @@ class Client:
         if sub is not None:
             sub.close()
 
+    def _resolve_bookmark(self, bookmark: str, sub_id: str | None) -> str:
+        """MOST_RECENT: after the last message this client delivered for ``sub_id``, else EPOCH.
+
+        Anything else is checked here so a typo fails before the subscription is registered.
+        """
+        if bookmark.strip().upper() == MOST_RECENT:
+            return self._bookmarks.get(sub_id or "", EPOCH)
+        parse_bookmark(bookmark)
+        return bookmark
+
     def _drop_subscription(self, sub: Subscription) -> None:
+        if sub.last_bookmark:
+            self._bookmarks[sub.sub_id] = sub.last_bookmark
         self._subscriptions.pop(sub.sub_id, None)
         if self._producer is None:
             return
@@ -798,6 +835,7 @@ class Client:
         skip_n: int | None = None,
         batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
         query_id: str | None = None,
+        bookmark: str | None = None,
     ) -> Subscription:
         user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
         top_n = top_n if top_n is not None else user.top_n
@@ -815,6 +853,8 @@ class Client:
             raise InvalidCommandError(
                 f"subscription id {sub_id!r} is in use: pass options='replace' to change it"
             )
+        if bookmark is not None:
+            bookmark = self._resolve_bookmark(bookmark, sub_id)
         sub_id = sub_id or uuid.uuid4().hex[:16]
         infos = self._resolve_topics(topic)
         # A window needs every change of the filtered set, whole, with the reason a record left.
@@ -853,7 +893,16 @@ class Client:
         try:
             self._register(specs)
             group = self._place(
-                sub, infos, command, filter, wire, order_by, batch_size, query_id, None
+                sub,
+                infos,
+                command,
+                filter,
+                wire,
+                order_by,
+                batch_size,
+                query_id,
+                None,
+                bookmark=bookmark,
             )
         except BaseException:
             self._drop_subscription(sub)
@@ -890,6 +939,7 @@ class Client:
         query_id: str | None,
         previous_filter: str | None,
         on_part_end: Callable[[str, int, int], None] | None = None,
+        bookmark: str | None = None,
     ) -> Iterator[Message]:
         """Send the subscription to every partition and read the answers (as a SOW group)."""
         query_id = query_id or uuid.uuid4().hex[:16]
@@ -911,7 +961,7 @@ class Client:
                     "skip_n": None,
                     "batch_size": batch_size,
                     "after_offset": self._written.get((info.log_topic, partition), -1),
-                    "options": {},
+                    "options": {"bookmark": bookmark} if bookmark else {},
                     "sub_id": sub.sub_id,
                     "identity": self.identity,
                     "sub_options": options.to_text(),
@@ -1006,6 +1056,7 @@ class Client:
                 skip_n=command.skip_n,
                 batch_size=command.batch_size or CLIENT_DEFAULT_BATCH_SIZE,
                 query_id=command.query_id,
+                bookmark=command.options.get("bookmark"),
             )
         if name in (h.PUBLISH, h.DELTA_PUBLISH):
             key = self._publish(

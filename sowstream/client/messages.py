@@ -15,6 +15,8 @@ class Message:
     ``command`` is ``group_begin``, ``sow``, ``group_end``, ``ack``, ``publish`` or ``oof``.
     ``data`` is the raw body; :meth:`json` parses it. On a delta subscription ``delta`` marks a
     body holding only the key and the changed fields; ``reason`` says why an ``oof`` was sent.
+    ``bookmark`` marks the message's place in the transaction log: subscribing with it resumes
+    right after this message.
     """
 
     command: str
@@ -29,6 +31,7 @@ class Message:
     reason: str = ""
     sub_id: str = ""
     delta: bool = False
+    bookmark: str = ""
 
     def json(self) -> Any:
         """The body parsed as JSON (None for an empty body)."""

@@ -21,6 +21,7 @@ import orjson
 
 from sowstream.client.messages import Message
 from sowstream.errors import SubscriptionDroppedError
+from sowstream.sow.bookmarks import message_bookmark
 from sowstream.subscriptions.delta import changed_fields, has_changes, project, with_fields
 from sowstream.subscriptions.model import OOF, OOF_MATCH, PUBLISH, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
@@ -85,6 +86,7 @@ class Subscription:
         self._held: list[_Live] = []
         self._last: dict[tuple[str, int], tuple[int, int]] = {}
         self._closed = False
+        self.last_bookmark = ""  # of the last live message delivered (for MOST_RECENT)
 
     # -- reader-thread side ------------------------------------------------------------------------
 
@@ -192,6 +194,7 @@ class Subscription:
         if seq <= self._last.get(where, (-1, 0)):
             return  # already covered by the snapshot, or a replay after a failover
         self._last[where] = seq
+        self.last_bookmark = message_bookmark(live.timestamp, live.partition, live.offset)
         if self._window is not None:
             for msg in self._windowed(live):
                 self._emit(msg)
@@ -208,6 +211,7 @@ class Subscription:
             "reason": live.reason,
             "sub_id": self.sub_id,
             "delta": live.delta,
+            "bookmark": message_bookmark(live.timestamp, live.partition, live.offset),
         }
         fields.update(changes)
         return Message(**fields)

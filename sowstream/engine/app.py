@@ -155,12 +155,30 @@ class KafkaLogReader:
 
         return await asyncio.get_running_loop().run_in_executor(None, read)
 
-    async def batches(self, partition: int, until: int) -> AsyncIterator[list[RawRecord]]:
-        if until < 0:
+    async def offset_for_time(self, partition: int, at_ms: int) -> int:
+        def read() -> int:
+            consumer = self._consumer()
+            try:
+                tp = TopicPartition(self._topic, partition, at_ms)
+                found = consumer.offsets_for_times([tp], timeout=30)[0].offset
+                if found >= 0:
+                    return int(found)
+                _, high = consumer.get_watermark_offsets(tp, timeout=30)
+                return int(high)
+            finally:
+                consumer.close()
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
+
+    async def batches(
+        self, partition: int, until: int, start: int = 0
+    ) -> AsyncIterator[list[RawRecord]]:
+        if until < 0 or start > until:
             return
         loop = asyncio.get_running_loop()
         consumer = self._consumer()
-        consumer.assign([TopicPartition(self._topic, partition, OFFSET_BEGINNING)])
+        first = start if start > 0 else OFFSET_BEGINNING
+        consumer.assign([TopicPartition(self._topic, partition, first)])
         try:
             while True:
                 msgs = await loop.run_in_executor(None, consumer.consume, 5_000, 1.0)
@@ -440,6 +458,7 @@ class Engine:
                 for partition in pump.owned():
                     await pump.proc.ready(partition)
                 await pump.proc.expire_due()
+                await pump.proc.prune_history()
 
         @app.task
         async def pump_logs() -> None:

@@ -32,7 +32,17 @@ from sowstream.engine.store import (
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.filters.values import canonical_text, is_null
+from sowstream.sow.bookmarks import Bookmark, parse_bookmark
 from sowstream.sow.expiration import processes_expiration
+from sowstream.sow.history import (
+    HISTORY_PREFIX,
+    Version,
+    as_of_bound,
+    check_window,
+    expired_versions,
+    states_as_of,
+    version_changes,
+)
 from sowstream.sow.keys import field_values, generated_sow_key
 from sowstream.sow.ops import (
     LogOp,
@@ -69,6 +79,7 @@ MAX_REPLY_BYTES = 900_000
 SCAN_YIELD_EVERY = 5_000
 APPLIED_WAIT_SECONDS = 30.0
 DELIVERY_WAIT_SECONDS = 10.0
+HISTORY_PRUNE_SECONDS = 60.0
 
 
 class LogReader(Protocol):
@@ -77,8 +88,11 @@ class LogReader(Protocol):
     async def end_offset(self, partition: int) -> int:
         """Offset of the last record in the partition (-1 when empty)."""
 
-    def batches(self, partition: int, until: int) -> AsyncIterator[list[RawRecord]]:
-        """The partition's records from the beginning up to ``until``, in batches."""
+    def batches(self, partition: int, until: int, start: int = 0) -> AsyncIterator[list[RawRecord]]:
+        """The partition's records from ``start`` (default: the beginning) up to ``until``."""
+
+    async def offset_for_time(self, partition: int, at_ms: int) -> int:
+        """The first offset whose log time is at or after ``at_ms`` (the end if none is)."""
 
 
 class Sender:
@@ -118,6 +132,7 @@ class _Outcome:
     rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
     dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
     acks: list[tuple[RawRecord, int, str, str, str]] = field(default_factory=list)
+    versions: list[Version] = field(default_factory=list)
 
 
 @dataclass
@@ -155,6 +170,8 @@ class TopicProcessor:
         self._parts: dict[int, PartitionState] = {}
         self._expires = processes_expiration(topic.expiration)
         self._index_fields = [tuple(f) for f in topic.hash_indexes]
+        self._history = topic.history if topic.sow else None
+        self._pruned_at = 0.0
 
     # -- partition lifecycle -------------------------------------------------------------------
 
@@ -278,7 +295,9 @@ class TopicProcessor:
             ps.watermark = max(ps.watermark, outcome.last)
             return
         if outcome.last > ps.watermark:
-            outcome.changes = self._write(ps, outcome.overlay, outcome.before, outcome.last)
+            outcome.changes = self._write(
+                ps, outcome.overlay, outcome.before, outcome.last, outcome.versions
+            )
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> _Outcome:
         """Compute what ``recs`` do to the partition, without writing it yet.
@@ -293,6 +312,7 @@ class TopicProcessor:
         overlay = outcome.overlay
         before = outcome.before
         events = outcome.events if (self.subs and not replay) else None
+        versions = outcome.versions if self._history is not None else None
         last = ps.watermark
         applied = 0
         for rec in recs:
@@ -313,7 +333,7 @@ class TopicProcessor:
                     outcome.rekeys.append((op.sow_key, rec))
                 continue
             if op.sow_key is None:
-                count = self._delete_by_filter(ps, overlay, before, op, events, rec)
+                count = self._delete_by_filter(ps, overlay, before, op, events, rec, versions)
             else:
                 key = op.sow_key.encode()
                 stored = self._load_record(ps, overlay, key)
@@ -321,6 +341,8 @@ class TopicProcessor:
                     before[key] = stored
                 new = apply_keyed(self.topic, stored, op)
                 overlay[key] = new
+                if versions is not None and new is not stored:
+                    versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
                 if events is not None:
                     self._note(events, op.sow_key, stored, new, rec)
@@ -418,6 +440,7 @@ class TopicProcessor:
         op: LogOp,
         events: list[Change] | None = None,
         rec: RawRecord | None = None,
+        versions: list[Version] | None = None,
     ) -> int:
         count = 0
         candidates = dict.fromkeys(self._candidate_keys(ps, plan(self.topic, op.filter)))
@@ -431,6 +454,8 @@ class TopicProcessor:
                 before[key] = stored
             overlay[key] = None
             count += 1
+            if versions is not None:
+                versions.append(Version(stored.sow_key, stored, None, op.offset, op.timestamp))
             if events is not None and rec is not None:
                 self._note(events, stored.sow_key, stored, None, rec, seq=count)
         return count
@@ -441,6 +466,7 @@ class TopicProcessor:
         overlay: dict[bytes, SowRecord | None],
         before: dict[bytes, SowRecord | None],
         watermark: int | None = None,
+        versions: Sequence[Version] = (),
     ) -> dict[bytes, bytes | None]:
         """Write the batch's final records (and index entries) as one store batch.
 
@@ -454,6 +480,15 @@ class TopicProcessor:
             changes[key] = new.to_bytes() if new is not None else None
             if new is not None and new.expiration is not None and self._expires:
                 heapq.heappush(ps.expiry, (new.expiration, key))
+        if versions and self._history is not None:
+            for key, value in version_changes(self._history, versions).items():
+                # A version is only ever written by its own log operation, so one that exists
+                # came from the first application; an operation replayed after a crash may see
+                # a different state before it (its record was deleted since) and must not
+                # rewrite history.
+                if value is not None and ps.store.get(key) is not None:
+                    continue
+                changes[key] = value
         if watermark is not None:
             changes[WATERMARK_KEY] = str(watermark).encode()
         ps.store.write(changes)
@@ -619,6 +654,145 @@ class TopicProcessor:
             metrics.EXPIRED.labels(self.topic.name).inc(total)
         return total
 
+    # -- history -------------------------------------------------------------------------------
+
+    async def prune_history(self, now_ms: int | None = None, *, force: bool = False) -> int:
+        """Drop versions that left the History Window (at most once a minute unless forced)."""
+        if self._history is None or self._history.window_ms is None:
+            return 0
+        if not force and time.monotonic() - self._pruned_at < HISTORY_PRUNE_SECONDS:
+            return 0
+        self._pruned_at = time.monotonic()
+        cutoff = (now_ms if now_ms is not None else _now_ms()) - self._history.window_ms
+        total = 0
+        for ps in list(self._parts.values()):
+            if not ps.ready:
+                continue
+            async with ps.lock:
+                drop = expired_versions(ps.store.scan(prefix=HISTORY_PREFIX), cutoff)
+                if drop:
+                    changes: dict[bytes, bytes | None] = dict.fromkeys(drop)
+                    ps.store.write(changes)
+                    await ps.store.replicate(changes, self._sender.send)
+                    total += len(drop)
+        return total
+
+    def _as_of(self, ps: PartitionState, bookmark: Bookmark) -> dict[str, SowRecord]:
+        """Every record of the partition as it was at the bookmark (History required)."""
+        assert self._history is not None and bookmark.at_ms is not None
+        if bookmark.at_ms < 0:
+            return {}
+        bound = as_of_bound(self._history, bookmark.at_ms)
+        return {r.sow_key: r for r in states_as_of(ps.store.scan(prefix=HISTORY_PREFIX), bound)}
+
+    def _bookmark(self, cmd: dict[str, Any]) -> Bookmark | None:
+        """The command's bookmark option, checked against the topic (InvalidCommandError)."""
+        text = (cmd.get("options") or {}).get("bookmark")
+        if not text:
+            return None
+        bookmark = parse_bookmark(text)
+        if bookmark.at_ms is None:
+            return None  # NOW: nothing to replay
+        if cmd["command"] != "sow" and cmd["command"] not in WITH_SOW:
+            return bookmark  # a replay from the log needs no History
+        if self._history is None and cmd["command"] != "sow":
+            # As AMPS does: without History, sow_and_subscribe answers with the current state
+            # and the subscription starts now.
+            return None
+        if bookmark.at_ms >= 0 or self._history is None:
+            check_window(self.topic.name, self._history, max(bookmark.at_ms, 0), _now_ms())
+        return bookmark
+
+    def _replay_base(self, ps: PartitionState, bookmark: Bookmark) -> dict[str, SowRecord]:
+        """The state a replay starts from: History's when it covers the bookmark, else empty
+        (then the first message of each record comes whole, as published)."""
+        assert bookmark.at_ms is not None
+        if self._history is None or bookmark.at_ms < 0:
+            return {}
+        window = self._history.window_ms
+        if window is not None and bookmark.at_ms < _now_ms() - window:
+            return {}
+        return self._as_of(ps, bookmark)
+
+    async def _replay(
+        self,
+        partition: int,
+        state: dict[str, SowRecord],
+        bookmark: Bookmark,
+        until: int,
+    ) -> tuple[int, list[Change]]:
+        """Fold the log after ``bookmark`` up to ``until`` from ``state``: (first offset, changes).
+
+        The changes are what live traffic had at the time, so the subscription rules turn them
+        into the messages a subscriber placed at the bookmark received (oof included).
+        """
+        assert self._log_reader is not None and bookmark.at_ms is not None
+        by_time = (
+            await self._log_reader.offset_for_time(partition, bookmark.at_ms + 1)
+            if bookmark.at_ms >= 0
+            else 0
+        )
+        start = bookmark.start_offset(partition, by_time)
+        changes: list[Change] = []
+        async for batch in self._log_reader.batches(partition, until, start):
+            for rec in batch:
+                if rec.offset < start:
+                    continue
+                if not self.topic.sow:
+                    key = self._replay_plain_key(rec)
+                    if key is not None and rec.value is not None:
+                        after = SowRecord(key, rec.value, rec.offset, rec.timestamp)
+                        changes.append(
+                            Change(key, None, after, partition, rec.offset, rec.timestamp)
+                        )
+                    continue
+                try:
+                    op = decode_log_record(
+                        self.topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
+                    )
+                except InvalidMessageError:
+                    continue
+                if op.rekey:
+                    continue
+                if op.sow_key is None:
+                    seq = 0
+                    for key in sorted(state):
+                        gone = state[key]
+                        if deleted_by_filter(gone, op):
+                            seq += 1
+                            del state[key]
+                            changes.append(
+                                Change(
+                                    key,
+                                    gone,
+                                    None,
+                                    partition,
+                                    rec.offset,
+                                    rec.timestamp,
+                                    OOF_DELETED,
+                                    seq=seq,
+                                )
+                            )
+                    continue
+                old = state.get(op.sow_key)
+                new = apply_keyed(self.topic, old, op)
+                if new is old:
+                    continue
+                if new is None:
+                    state.pop(op.sow_key, None)
+                else:
+                    state[op.sow_key] = new
+                changes.append(
+                    Change(op.sow_key, old, new, partition, rec.offset, rec.timestamp, OOF_DELETED)
+                )
+        return start, changes
+
+    def _replay_plain_key(self, rec: RawRecord) -> str | None:
+        try:
+            return self._plain_key(rec, rec.headers.get(h.COMMAND) or h.PUBLISH)
+        except InvalidMessageError:
+            return None
+
     # -- queries -------------------------------------------------------------------------------
 
     def _candidate_keys(self, ps: PartitionState, how: Plan) -> Iterator[bytes]:
@@ -634,28 +808,27 @@ class TopicProcessor:
                     yield key
 
     async def _matching(
-        self, ps: PartitionState, how: Plan, opts: QueryOptions, visible: Filter | None = None
+        self,
+        ps: PartitionState,
+        how: Plan,
+        opts: QueryOptions,
+        visible: Filter | None = None,
+        records: Iterable[SowRecord] | None = None,
     ) -> list[tuple[SowRecord, dict[str, Any] | None]]:
-        """Records of the partition that match (and ``visible`` allows), read under its lock."""
+        """Records of the partition that match (and ``visible`` allows), read under its lock.
+
+        ``records`` replaces the stored state (a historical query passes the state as of then).
+        """
         out: list[tuple[SowRecord, dict[str, Any] | None]] = []
         flt = opts.filter
         need_parsed = flt is not None or visible is not None or bool(opts.order_by)
         # An expired record may still wait for the next expiry sweep; never show it.
         now = _now_ms() if self._expires else None
         seen = 0
-        if isinstance(how, FullScan):
-            pairs: Iterator[tuple[bytes, bytes | None]] = (
-                (k, v) for k, v in ps.store.scan() if is_record_key(k)
-            )
-        else:
-            pairs = ((k, ps.store.get(k)) for k in self._candidate_keys(ps, how))
-        for _, raw in pairs:
+        for rec in records if records is not None else self._stored(ps, how):
             seen += 1
             if seen % SCAN_YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            if raw is None:
-                continue
-            rec = SowRecord.from_bytes(raw)
             if now is not None and rec.expiration is not None and rec.expiration <= now:
                 continue
             parsed = orjson.loads(rec.data) if need_parsed else None
@@ -665,6 +838,17 @@ class TopicProcessor:
                 continue
             out.append((rec, parsed))
         return out
+
+    def _stored(self, ps: PartitionState, how: Plan) -> Iterator[SowRecord]:
+        if isinstance(how, FullScan):
+            for key, raw in ps.store.scan():
+                if is_record_key(key):
+                    yield SowRecord.from_bytes(raw)
+            return
+        for key in self._candidate_keys(ps, how):
+            value = ps.store.get(key)
+            if value is not None:
+                yield SowRecord.from_bytes(value)
 
     async def query(self, cmd: dict[str, Any], partition: int) -> None:
         """Answer one partition's share of a ``sow`` command on the client's reply topic."""
@@ -688,6 +872,7 @@ class TopicProcessor:
                 skip_n=cmd.get("skip_n"),
                 batch_size=cmd.get("batch_size") or 1,
             )
+            bookmark = self._bookmark(cmd)
         except (FilterError, InvalidCommandError) as exc:
             reason = "bad_filter" if isinstance(exc, FilterError) else "bad_option"
             await self.reply(
@@ -722,7 +907,11 @@ class TopicProcessor:
         started = time.perf_counter()
         visible = self.subs.visible(cmd.get("identity") or "")
         async with ps.lock:
-            matched = await self._matching(ps, how, opts, visible)
+            past = self._as_of(ps, bookmark) if bookmark is not None else None
+            if past is not None and cmd.get("sow_keys"):
+                past = {k: past[k] for k in cmd["sow_keys"] if k in past}
+            records = past.values() if past is not None else None
+            matched = await self._matching(ps, how, opts, visible, records)
         if self._parts.get(partition) is not ps:
             return  # revoked while reading: the new owner answers
         if opts.ordered:
@@ -772,6 +961,9 @@ class TopicProcessor:
             replace = spec.options.replace
             previous = cmd.get("previous_filter")
             old = compile_filter(previous) if replace and previous and previous.strip() else None
+            bookmark = None if replace else self._bookmark(cmd)
+            if bookmark is not None and self._log_reader is None:
+                raise InvalidCommandError("a bookmark replay needs the transaction log")
         except (FilterError, InvalidCommandError) as exc:
             await self._fail(reply_to, base, exc)
             return
@@ -791,7 +983,19 @@ class TopicProcessor:
             self.subs.upsert(spec, held=self.partitions)
             self.subs.pin(spec, partition)
             watermark = ps.watermark
-            if replace or spec.command in WITH_SOW:
+            if bookmark is not None:
+                # History: the SOW part as it was at the bookmark, then the log from there, so
+                # the subscriber sees what one placed at that moment saw, up to now.
+                base = self._replay_base(ps, bookmark)
+                if spec.command in WITH_SOW:
+                    scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
+                    matched = await self._matching(
+                        ps, FullScan(), scope, view.entitled, list(base.values())
+                    )
+                start, replayed = await self._replay(partition, base, bookmark, watermark)
+                await self.deliver(self.subs.replay(spec.key, replayed), wait=True)
+                watermark = start - 1  # the client keeps messages after this: the replay on
+            elif replace or spec.command in WITH_SOW:
                 scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
                 everything = QueryOptions(None, (), None, 0, opts.batch_size)
                 if not replace:

@@ -7,7 +7,15 @@ backend-neutral AST (``sowstream.filters.ast``) that other backends compile from
 from __future__ import annotations
 
 from . import ast
-from .evaluate import Filter, compile_filter, compile_predicate
+from .evaluate import Filter, compile_filter, compile_predicate, compile_value
 from .parser import FilterError, parse_filter
 
-__all__ = ["Filter", "FilterError", "ast", "compile_filter", "compile_predicate", "parse_filter"]
+__all__ = [
+    "Filter",
+    "FilterError",
+    "ast",
+    "compile_filter",
+    "compile_predicate",
+    "compile_value",
+    "parse_filter",
+]

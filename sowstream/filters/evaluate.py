@@ -20,7 +20,7 @@ from . import ast
 from .parser import parse_filter
 from .values import canonical_text, collect_path, str_to_number
 
-__all__ = ["Filter", "compile_filter", "compile_predicate"]
+__all__ = ["Filter", "compile_filter", "compile_predicate", "compile_value"]
 
 Record = Mapping[str, Any]
 Truth = bool | None
@@ -239,6 +239,15 @@ def _value(node: ast.Expr) -> ValueFn:
         const = fn({})
         return lambda rec: const
     return fn
+
+
+def compile_value(expr: ast.Expr) -> ValueFn:
+    """Compile a value expression (path, literal, arithmetic, function) to ``record -> value``.
+
+    The result is None for NULL and a tuple subclass when a path crossed an array (one item
+    per value), the same values filters compare.
+    """
+    return _value(expr)
 
 
 def _literal_value(node: ast.Expr) -> tuple[bool, ast.Scalar]:

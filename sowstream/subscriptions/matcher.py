@@ -222,12 +222,45 @@ class TopicSubscriptions:
         if interval is not None or active.pending:
             self._offer(active, view, change, was, now, reason, now_ms, interval or 0)
             return
+        self._immediate(view, change, before if was else None, now, reason, out)
+
+    def _immediate(
+        self,
+        view: _View,
+        change: Change,
+        held: dict[str, Any] | None,
+        now: bool,
+        reason: str,
+        out: list[Delivery],
+    ) -> None:
+        """The message for a change to a record the subscriber holds as ``held`` (or not)."""
         if now:
-            delivery = self._publish(view.spec, change, before if was else None, change.after)
+            delivery = self._publish(view.spec, change, held, change.after)
             if delivery is not None:
                 out.append(delivery)
         elif view.spec.options.oof:
             out.append(self._oof(view.spec, change, reason))
+
+    def replay(self, key: str, changes: Sequence[Change]) -> list[Delivery]:
+        """What one subscription receives for past ``changes`` (a bookmark replay).
+
+        The same focus and out-of-focus rules as live traffic, so a replay shows what a
+        subscriber placed at that moment saw; never conflated (it is history, sent at once).
+        """
+        active = self._subs.get(key)
+        if active is None:
+            return []
+        out: list[Delivery] = []
+        for change in changes:
+            view = active.on(change.partition)
+            before = change.before_body()
+            after = change.after_body()
+            was = view.in_focus(before)
+            now = view.in_focus(after)
+            if was or now:
+                reason = self._oof_reason(view, change, after) if was and not now else ""
+                self._immediate(view, change, before if was else None, now, reason, out)
+        return out
 
     def _oof_reason(self, view: _View, change: Change, after: dict[str, Any] | None) -> str:
         if after is None:
