@@ -565,6 +565,8 @@ class Client:
         opts = validate_query(
             filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
         )
+        if bookmark:
+            parse_bookmark(bookmark)  # a typo fails here, naming the bookmark
         infos = [info for info in self._resolve_topics(topic) if info.sow]
         if not infos:
             raise InvalidCommandError(

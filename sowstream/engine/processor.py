@@ -986,13 +986,13 @@ class TopicProcessor:
             if bookmark is not None:
                 # History: the SOW part as it was at the bookmark, then the log from there, so
                 # the subscriber sees what one placed at that moment saw, up to now.
-                base = self._replay_base(ps, bookmark)
+                past = self._replay_base(ps, bookmark)
                 if spec.command in WITH_SOW:
                     scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
                     matched = await self._matching(
-                        ps, FullScan(), scope, view.entitled, list(base.values())
+                        ps, FullScan(), scope, view.entitled, list(past.values())
                     )
-                start, replayed = await self._replay(partition, base, bookmark, watermark)
+                start, replayed = await self._replay(partition, past, bookmark, watermark)
                 await self.deliver(self.subs.replay(spec.key, replayed), wait=True)
                 watermark = start - 1  # the client keeps messages after this: the replay on
             elif replace or spec.command in WITH_SOW:

@@ -1,0 +1,301 @@
+"""History end to end: point-in-time queries, historical and bookmark subscriptions.
+
+Two real workers, four partitions, a real broker. Points in time are taken between publishes
+the engine has applied, on the machine's clock, which is also the broker's (LogAppendTime).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sowstream.client import Client, Message, Subscription
+from sowstream.errors import CommandFailedError, InvalidCommandError
+from sowstream.sow.timestamps import format_timestamp
+from sowstream.subscriptions.options import parse_options
+from tests.support.engine import EngineProcesses
+
+pytestmark = pytest.mark.integration
+
+HISTORY = {"Window": "1d", "Granularity": "0s"}
+TOPICS: list[dict[str, Any]] = [
+    {"Name": "px", "Key": ["/id"], "History": HISTORY, "Partitions": 4},
+    {"Name": "focus", "Key": ["/id"], "History": HISTORY, "Partitions": 4},
+    {"Name": "coarse", "Key": ["/id"], "History": {"Window": "1d", "Granularity": "1s"}},
+    {"Name": "nohist", "Key": ["/id"], "Partitions": 4},
+]
+PLAIN = [{"Name": "feed", "Partitions": 2}]
+NAMES = [t["Name"] for t in TOPICS]
+
+
+@pytest.fixture(scope="module")
+def engine(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcesses]:
+    procs = EngineProcesses(
+        kafka_bootstrap, tmp_path_factory.mktemp("history"), TOPICS, plain_topics=PLAIN
+    )
+    procs.start("w1")
+    procs.start("w2")
+    try:
+        procs.wait_ready(NAMES)
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+@pytest.fixture
+def client(engine: EngineProcesses) -> Iterator[Client]:
+    with engine.client() as c:
+        yield c
+
+
+@pytest.fixture
+def publisher(engine: EngineProcesses) -> Iterator[Client]:
+    with engine.client() as c:
+        yield c
+
+
+def mark(publisher: Client, topic: str) -> str:
+    """A moment after everything published so far was applied, before anything later."""
+    list(publisher.sow(topic, top_n=0))  # read-your-writes: the engine has it all
+    time.sleep(0.05)
+    moment = format_timestamp(int(time.time() * 1000))
+    time.sleep(0.05)
+    return moment
+
+
+def by_id(msgs: Iterator[Message] | list[Message]) -> dict[int, Any]:
+    return {m.json()["id"]: m.json() for m in msgs if m.command == "sow"}
+
+
+def quiet(sub: Subscription, wait: float = 2.0) -> list[Message]:
+    out: list[Message] = []
+    while (msg := sub.next(timeout=wait)) is not None:
+        out.append(msg)
+    return out
+
+
+def test_sow_at_a_point_in_time(client: Client, publisher: Client) -> None:
+    for i in range(1, 7):
+        publisher.publish("px", {"id": i, "g": i % 2, "v": 1})
+    t1 = mark(publisher, "px")
+    publisher.publish("px", {"id": 1, "g": 1, "v": 2})
+    publisher.delta_publish("px", {"id": 3, "v": 3})
+    publisher.sow_delete("px", data={"id": 2})
+    publisher.sow_delete("px", filter="/id = 6")
+    t2 = mark(publisher, "px")
+    publisher.sow_delete("px", filter="1=1")
+    t3 = mark(publisher, "px")
+
+    assert by_id(client.sow("px", bookmark=t1)) == {
+        i: {"id": i, "g": i % 2, "v": 1} for i in range(1, 7)
+    }
+    assert by_id(client.sow("px", bookmark=t2)) == {
+        1: {"id": 1, "g": 1, "v": 2},
+        3: {"id": 3, "g": 1, "v": 3},
+        4: {"id": 4, "g": 0, "v": 1},
+        5: {"id": 5, "g": 1, "v": 1},
+    }
+    # sow_delete leaves history intact, and the present is empty
+    assert by_id(client.sow("px", bookmark=t3)) == {}
+    assert by_id(client.sow("px")) == {}
+    assert by_id(client.sow("px", bookmark="EPOCH")) == {}
+    # filters, OrderBy and top_n apply to the past state
+    page = [m for m in client.sow("px", "/g = 1", bookmark=t1, order_by="/id DESC", top_n=2)]
+    assert [m.json()["id"] for m in page if m.command == "sow"] == [5, 3]
+    assert all(m.bookmark.count("|") == 2 for m in page if m.command == "sow")
+
+
+def test_point_in_time_errors(engine: EngineProcesses, client: Client) -> None:
+    with pytest.raises(CommandFailedError, match="topic 'nohist' keeps no History"):
+        list(client.sow("nohist", bookmark="20260101T000000"))
+    two_days_ago = format_timestamp(int(time.time() * 1000) - 2 * 86_400_000)
+    with pytest.raises(CommandFailedError, match="older than the History Window"):
+        list(client.sow("px", bookmark=two_days_ago))
+    with pytest.raises(InvalidCommandError, match="bookmark 'last tuesday' is not a timestamp"):
+        list(client.sow("px", bookmark="last tuesday"))
+    with pytest.raises(InvalidCommandError, match="bookmark 'soon' is not a timestamp"):
+        client.subscribe("px", bookmark="soon")
+    # a client that skips validation gets the engine's answer; the engine goes on
+    info = client.topic_info("px")
+    sub = Subscription("x", [], parse_options(""), key_fields={})
+    client._subscriptions["x"] = sub
+    with pytest.raises(CommandFailedError, match="bookmark 'soon' is not a timestamp"):
+        list(
+            client._place(
+                sub,
+                [info],
+                "subscribe",
+                None,
+                parse_options(""),
+                None,
+                1,
+                None,
+                None,
+                bookmark="soon",
+            )
+        )
+    client._subscriptions.pop("x")
+    assert by_id(client.sow("px", top_n=0)) == {}
+
+
+def _per_key(msgs: list[Message]) -> dict[str, list[tuple[str, Any, str, bool]]]:
+    out: dict[str, list[tuple[str, Any, str, bool]]] = defaultdict(list)
+    for m in msgs:
+        out[m.sow_key].append((m.command, m.json(), m.reason, m.delta))
+    return dict(out)
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_historical_sow_and_subscribe_replays_what_a_live_subscriber_saw(
+    engine: EngineProcesses, publisher: Client, delta: bool
+) -> None:
+    publisher.sow_delete("focus", filter="1=1")
+    for i in range(1, 9):
+        publisher.publish("focus", {"id": i, "state": "open" if i % 2 else "done", "q": 0})
+    list(publisher.sow("focus", top_n=0))
+    subscribe = "sow_and_delta_subscribe" if delta else "sow_and_subscribe"
+    with engine.client() as live_client, engine.client() as late_client:
+        live = getattr(live_client, subscribe)("focus", "/state = 'open'", options="oof")
+        t0 = mark(publisher, "focus")
+        publisher.publish("focus", {"id": 1, "state": "open", "q": 1})  # update in focus
+        publisher.publish("focus", {"id": 2, "state": "open", "q": 1})  # comes into focus
+        publisher.delta_publish("focus", {"id": 3, "state": "done"})  # leaves: oof match
+        publisher.sow_delete("focus", data={"id": 5})  # oof deleted
+        publisher.sow_delete("focus", filter="/id = 7")  # oof deleted, by filter
+        publisher.publish("focus", {"id": 9, "state": "open", "q": 9})  # new
+        publisher.delta_publish("focus", {"id": 9, "q": 10})
+        list(publisher.sow("focus", top_n=0))
+        seen = quiet(live)
+        past = getattr(late_client, subscribe)(
+            "focus", "/state = 'open'", options="oof", bookmark=t0
+        )
+        replayed = quiet(past)
+        sow_live = [m for m in seen if m.command == "sow"]
+        sow_past = [m for m in replayed if m.command == "sow"]
+        assert (
+            by_id(sow_past)
+            == by_id(sow_live)
+            == {
+                1: {"id": 1, "state": "open", "q": 0},
+                3: {"id": 3, "state": "open", "q": 0},
+                5: {"id": 5, "state": "open", "q": 0},
+                7: {"id": 7, "state": "open", "q": 0},
+            }
+        )
+        live_part = [m for m in seen if m.command in ("publish", "oof")]
+        past_part = [m for m in replayed if m.command in ("publish", "oof")]
+        assert len(live_part) == 7
+        assert _per_key(past_part) == _per_key(live_part)
+        assert all(m.bookmark for m in past_part)
+        # then live, with no gap
+        publisher.publish("focus", {"id": 1, "state": "done", "q": 1})
+        (now_live,) = quiet(past)
+        assert (now_live.command, now_live.reason) == ("oof", "match")
+        live.close()
+        past.close()
+
+
+def test_bookmark_subscriptions_replay_the_log_then_go_live(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    for i in range(3):
+        publisher.publish("nohist", {"id": i, "v": 0})
+    t1 = mark(publisher, "nohist")
+    publisher.publish("nohist", {"id": 0, "v": 1})
+    publisher.publish("nohist", {"id": 1, "v": 1})
+    list(publisher.sow("nohist", top_n=0))
+
+    since = client.subscribe("nohist", bookmark=t1)
+    assert sorted((m.json()["id"], m.json()["v"]) for m in quiet(since)) == [(0, 1), (1, 1)]
+    publisher.publish("nohist", {"id": 2, "v": 2})
+    assert [m.json() for m in quiet(since)] == [{"id": 2, "v": 2}]
+    since.close()
+
+    everything = client.subscribe("nohist", bookmark="EPOCH", sub_id="resume-me")
+    got = quiet(everything)
+    values = defaultdict(list)
+    for m in got:
+        values[m.json()["id"]].append(m.json()["v"])
+    assert values == {0: [0, 1], 1: [0, 1], 2: [0, 2]}  # each record's messages in log order
+    everything.close()
+
+    nothing = client.subscribe("nohist", bookmark="NOW")
+    assert quiet(nothing, 1.0) == []
+    nothing.close()
+
+    # a message's bookmark resumes right after it, on its partition
+    first = got[0]
+    after = client.subscribe("nohist", bookmark=first.bookmark)
+    rest = quiet(after)
+    assert (first.sow_key, first.json()) not in [(m.sow_key, m.json()) for m in rest]
+    assert {m.json()["id"] for m in rest} == {0, 1, 2}
+    after.close()
+
+    # MOST_RECENT: after what this client last delivered for that subscription id
+    publisher.publish("nohist", {"id": 1, "v": 3})
+    list(publisher.sow("nohist", top_n=0))
+    resumed = client.subscribe("nohist", bookmark="MOST_RECENT", sub_id="resume-me")
+    assert [m.json() for m in quiet(resumed)] == [{"id": 1, "v": 3}]
+    resumed.close()
+
+
+def test_bookmark_subscription_on_a_topic_without_sow(client: Client, publisher: Client) -> None:
+    publisher.publish("feed", {"n": 1})
+    publisher.publish("feed", {"n": 2})
+    publisher.flush()
+    time.sleep(1.0)
+    sub = client.subscribe("feed", "/n > 1", bookmark="EPOCH")
+    assert [m.json() for m in quiet(sub)] == [{"n": 2}]
+    publisher.publish("feed", {"n": 3})
+    assert [m.json() for m in quiet(sub)] == [{"n": 3}]
+    sub.close()
+
+
+def test_granularity_answers_as_of_the_interval_boundary(client: Client, publisher: Client) -> None:
+    with client.subscribe("coarse") as times:
+        publisher.publish("coarse", {"id": 1, "v": 1})
+        list(publisher.sow("coarse", top_n=0))
+        time.sleep(1.1)
+        publisher.publish("coarse", {"id": 1, "v": 2})
+        publisher.publish("coarse", {"id": 1, "v": 3})
+        list(publisher.sow("coarse", top_n=0))
+        stamps = [(m.json()["v"], m.timestamp) for m in quiet(times)]
+    assert [v for v, _ in stamps] == [1, 2, 3]
+    kept = {}
+    for v, t in stamps:
+        kept[t // 1000] = (t, v)  # the last version of each one-second interval survives
+
+    def expected(at: int) -> int | None:
+        bound = (at // 1000) * 1000 - 1
+        older = [v for t, v in sorted(kept.values()) if t <= bound]
+        return older[-1] if older else None
+
+    for _, t in stamps:
+        for at in (t, t + 1000):
+            got = [
+                m.json()["v"]
+                for m in client.sow("coarse", bookmark=format_timestamp(at))
+                if m.command == "sow"
+            ]
+            assert got == ([expected(at)] if expected(at) is not None else []), at
+
+
+def test_history_survives_a_restart(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    publisher.publish("px", {"id": 100, "v": "before"})
+    t1 = mark(publisher, "px")
+    publisher.publish("px", {"id": 100, "v": "after"})
+    list(publisher.sow("px", top_n=0))
+    engine.stop_all()
+    engine.start("w1")
+    engine.start("w2")
+    engine.wait_ready(NAMES)
+    assert by_id(client.sow("px", "/id = 100", bookmark=t1)) == {100: {"id": 100, "v": "before"}}
+    assert by_id(client.sow("px", "/id = 100")) == {100: {"id": 100, "v": "after"}}
