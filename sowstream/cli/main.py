@@ -170,10 +170,17 @@ def sow(
     key: Annotated[list[str] | None, typer.Option("--key", help="Only these SowKeys.")] = None,
     batch_size: Annotated[int, typer.Option(help="Records per reply message.")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    bookmark: Annotated[
+        str | None, typer.Option(help="The SOW as of this time (20261123T080000; History).")
+    ] = None,
+    grouping: Annotated[str | None, typer.Option(help="Aggregate: e.g. '\\[/region]'.")] = None,
+    projection: Annotated[
+        str | None, typer.Option(help="Aggregate: e.g. '\\[/region, SUM(/qty) AS /qty]'.")
+    ] = None,
     bootstrap: Bootstrap = None,
     prefix: Prefix = "sowstream",
 ) -> None:
-    """Query the State of the World."""
+    """Query the State of the World (now, as of a bookmark, or aggregated)."""
     with Client(bootstrap, prefix=prefix) as client:
         messages = client.sow(
             topic,
@@ -183,6 +190,9 @@ def sow(
             skip_n=skip_n,
             sow_keys=key,
             batch_size=batch_size,
+            bookmark=bookmark,
+            grouping=grouping,
+            projection=projection,
         )
         records = [m for m in messages if m.command == "sow"]
     if as_json:

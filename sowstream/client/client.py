@@ -40,6 +40,7 @@ from sowstream.errors import (
     UnknownTopicError,
 )
 from sowstream.filters import compile_filter
+from sowstream.sow.aggregate import Aggregation, merge_partials, parse_aggregation
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, message_bookmark, parse_bookmark
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
 from sowstream.sow.ops import parse_body
@@ -554,6 +555,8 @@ class Client:
         batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
         query_id: str | None = None,
         bookmark: str | None = None,
+        grouping: str | None = None,
+        projection: str | None = None,
     ) -> Iterator[Message]:
         """Query the SOW: ``group_begin``, one ``sow`` message per matching record, ``group_end``.
 
@@ -561,12 +564,19 @@ class Client:
         across all partitions; each partition's part is a consistent snapshot that includes this
         client's own earlier publishes. With ``bookmark`` (a timestamp such as
         ``20261123T080000``) the answer is the SOW as it was then (topics with History).
+        With ``grouping='[/f]'`` and ``projection='[/f, COUNT(/id) AS /n, ...]'`` the answer is
+        one record per group, aggregated over every partition (OrderBy and top_n apply to it).
         """
         opts = validate_query(
             filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
         )
         if bookmark:
             parse_bookmark(bookmark)  # a typo fails here, naming the bookmark
+        aggregation = None
+        options: dict[str, str] = {"bookmark": bookmark} if bookmark else {}
+        if grouping is not None or projection is not None:
+            aggregation = parse_aggregation(grouping, projection)
+            options.update(grouping=grouping or "", projection=projection or "")
         infos = [info for info in self._resolve_topics(topic) if info.sow]
         if not infos:
             raise InvalidCommandError(
@@ -591,7 +601,7 @@ class Client:
                     "skip_n": skip_n,
                     "batch_size": batch_size,
                     "after_offset": self._written.get((info.log_topic, partition), -1),
-                    "options": {"bookmark": bookmark} if bookmark else {},
+                    "options": options,
                     "identity": self.identity,
                 }
                 producer.produce(
@@ -599,7 +609,7 @@ class Client:
                 )
         producer.flush(self.timeout)
         expected = sum(info.partitions for info in infos)
-        return self._collect(command_id, query_id, expected, opts)
+        return self._collect(command_id, query_id, expected, opts, aggregation=aggregation)
 
     def _collect(
         self,
@@ -608,6 +618,8 @@ class Client:
         expected: int,
         opts: QueryOptions,
         on_part_end: Callable[[str, int, int], None] | None = None,
+        *,
+        aggregation: Aggregation | None = None,
     ) -> Iterator[Message]:
         deadline = time.monotonic() + self.timeout
         yield Message("group_begin", query_id=query_id)
@@ -617,6 +629,7 @@ class Client:
         partial: dict[tuple[str, int, str], list[Message]] = defaultdict(list)
         complete: set[tuple[str, int]] = set()
         oofs: list[Message] = []
+        partials: list[Any] = []
         sent = 0
         while len(complete) < expected:
             reply = self._next_reply(command_id, deadline)
@@ -647,6 +660,12 @@ class Client:
                     for rec in reply["records"]
                 )
                 continue
+            if reply["command"] == "partial":
+                partial[answer].extend(
+                    Message("partial", topic=reply["topic"], data=rec["data"])
+                    for rec in reply["records"]
+                )
+                continue
             if reply["command"] == "sow":
                 partial[answer].extend(
                     Message(
@@ -671,15 +690,22 @@ class Client:
             for other in [a for a in partial if a[:2] == part]:
                 del partial[other]
             oofs.extend(m for m in records if m.command == "oof")
-            records = [m for m in records if m.command != "oof"]
-            if opts.ordered:
+            partials.extend(orjson.loads(m.data) for m in records if m.command == "partial")
+            records = [m for m in records if m.command not in ("oof", "partial")]
+            if opts.ordered or aggregation is not None:
                 buffered.extend(records)
             else:
                 sent += len(records)
                 yield from records
-        if opts.ordered:
-            key = result_order(opts.order_by)
-            buffered.sort(key=lambda m: key((m.sow_key, m.json() or {})))
+        if aggregation is not None:
+            buffered = [
+                Message("sow", query_id=query_id, data=orjson.dumps(row))
+                for row in aggregation.finish(merge_partials(aggregation, partials))
+            ]
+        if opts.ordered or aggregation is not None:
+            if opts.order_by:
+                key = result_order(opts.order_by)
+                buffered.sort(key=lambda m: key((m.sow_key, m.json() or {})))
             for msg in buffered[opts.skip_n : opts.keep]:
                 sent += 1
                 yield msg
@@ -1059,6 +1085,8 @@ class Client:
                 batch_size=command.batch_size or CLIENT_DEFAULT_BATCH_SIZE,
                 query_id=command.query_id,
                 bookmark=command.options.get("bookmark"),
+                grouping=command.options.get("grouping"),
+                projection=command.options.get("projection"),
             )
         if name in (h.PUBLISH, h.DELTA_PUBLISH):
             key = self._publish(

@@ -32,6 +32,7 @@ from sowstream.engine.store import (
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.filters.values import canonical_text, is_null
+from sowstream.sow.aggregate import Aggregation, parse_aggregation
 from sowstream.sow.bookmarks import Bookmark, parse_bookmark
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.history import (
@@ -873,6 +874,7 @@ class TopicProcessor:
                 batch_size=cmd.get("batch_size") or 1,
             )
             bookmark = self._bookmark(cmd)
+            aggregation = aggregation_of(cmd)
         except (FilterError, InvalidCommandError) as exc:
             reason = "bad_filter" if isinstance(exc, FilterError) else "bad_option"
             await self.reply(
@@ -914,6 +916,15 @@ class TopicProcessor:
             matched = await self._matching(ps, how, opts, visible, records)
         if self._parts.get(partition) is not ps:
             return  # revoked while reading: the new owner answers
+        if aggregation is not None:
+            # The client merges every partition's partial aggregates, then orders and trims.
+            partials = aggregation.partial(
+                body if body is not None else r.parsed() for r, body in matched
+            )
+            await self._send_partials(reply_to, base, partials)
+            await self.reply(reply_to, {**base, "command": "part_end", "count": len(matched)})
+            metrics.QUERY_SECONDS.labels(self.topic.name).observe(time.perf_counter() - started)
+            return
         if opts.ordered:
             order = result_order(opts.order_by)
             matched.sort(key=lambda pair: order((pair[0].sow_key, pair[1] or {})))
@@ -1065,6 +1076,28 @@ class TopicProcessor:
         if batch:
             await self.reply(reply_to, {**base, "command": command, "records": batch})
 
+    async def _send_partials(
+        self, reply_to: str, base: dict[str, Any], partials: dict[str, Any]
+    ) -> None:
+        """Partial aggregates as ``partial`` replies, split by group to stay under Kafka's limit."""
+        chunk: dict[str, Any] = {}
+        size = 0
+        for group, state in partials.items():
+            encoded = len(orjson.dumps(state)) + len(group) + 8
+            if chunk and size + encoded > MAX_REPLY_BYTES:
+                await self._reply_partial(reply_to, base, chunk)
+                chunk, size = {}, 0
+            chunk[group] = state
+            size += encoded
+        if chunk:
+            await self._reply_partial(reply_to, base, chunk)
+
+    async def _reply_partial(
+        self, reply_to: str, base: dict[str, Any], chunk: dict[str, Any]
+    ) -> None:
+        record = {"sow_key": "", "data": orjson.dumps(chunk), "timestamp": 0, "log_offset": -1}
+        await self.reply(reply_to, {**base, "command": "partial", "records": [record]})
+
     async def _wait_applied(self, partition: int, ps: PartitionState, offset: int) -> None:
         if offset < 0 or ps.watermark >= offset:
             return
@@ -1083,6 +1116,15 @@ class TopicProcessor:
                     await asyncio.wait_for(ps.applied.wait(), remaining)
                 except TimeoutError:
                     continue
+
+
+def aggregation_of(cmd: dict[str, Any]) -> Aggregation | None:
+    """The aggregation a ``sow`` command asks for with grouping/projection (or None)."""
+    options = cmd.get("options") or {}
+    grouping, projection = options.get("grouping"), options.get("projection")
+    if grouping is None and projection is None:
+        return None
+    return parse_aggregation(grouping, projection)
 
 
 def spec_from_command(cmd: dict[str, Any]) -> SubscriptionSpec:
