@@ -87,24 +87,40 @@ def rebuild(
 def asof(
     config: ConfigPath,
     topic: TopicName,
-    time: Annotated[str, typer.Option("--time", help="The moment (20261123T080000 or ISO-8601).")],
+    time: Annotated[
+        str | None,
+        typer.Option("--time", help="The moment (20261123T080000 or ISO-8601); default now."),
+    ] = None,
     filter: Annotated[str | None, typer.Option("--filter", "-f", help="Content filter.")] = None,
+    grouping: Annotated[str | None, typer.Option(help="Aggregate: e.g. '\\[/region]'.")] = None,
+    projection: Annotated[
+        str | None, typer.Option(help="Aggregate: e.g. '\\[/region, SUM(/qty) AS /qty]'.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
     bootstrap: Bootstrap = None,
     master: Master = "local[2]",
 ) -> None:
-    """The SOW as it was at a past moment, computed on Spark from the transaction log."""
+    """The SOW as it was at a moment (or aggregated), computed on Spark from the log itself.
+
+    For moments older than a topic's History Window, or topics without History.
+    """
     from sowstream.pipeline.rebuild import rebuild as run_rebuild
     from sowstream.pipeline.session import spark_session
     from sowstream.wire.kafka import resolve_bootstrap
 
     cfg = load_config(config)
     cfg.topic(topic)
-    when = parse_timestamp(time, "--time")
+    when = parse_timestamp(time, "--time") if time else None
+    # bad options fail before Spark starts
+    aggregation = None
+    if grouping is not None or projection is not None:
+        from sowstream.sow.aggregate import parse_aggregation
+
+        aggregation = parse_aggregation(grouping, projection)
     if filter:
         from sowstream.filters import parse_filter
 
-        parse_filter(filter)  # a bad filter fails before Spark starts
+        parse_filter(filter)
     servers = resolve_bootstrap(bootstrap or cfg.engine.bootstrap_servers)
     spark = spark_session(master)
     try:
@@ -113,17 +129,25 @@ def asof(
             from sowstream.pipeline.columns import filter_column
 
             state = state.where(filter_column(filter, "data"))
-        rows = state.orderBy("sow_key").select("sow_key", "data").collect()
+        if aggregation is not None:
+            from sowstream.pipeline.aggregate import aggregate_state
+
+            rows = [("", orjson.dumps(r).decode()) for r in aggregate_state(state, aggregation)]
+        else:
+            rows = [
+                (r.sow_key, r.data)
+                for r in state.orderBy("sow_key").select("sow_key", "data").collect()
+            ]
     finally:
         spark.stop()
     if as_json:
-        for row in rows:
-            line = {"topic": topic, "sow_key": row.sow_key, "data": orjson.loads(row.data)}
+        for sow_key, data in rows:
+            line = {"topic": topic, "sow_key": sow_key, "data": orjson.loads(data)}
             sys.stdout.write(orjson.dumps(line).decode() + "\n")
         return
-    table = Table(title=f"{topic} as of {time}: {len(rows)} record(s)")
+    table = Table(title=f"{topic} as of {time or 'now'}: {len(rows)} record(s)")
     table.add_column("SowKey", style="dim")
     table.add_column("data")
-    for row in rows:
-        table.add_row(row.sow_key, row.data)
+    for sow_key, data in rows:
+        table.add_row(sow_key, data)
     out.print(table)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import itertools
 import logging
 import time
 import uuid
@@ -31,7 +30,6 @@ from sowstream.engine.store import (
 )
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
 from sowstream.filters import Filter, FilterError, compile_filter
-from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.aggregate import Aggregation, parse_aggregation
 from sowstream.sow.bookmarks import Bookmark, parse_bookmark
 from sowstream.sow.expiration import processes_expiration
@@ -44,7 +42,8 @@ from sowstream.sow.history import (
     states_as_of,
     version_changes,
 )
-from sowstream.sow.keys import field_values, generated_sow_key
+from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.layout import index_entries
 from sowstream.sow.ops import (
     LogOp,
     RawRecord,
@@ -53,7 +52,7 @@ from sowstream.sow.ops import (
     deleted_by_filter,
     parse_body,
 )
-from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, index_entry_prefix, plan
+from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
@@ -498,21 +497,7 @@ class TopicProcessor:
         return changes
 
     def _index_entries(self, key: bytes, record: SowRecord | None) -> set[bytes]:
-        if record is None:
-            return set()
-        body = record.parsed()
-        entries: set[bytes] = set()
-        for number, fields in enumerate(self._index_fields):
-            per_field: list[list[str]] = []
-            for path in fields:
-                values = [canonical_text(v) for v in field_values(body, path) if not is_null(v)]
-                if not values:
-                    break
-                per_field.append(values)
-            else:
-                for combo in itertools.product(*per_field):
-                    entries.add(index_entry_prefix(number, combo) + key)
-        return entries
+        return index_entries(self._index_fields, key, record.parsed() if record else None)
 
     def _index_changes(
         self,

@@ -16,18 +16,26 @@ from faust.types import TP
 from rocksdict import WriteBatch
 
 from sowstream.errors import StateStoreError
+from sowstream.sow.layout import (
+    FAUST_OFFSET_KEY,
+    INDEX_PREFIX,
+    RECORDS_START,
+    RESERVED_PREFIX,
+    WATERMARK_KEY,
+    is_record_key,
+)
 
-RESERVED_PREFIX = b"\x00"
-WATERMARK_KEY = b"\x00sowstream.applied"
-INDEX_PREFIX = b"\x01"
-FAUST_OFFSET_KEY = b"__faust\x00offset__"
-RECORDS_START = b"\x02"
-
-
-def is_record_key(key: bytes) -> bool:
-    """Whether a store key holds a SOW record (not a watermark, index entry or faust's offset)."""
-    return key[:1] > INDEX_PREFIX and key != FAUST_OFFSET_KEY
-
+__all__ = [
+    "FAUST_OFFSET_KEY",
+    "INDEX_PREFIX",
+    "RECORDS_START",
+    "RESERVED_PREFIX",
+    "WATERMARK_KEY",
+    "MemoryPartition",
+    "PartitionStore",
+    "RocksPartition",
+    "is_record_key",
+]
 
 SendFn = Callable[..., Awaitable["asyncio.Future[Any] | None"]]
 

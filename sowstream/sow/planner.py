@@ -6,7 +6,6 @@ index); on exactly a HashIndex's fields they become index lookups; anything else
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,8 +13,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.filters import Filter
 from sowstream.filters.index import equality_lookup
 from sowstream.sow.keys import sow_key_from_values
-
-INDEX_PREFIX = b"\x01"
+from sowstream.sow.layout import index_entry_prefix
 
 
 @dataclass(frozen=True)
@@ -39,16 +37,6 @@ class FullScan:
 
 
 Plan = KeyLookup | IndexLookup | FullScan
-
-
-def index_entry_prefix(index: int, values: Sequence[str]) -> bytes:
-    """RocksDB key prefix of hash index ``index`` for one combination of canonical values."""
-    h = hashlib.blake2b(digest_size=12)
-    for value in values:
-        raw = value.encode()
-        h.update(len(raw).to_bytes(4, "big"))
-        h.update(raw)
-    return INDEX_PREFIX + index.to_bytes(2, "big") + h.digest()
 
 
 def plan(topic: TopicConfig, flt: Filter | None, sow_keys: Sequence[str] | None = None) -> Plan:

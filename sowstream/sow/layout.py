@@ -1,0 +1,75 @@
+"""The key layout of a partition store, shared by the engine and the Spark seed writer.
+
+One RocksDB (or in-memory) store per topic partition holds, in key order: reserved entries
+(``0x00``: the applied watermark, History versions), hash-index entries (``0x01``), then the SOW
+records under their SowKey. faust keeps its own changelog offset under ``FAUST_OFFSET_KEY``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sowstream.filters.values import canonical_text, is_null
+from sowstream.sow.keys import field_values
+from sowstream.sow.record import SowRecord
+
+RESERVED_PREFIX = b"\x00"
+WATERMARK_KEY = b"\x00sowstream.applied"
+INDEX_PREFIX = b"\x01"
+FAUST_OFFSET_KEY = b"__faust\x00offset__"
+RECORDS_START = b"\x02"
+
+
+def is_record_key(key: bytes) -> bool:
+    """Whether a store key holds a SOW record (not a watermark, index entry or faust's offset)."""
+    return key[:1] > INDEX_PREFIX and key != FAUST_OFFSET_KEY
+
+
+def index_entry_prefix(index: int, values: Sequence[str]) -> bytes:
+    """Key prefix of hash index ``index`` for one combination of canonical values."""
+    h = hashlib.blake2b(digest_size=12)
+    for value in values:
+        raw = value.encode()
+        h.update(len(raw).to_bytes(4, "big"))
+        h.update(raw)
+    return INDEX_PREFIX + index.to_bytes(2, "big") + h.digest()
+
+
+def index_entries(
+    indexes: Sequence[Sequence[str]], key: bytes, body: dict[str, Any] | None
+) -> set[bytes]:
+    """The hash-index entries (prefix + record key) a record with ``body`` has."""
+    if body is None:
+        return set()
+    entries: set[bytes] = set()
+    for number, fields in enumerate(indexes):
+        per_field: list[list[str]] = []
+        for path in fields:
+            values = [canonical_text(v) for v in field_values(body, path) if not is_null(v)]
+            if not values:
+                break
+            per_field.append(values)
+        else:
+            for combo in itertools.product(*per_field):
+                entries.add(index_entry_prefix(number, combo) + key)
+    return entries
+
+
+def store_entries(
+    indexes: Sequence[Sequence[str]], records: Iterable[SowRecord], watermark: int
+) -> list[tuple[bytes, bytes]]:
+    """Everything a partition store holds for ``records`` applied up to ``watermark``, sorted.
+
+    This is what the engine would have written itself (records, index entries, watermark), so a
+    store built from it (a Spark seed) is indistinguishable from one the engine filled.
+    """
+    out: list[tuple[bytes, bytes]] = [(WATERMARK_KEY, str(watermark).encode())]
+    for rec in records:
+        key = rec.sow_key.encode()
+        out.append((key, rec.to_bytes()))
+        out.extend((entry, b"") for entry in index_entries(indexes, key, rec.parsed()))
+    out.sort()
+    return out
