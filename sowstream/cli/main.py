@@ -52,6 +52,10 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
     ] = None,
+    seed_dir: Annotated[
+        Path | None,
+        typer.Option(help="Start partitions without local state from 'pipeline rebuild --seed'."),
+    ] = None,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
     from sowstream.engine.app import Engine
@@ -69,6 +73,7 @@ def worker(
         data_dir=data_dir,
         log_level=log_level,
         metrics_port=metrics_port,
+        seed_dir=seed_dir,
     )
     _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
     engine.run()

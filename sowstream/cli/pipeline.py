@@ -53,6 +53,13 @@ def rebuild(
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Parquet directory (default: rebuild/<topic>).")
     ] = None,
+    seed: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also write a seed under this directory: workers started with --seed-dir "
+            "take it instead of restoring (stop the workers first)."
+        ),
+    ] = None,
     bootstrap: Bootstrap = None,
     master: Master = "local[2]",
 ) -> None:
@@ -73,11 +80,15 @@ def rebuild(
             result = run_rebuild(spark, cfg, topic, servers, start=_start(start), until_ms=until_ms)
             result.state.write.mode("overwrite").parquet(str(target))
             count = spark.read.parquet(str(target)).count()
+            if seed is not None:
+                from sowstream.pipeline.seed import write_seed
+
+                write_seed(spark, cfg, result, topic, servers, seed)
     finally:
         spark.stop()
     err.print(
         f"[green]{topic}:[/] {count} record(s) from {result.log_range.records} log offset(s) "
-        f"written to {target}",
+        f"written to {target}" + (f", seed in {seed / topic}" if seed is not None else ""),
         highlight=False,
     )
 

@@ -25,6 +25,7 @@ from sowstream.engine import metrics
 from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
+from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
@@ -301,8 +302,11 @@ class Engine:
         session_timeout: float = 10.0,
         log_level: str = "info",
         metrics_port: int | None = None,
+        seed_dir: str | Path | None = None,
     ) -> None:
         self.config = config
+        self.seed_dir = Path(seed_dir) if seed_dir is not None else None
+        self.tables: dict[str, Any] = {}
         self.metrics_port = metrics_port if metrics_port is not None else config.engine.web_port
         self.bootstrap = bootstrap
         self.names = TopicNames(config.engine.topic_prefix)
@@ -373,6 +377,7 @@ class Engine:
                 key_type=bytes,
                 value_type=bytes,
             )
+            self.tables[topic.name] = table
         log_name = self.names.log(topic.name)
         reader = KafkaLogReader(self.bootstrap, log_name, self.config.engine.kafka)
         proc = TopicProcessor(
@@ -532,10 +537,20 @@ class Engine:
         if producer.flush(30) != 0:
             raise RuntimeError("could not publish topic definitions to the meta topic")
 
+    def apply_seeds(self, root: Path) -> dict[str, list[int]]:
+        """Start partitions without local state from Spark seeds under ``root``."""
+        seeded = {}
+        for name, table in self.tables.items():
+            changelog = table.changelog_topic.get_topic_name()
+            seeded[name] = ingest_seed(root / name, self.config.engine.app_id, changelog, table)
+        return seeded
+
     def run(self) -> None:
         """Prepare Kafka, then run the faust worker until it is stopped (SIGINT/SIGTERM)."""
         self.prepare()
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.seed_dir is not None:
+            self.apply_seeds(self.seed_dir)
         if self.metrics_port:
             start_http_server(self.metrics_port, addr="127.0.0.1")
         worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True, override_logging=False)

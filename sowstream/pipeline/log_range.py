@@ -57,7 +57,11 @@ def plan_log_range(
     Raises PipelineError when the broker does not answer, the topic does not exist, or records
     the range needs were already removed by retention.
     """
-    conf = {"bootstrap.servers": bootstrap, "log_level": 3, **(kafka or {})}
+    conf: dict[str, str | int | float | bool] = {
+        "bootstrap.servers": bootstrap,
+        "log_level": 3,
+        **(kafka or {}),
+    }
     admin = AdminClient(conf)
     try:
         meta = admin.list_topics(timeout=META_TIMEOUT_S)  # naming the topic could auto-create it

@@ -21,6 +21,8 @@ WATERMARK_KEY = b"\x00sowstream.applied"
 INDEX_PREFIX = b"\x01"
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
 RECORDS_START = b"\x02"
+# A Spark seed of a partition store: a directory with this manifest and one SST per partition.
+SEED_MANIFEST = "seed.json"
 
 
 def is_record_key(key: bytes) -> bool:

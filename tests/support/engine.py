@@ -73,7 +73,7 @@ class EngineProcesses:
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, *extra_args: str) -> None:
         """Start worker ``name`` (its RocksDB dir survives restarts of the same name)."""
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -93,6 +93,7 @@ class EngineProcesses:
                 str(self.workdir / "data"),
                 "--log-level",
                 "info",
+                *extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -128,6 +129,10 @@ class EngineProcesses:
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def data_dir(self, name: str) -> Path:
+        """Worker ``name``'s own state directory (RocksDB)."""
+        return self.workdir / "data" / self.prefix / name
 
     def client(self, **kwargs: Any) -> Client:
         """A connected client for this engine."""
