@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 
-.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs clean
+.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs bench-pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,7 @@ run: $(STAMP)
 
 test: $(STAMP) lint typecheck
 	$(BIN)/sowstream broker provision
+	$(BIN)/sowstream pipeline provision
 	$(BIN)/pytest -q -p no:cacheprovider
 
 unit: $(STAMP)
@@ -48,6 +49,9 @@ bench: $(STAMP)
 
 bench-subs: $(STAMP)
 	$(BIN)/python -m bench.subs_bench
+
+bench-pipeline: $(STAMP)
+	$(BIN)/python -m bench.pipeline_bench
 
 clean:
 	rm -rf $(VENV) .sowstream build *.egg-info

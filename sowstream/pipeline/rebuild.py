@@ -9,7 +9,7 @@ engine applies. Work spreads over keys, not log partitions, so it scales with th
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,14 +94,48 @@ def _raw(row: Mapping[str, Any]) -> RawRecord:
 
 
 def fold_log(topic: TopicConfig, log: DataFrame, until_ms: int, partitions: int) -> DataFrame:
-    """The SOW (``STATE_SCHEMA`` rows) that folding ``log`` (from ``read_log``) gives."""
+    """The SOW (``STATE_SCHEMA`` rows) that folding ``log`` (from ``read_log``) gives.
+
+    A full publish replaces its record whatever came before, so only each key's records from
+    its last full publish on are sent to Python (the JVM finds that point with a window); the
+    rare key whose last publish the engine would reject or re-key is folded again from its
+    whole history.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     is_fdel = _filter_delete_condition()
     fdel_rows = [_raw(r.asDict()) for r in log.where(is_fdel).collect()]
-    keyed = (
-        log.where(~is_fdel & log["key"].isNotNull())
-        .repartition(partitions, "key")
+    keyed = log.where(~is_fdel & log["key"].isNotNull()).repartition(partitions, "key", "partition")
+    command = F.coalesce(F.col("headers")[h.COMMAND], F.lit(h.PUBLISH))
+    is_publish = (command == h.PUBLISH) & F.col("value").isNotNull()
+    anchor = F.max(F.when(is_publish, F.col("offset"))).over(Window.partitionBy("key", "partition"))
+    pruned = (
+        keyed.withColumn("anchor", anchor)
+        .where(F.col("anchor").isNull() | (F.col("offset") >= F.col("anchor")))
+        .drop("anchor")
         .sortWithinPartitions("key", "partition", "offset")
     )
+    folded = pruned.mapInArrow(_folder(topic, fdel_rows, until_ms, anchored=True), FOLD_SCHEMA)
+    folded = folded.cache()
+    again = [r.refold for r in folded.where(F.col("refold").isNotNull()).collect()]
+    state = folded.where(F.col("refold").isNull()).drop("refold")
+    if again:
+        full = keyed.where(F.col("key").isin(again)).sortWithinPartitions(
+            "key", "partition", "offset"
+        )
+        rest = full.mapInArrow(_folder(topic, fdel_rows, until_ms, anchored=False), FOLD_SCHEMA)
+        state = state.unionByName(rest.drop("refold"))
+    return state
+
+
+FOLD_SCHEMA = STATE_SCHEMA + ", refold binary"
+
+
+def _folder(
+    topic: TopicConfig, fdel_rows: list[RawRecord], until_ms: int, *, anchored: bool
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The per-task fold: sorted log rows in, ``FOLD_SCHEMA`` rows out."""
 
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -117,15 +151,19 @@ def fold_log(topic: TopicConfig, log: DataFrame, until_ms: int, partitions: int)
                     yield _raw(row)
 
         out: list[dict[str, Any]] = []
-        for partition, state in fold_sorted(topic, records(), deletes, until_ms=until_ms):
-            out.append(state_row(state, partition))
+        folded = fold_sorted(topic, records(), deletes, until_ms=until_ms, anchored=anchored)
+        for partition, key, state in folded:
+            if state is None:
+                out.append({"refold": key})
+            else:
+                out.append({**state_row(state, partition), "refold": None})
             if len(out) >= OUT_BATCH_ROWS:
                 yield pa.RecordBatch.from_pylist(out, schema=_arrow_schema())
                 out = []
         if out:
             yield pa.RecordBatch.from_pylist(out, schema=_arrow_schema())
 
-    return keyed.mapInArrow(fold, STATE_SCHEMA)
+    return fold
 
 
 def _arrow_schema() -> pa.Schema:
@@ -139,6 +177,7 @@ def _arrow_schema() -> pa.Schema:
             ("log_offset", pa.int64()),
             ("log_timestamp", pa.int64()),
             ("expiration", pa.int64()),
+            ("refold", pa.binary()),
         ]
     )
 

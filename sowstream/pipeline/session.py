@@ -12,6 +12,8 @@ to Maven Central on the cluster, ``--packages <connector_coordinates()>`` works 
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -57,6 +59,8 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
+    # Python tasks (the log fold, aggregates) must run in an interpreter that has sowstream.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     conf = {
         **_LOCAL_CONF,
         **SESSION_CONF,

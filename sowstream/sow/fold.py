@@ -117,22 +117,50 @@ def _apply_deletes(state: SowRecord | None, ops: list[LogOp], expires: bool) -> 
     return state
 
 
+def replaces_record(topic: TopicConfig, rec: RawRecord) -> bool:
+    """Whether ``rec`` is a full publish the engine applies as it stands under its own key.
+
+    Such a record replaces whatever came before it, so a bulk fold may start a key's history
+    there; a record the engine would reject or re-key does not.
+    """
+    if (rec.headers.get(h.COMMAND) or h.PUBLISH) != h.PUBLISH or rec.value is None:
+        return False
+    try:
+        op = decode_log_record(topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp)
+    except InvalidMessageError:
+        return False
+    return not op.rekey and op.sow_key is not None
+
+
 def fold_sorted(
     topic: TopicConfig,
     records: Iterable[RawRecord],
     deletes: Mapping[int, FilterDeletes],
     *,
     until_ms: int,
-) -> Iterator[tuple[int, SowRecord]]:
-    """(partition, final state) of every key in a stream sorted by (Kafka key, partition, offset).
+    anchored: bool = False,
+) -> Iterator[tuple[int, bytes | None, SowRecord | None]]:
+    """(partition, Kafka key, final state) of every key in a stream sorted by (key, partition,
+    offset); keys whose record is gone are left out.
 
     Runs of the same Kafka key form one record's history; the stream is consumed lazily so a
-    Spark task folds any number of keys in constant memory per key.
+    Spark task folds any number of keys in constant memory per key. With ``anchored`` each run
+    starts at the key's last full publish (earlier records were dropped as irrelevant): a run
+    whose first record is a publish the engine would not apply as it stands then yields state
+    None, so the caller folds that key again from its whole history.
     """
-    for (_, partition), run in groupby(records, key=lambda r: (r.key, r.partition)):
-        state = fold_key(topic, list(run), deletes.get(partition, NO_DELETES), until_ms=until_ms)
+    for (key, partition), group in groupby(records, key=lambda r: (r.key, r.partition)):
+        run = list(group)
+        if anchored and _looks_like_publish(run[0]) and not replaces_record(topic, run[0]):
+            yield partition, key, None
+            continue
+        state = fold_key(topic, run, deletes.get(partition, NO_DELETES), until_ms=until_ms)
         if state is not None:
-            yield partition, state
+            yield partition, key, state
+
+
+def _looks_like_publish(rec: RawRecord) -> bool:
+    return (rec.headers.get(h.COMMAND) or h.PUBLISH) == h.PUBLISH and rec.value is not None
 
 
 def state_row(state: SowRecord, partition: int) -> dict[str, Any]:

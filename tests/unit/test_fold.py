@@ -36,7 +36,8 @@ def bulk(records: list[RawRecord], topic: Any = TOPIC, until_ms: int = 10**15) -
     keyed.sort(key=lambda r: (r.key or b"", r.partition, r.offset))
     return {
         state.sow_key.encode(): orjson.loads(state.data)
-        for _, state in fold_sorted(topic, keyed, deletes, until_ms=until_ms)
+        for _, _, state in fold_sorted(topic, keyed, deletes, until_ms=until_ms)
+        if state is not None
     }
 
 
@@ -102,3 +103,70 @@ def test_unkeyed_records_are_left_to_the_engine_rekey(i: int) -> None:
     # a record whose Kafka key is not its SowKey is re-keyed by the engine, not applied
     wrong = RawRecord(0, 0, 1, b"other", orjson.dumps({"id": i}), {})
     assert fold_key(TOPIC, [wrong], until_ms=0) is None
+
+
+# -- anchored folds: Spark drops each key's records before its last full publish ------------------
+
+messy_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
+        st.tuples(st.just("delta"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
+        st.tuples(st.just("delete"), st.integers(0, 2), st.just(0), st.just(0)),
+        st.tuples(st.just("filter"), st.just(0), st.integers(0, 1), st.just(0)),
+        st.tuples(st.just("malformed"), st.integers(0, 2), st.just(0), st.just(0)),
+        st.tuples(st.just("wrong_key"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
+    ),
+    max_size=40,
+)
+
+
+def messy_records(sequence: list[tuple[str, int, int, int]]) -> list[RawRecord]:
+    clean = [
+        op if op[0] not in ("malformed", "wrong_key") else ("publish", *op[1:]) for op in sequence
+    ]
+    records = to_records(clean)
+    for offset, (kind, i, g, v) in enumerate(sequence):
+        if kind == "malformed":
+            records[offset] = RawRecord(0, offset, 1, key_of(i), b"{oops", {})
+        elif kind == "wrong_key":  # keyed as record i, but its body says record i + 1
+            body = orjson.dumps({"id": i + 1, "g": g, "v": v})
+            records[offset] = RawRecord(0, offset, 1, key_of(i), body, {})
+    return records
+
+
+def anchored_bulk(records: list[RawRecord]) -> dict[bytes, Any]:
+    """What the Spark job does: prune at each key's last publish, fold, refold flagged keys."""
+    fdel = [r for r in records if is_filter_delete(r.headers)]
+    deletes = {0: FilterDeletes.of(TOPIC, fdel)}
+    keyed = sorted(
+        (r for r in records if not is_filter_delete(r.headers) and r.key is not None),
+        key=lambda r: (r.key or b"", r.offset),
+    )
+    anchors: dict[bytes | None, int] = {}
+    for r in keyed:
+        if (r.headers.get(h.COMMAND) or h.PUBLISH) == h.PUBLISH and r.value is not None:
+            anchors[r.key] = max(anchors.get(r.key, -1), r.offset)
+    pruned = [r for r in keyed if r.offset >= anchors.get(r.key, -1)]
+    out: dict[bytes, Any] = {}
+    again: set[bytes | None] = set()
+    for _, key, state in fold_sorted(TOPIC, pruned, deletes, until_ms=0, anchored=True):
+        if state is None:
+            again.add(key)
+        else:
+            out[state.sow_key.encode()] = orjson.loads(state.data)
+    full = [r for r in keyed if r.key in again]
+    for _, _, state in fold_sorted(TOPIC, full, deletes, until_ms=0):
+        if state is not None:
+            out[state.sow_key.encode()] = orjson.loads(state.data)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@example([("publish", 1, 0, 5), ("delta", 1, 0, 6), ("malformed", 1, 0, 0)])
+@example([("publish", 1, 0, 5), ("wrong_key", 1, 0, 6)])
+@given(messy_ops)
+def test_anchored_fold_with_refolds_equals_the_engine(
+    sequence: list[tuple[str, int, int, int]],
+) -> None:
+    records = messy_records(sequence)
+    assert anchored_bulk(records) == run(records, [], None)
