@@ -230,6 +230,10 @@ def subscribe(
     top_n: Annotated[int | None, typer.Option(help="Live window size (needs --sow).")] = None,
     skip_n: Annotated[int | None, typer.Option(help="Window offset (needs --top-n).")] = None,
     identity: Annotated[str, typer.Option(help="Identity for entitlements.")] = "",
+    bookmark: Annotated[
+        str | None,
+        typer.Option(help="Replay from a time, EPOCH or a message's bookmark, then go live."),
+    ] = None,
     count: Annotated[int | None, typer.Option(help="Stop after this many messages.")] = None,
     idle: Annotated[float | None, typer.Option(help="Stop after this many idle seconds.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
@@ -241,12 +245,20 @@ def subscribe(
     with Client(bootstrap, prefix=prefix, identity=identity) as client:
         if sow:
             place = client.sow_and_delta_subscribe if delta else client.sow_and_subscribe
-            sub = place(topic, filter, options=opts, order_by=order_by, top_n=top_n, skip_n=skip_n)
+            sub = place(
+                topic,
+                filter,
+                options=opts,
+                order_by=order_by,
+                top_n=top_n,
+                skip_n=skip_n,
+                bookmark=bookmark,
+            )
         else:
             if top_n is not None:
                 raise typer.BadParameter("--top-n needs --sow")
             place_live = client.delta_subscribe if delta else client.subscribe
-            sub = place_live(topic, filter, options=opts)
+            sub = place_live(topic, filter, options=opts, bookmark=bookmark)
         view = LiveView(topic)
         seen = 0
         live = None if as_json else Live(view.table(), console=out, auto_refresh=False)
@@ -311,6 +323,7 @@ def _json_line(msg: Message) -> str:
             "sow_key": msg.sow_key,
             "reason": msg.reason or None,
             "delta": msg.delta,
+            "bookmark": msg.bookmark or None,
             "data": msg.json(),
         }
     ).decode()

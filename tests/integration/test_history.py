@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 
 from sowstream.client import Client, Message, Subscription
@@ -425,3 +426,44 @@ def test_aggregated_query_errors(engine: EngineProcesses, client: Client) -> Non
 
 def rows_of(msgs: Iterator[Message]) -> list[Any]:
     return [m.json() for m in msgs if m.command == "sow"]
+
+
+def test_cli_bookmark_and_aggregates(engine: EngineProcesses, publisher: Client) -> None:
+    for i in range(3):
+        publisher.publish("nohist", {"id": 50 + i, "kind": "cli", "qty": i})
+    list(publisher.sow("nohist", top_n=0))
+    done = engine.cli(
+        "subscribe",
+        "nohist",
+        "--filter",
+        "/kind = 'cli'",
+        "--bookmark",
+        "EPOCH",
+        "--json",
+        "--count",
+        "3",
+        "--idle",
+        "20",
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(line["data"]["id"] for line in lines) == [50, 51, 52]
+    assert all(line["bookmark"].count("|") == 2 for line in lines)
+    agg = engine.cli(
+        "sow",
+        "nohist",
+        "--filter",
+        "/kind = 'cli'",
+        "--grouping",
+        "[/kind]",
+        "--projection",
+        "[/kind, SUM(/qty) AS /qty, COUNT(/id) AS /n]",
+        "--json",
+    )
+    assert agg.returncode == 0, agg.stderr
+    assert [orjson.loads(line)["data"] for line in agg.stdout.splitlines()] == [
+        {"kind": "cli", "qty": 3, "n": 3}
+    ]
+    bad = engine.cli("sow", "nohist", "--bookmark", "20260101T000000")
+    assert bad.returncode == 1 and "keeps no History" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -8,7 +8,6 @@ pagination example (ids 1, 2, 5, … with top_n 2, skip_n 1, then id 4 arrives).
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -696,21 +695,7 @@ Check = Callable[[], bool]
 
 
 def _cli(engine: EngineProcesses, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sowstream",
-            *args,
-            "--bootstrap",
-            engine.bootstrap,
-            "--prefix",
-            engine.prefix,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return engine.cli(*args)
 
 
 def test_cli_subscribe_prints_json_lines(engine: EngineProcesses, publisher: Client) -> None:

@@ -134,6 +134,25 @@ class EngineProcesses:
         """Worker ``name``'s own state directory (RocksDB)."""
         return self.workdir / "data" / self.prefix / name
 
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``sowstream ARGS`` against this engine (bootstrap and prefix added)."""
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sowstream",
+                *args,
+                "--bootstrap",
+                self.bootstrap,
+                "--prefix",
+                self.prefix,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+        )
+
     def client(self, **kwargs: Any) -> Client:
         """A connected client for this engine."""
         return Client(self.bootstrap, prefix=self.prefix, config=self.kafka, **kwargs).connect()
