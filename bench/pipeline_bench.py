@@ -14,12 +14,9 @@ Run with ``make bench-pipeline`` (or ``python -m bench.pipeline_bench --updates 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from contextlib import ExitStack
@@ -32,6 +29,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import bench_bootstrap, stop_process, worker_command, workspace
 from bench.sow_bench import free_port, scrape
 from sowstream.client import Client
 from sowstream.config import load_config
@@ -106,34 +104,14 @@ class WorkerProcess:
 
     def start(self, *extra: str) -> None:
         log = open(self.work / "worker.log", "ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sowstream",
-                "worker",
-                "--config",
-                str(self.config),
-                "--bootstrap",
-                self.bootstrap,
-                "--name",
-                "bench",
-                "--data-dir",
-                str(self.work / "data"),
-                "--log-level",
-                "warning",
-                "--metrics-port",
-                str(self.port),
-                *extra,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        command = worker_command(
+            self.config, self.bootstrap, self.work, "--metrics-port", str(self.port), *extra
         )
+        self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(120)
+        if self.proc is not None:
+            stop_process(self.proc, 120)
         self.proc = None
 
     def wait_ready(self, timeout: float = 1800) -> float:
@@ -165,14 +143,8 @@ def main() -> None:
         parser.error("--keys must not exceed --updates")
     results: dict[str, Any] = {}
     with ExitStack() as stack:
-        bootstrap = os.environ.get("SOWSTREAM_BOOTSTRAP")
-        if not bootstrap:
-            from sowstream.broker.testing import kafka_for_tests
-
-            bootstrap = stack.enter_context(kafka_for_tests())
-        work = Path(tempfile.mkdtemp(prefix="pipebench-"))
-        stack.callback(shutil.rmtree, work, True)
-        prefix = f"pipe{uuid.uuid4().hex[:6]}"
+        bootstrap = bench_bootstrap(stack)
+        work, prefix = workspace(stack, "pipebench")
         config_path = work / "bench.yaml"
         config_path.write_text(
             yaml.safe_dump(

@@ -8,13 +8,10 @@ this one run; ratios compare figures taken on the same machine minutes apart.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -28,6 +25,7 @@ from confluent_kafka import Consumer, Producer
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import bench_bootstrap, worker_command, workspace
 from sowstream.client import Client
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -148,14 +146,8 @@ def main() -> None:
     args = parser.parse_args()
 
     with ExitStack() as stack:
-        bootstrap = os.environ.get("SOWSTREAM_BOOTSTRAP")
-        if not bootstrap:
-            from sowstream.broker.testing import kafka_for_tests
-
-            bootstrap = stack.enter_context(kafka_for_tests())
-        work = Path(tempfile.mkdtemp(prefix="sowbench-"))
-        stack.callback(shutil.rmtree, work, True)
-        prefix = f"bench{uuid.uuid4().hex[:6]}"
+        bootstrap = bench_bootstrap(stack)
+        work, prefix = workspace(stack, "sowbench")
         config = work / "bench.yaml"
         config.write_text(
             yaml.safe_dump(
@@ -173,24 +165,7 @@ def main() -> None:
             )
         )
         port = free_port()
-        cmd = [
-            sys.executable,
-            "-m",
-            "sowstream",
-            "worker",
-            "--config",
-            str(config),
-            "--bootstrap",
-            bootstrap,
-            "--name",
-            "bench",
-            "--data-dir",
-            str(work / "data"),
-            "--log-level",
-            "warning",
-            "--metrics-port",
-            str(port),
-        ]
+        cmd = worker_command(config, bootstrap, work, "--metrics-port", str(port))
 
         def start_worker() -> subprocess.Popen[bytes]:
             log = open(work / "worker.log", "ab")  # noqa: SIM115

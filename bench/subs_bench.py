@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import random
-import shutil
 import subprocess
-import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -40,6 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import bench_bootstrap, stop_process, worker_command, workspace
 from bench.sow_bench import free_port, scrape
 from sowstream.client import Client
 from sowstream.client.messages import Message
@@ -534,14 +531,8 @@ def main() -> None:
 
     started = time.perf_counter()
     with ExitStack() as stack:
-        bootstrap = os.environ.get("SOWSTREAM_BOOTSTRAP")
-        if not bootstrap:
-            from sowstream.broker.testing import kafka_for_tests
-
-            bootstrap = stack.enter_context(kafka_for_tests())
-        work = Path(tempfile.mkdtemp(prefix="subsbench-"))
-        stack.callback(shutil.rmtree, work, True)
-        prefix = f"subs{uuid.uuid4().hex[:6]}"
+        bootstrap = bench_bootstrap(stack)
+        work, prefix = workspace(stack, "subsbench")
         port = free_port()
         config = work / "bench.yaml"
         config.write_text(
@@ -565,36 +556,9 @@ def main() -> None:
         log_path = work / "worker.log"
         log = stack.enter_context(open(log_path, "ab"))
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sowstream",
-                "worker",
-                "--config",
-                str(config),
-                "--bootstrap",
-                bootstrap,
-                "--name",
-                "bench",
-                "--data-dir",
-                str(work / "data"),
-                "--log-level",
-                "warning",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            worker_command(config, bootstrap, work), stdout=log, stderr=subprocess.STDOUT
         )
-
-        def stop_worker() -> None:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
-
-        stack.callback(stop_worker)
+        stack.callback(stop_process, proc, 30)
         worker = Worker(proc, port, log_path)
         try:
             results = run(bootstrap, prefix, worker, args, fanouts)

@@ -21,7 +21,7 @@ from sowstream.sow.query import validate_query
 from sowstream.sow.timestamps import format_timestamp
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire.avro import encode
-from tests.support.engine import EngineProcesses
+from tests.support.engine import EngineProcesses, running_engine
 
 pytestmark = pytest.mark.integration
 
@@ -41,28 +41,9 @@ NAMES = [t["Name"] for t in TOPICS]
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(
-        kafka_bootstrap, tmp_path_factory.mktemp("history"), TOPICS, plain_topics=PLAIN
-    )
-    procs.start("w1")
-    procs.start("w2")
-    try:
-        procs.wait_ready(NAMES)
+    workdir = tmp_path_factory.mktemp("history")
+    with running_engine(kafka_bootstrap, workdir, TOPICS, plain_topics=PLAIN) as procs:
         yield procs
-    finally:
-        procs.stop_all()
-
-
-@pytest.fixture
-def client(engine: EngineProcesses) -> Iterator[Client]:
-    with engine.client() as c:
-        yield c
-
-
-@pytest.fixture
-def publisher(engine: EngineProcesses) -> Iterator[Client]:
-    with engine.client() as c:
-        yield c
 
 
 def mark(publisher: Client, topic: str) -> str:

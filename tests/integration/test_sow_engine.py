@@ -23,7 +23,7 @@ from sowstream.filters import FilterError
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode
 from sowstream.wire.kafka import producer_config
-from tests.support.engine import EngineProcesses
+from tests.support.engine import EngineProcesses, running_engine
 
 pytestmark = pytest.mark.integration
 
@@ -45,20 +45,8 @@ NAMES = [t["Name"] for t in TOPICS]
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(kafka_bootstrap, tmp_path_factory.mktemp("engine"), TOPICS)
-    procs.start("w1")
-    procs.start("w2")
-    try:
-        procs.wait_ready(NAMES)
+    with running_engine(kafka_bootstrap, tmp_path_factory.mktemp("engine"), TOPICS) as procs:
         yield procs
-    finally:
-        procs.stop_all()
-
-
-@pytest.fixture
-def client(engine: EngineProcesses) -> Iterator[Client]:
-    with engine.client() as c:
-        yield c
 
 
 def bodies(client: Client, topic: str, flt: str | None = None, **opts: Any) -> list[Any]:

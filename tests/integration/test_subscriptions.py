@@ -27,7 +27,7 @@ from sowstream.errors import (
 from sowstream.filters import FilterError
 from sowstream.sow.merge import merge_delta
 from sowstream.wire import headers as h
-from tests.support.engine import EngineProcesses
+from tests.support.engine import EngineProcesses, running_engine
 
 pytestmark = pytest.mark.integration
 
@@ -51,33 +51,15 @@ SLOW = {"conflate_after": 3000, "drop_after": 20000, "check_interval": "500ms"}
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(
+    with running_engine(
         kafka_bootstrap,
         tmp_path_factory.mktemp("subs"),
         TOPICS,
         engine_extra={"slow_consumer": SLOW},
         entitlements=ENTITLEMENTS,
         plain_topics=PLAIN,
-    )
-    procs.start("w1")
-    procs.start("w2")
-    try:
-        procs.wait_ready(NAMES)
+    ) as procs:
         yield procs
-    finally:
-        procs.stop_all()
-
-
-@pytest.fixture
-def client(engine: EngineProcesses) -> Iterator[Client]:
-    with engine.client() as c:
-        yield c
-
-
-@pytest.fixture
-def publisher(engine: EngineProcesses) -> Iterator[Client]:
-    with engine.client() as c:
-        yield c
 
 
 def take(sub: Subscription, n: int, timeout: float = 20.0) -> list[Message]:

@@ -28,7 +28,7 @@ from sowstream.pipeline.rebuild import rebuild
 from sowstream.pipeline.seed import write_seed
 from sowstream.sow.aggregate import parse_aggregation
 from sowstream.sow.timestamps import format_timestamp
-from tests.support.engine import REPO, EngineProcesses
+from tests.support.engine import REPO, EngineProcesses, running_engine
 
 pytestmark = pytest.mark.integration
 
@@ -45,13 +45,9 @@ PROJECTION = "[/customer, COUNT(/id) AS /n, SUM(/qty) AS /qty, AVG(/px) AS /px, 
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(kafka_bootstrap, tmp_path_factory.mktemp("pipeline"), TOPICS)
-    procs.start("w1")
-    try:
-        procs.wait_ready([t["Name"] for t in TOPICS])
+    workdir = tmp_path_factory.mktemp("pipeline")
+    with running_engine(kafka_bootstrap, workdir, TOPICS, workers=("w1",)) as procs:
         yield procs
-    finally:
-        procs.stop_all()
 
 
 @pytest.fixture(scope="module")

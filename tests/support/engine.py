@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +192,22 @@ class EngineProcesses:
                     time.sleep(0.5)
         tails = "\n".join(f"--- {n}\n{self.log_tail(n)}" for n in self.procs)
         raise RuntimeError(f"engine not ready after {timeout}s: {last}\n{tails}")
+
+
+@contextmanager
+def running_engine(
+    bootstrap: str,
+    workdir: Path,
+    topics: list[dict[str, Any]],
+    workers: tuple[str, ...] = ("w1", "w2"),
+    **options: Any,
+) -> Iterator[EngineProcesses]:
+    """Workers serving ``topics``, ready for queries; stopped on exit."""
+    procs = EngineProcesses(bootstrap, workdir, topics, **options)
+    for name in workers:
+        procs.start(name)
+    try:
+        procs.wait_ready([t["Name"] for t in topics])
+        yield procs
+    finally:
+        procs.stop_all()

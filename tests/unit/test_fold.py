@@ -17,7 +17,7 @@ from sowstream.config import load_config_text
 from sowstream.sow.fold import FilterDeletes, fold_key, fold_sorted, is_filter_delete, state_row
 from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
-from tests.unit.test_processor_model import TOPIC, key_of, ops, run, to_records
+from tests.unit.test_processor_model import TOPIC, key_of, op, ops, run, to_records
 
 EXPIRING = load_config_text(
     "sow:\n  - Name: t\n    Key: /id\n    Expiration: 10s\n    Durability: transient\n"
@@ -109,10 +109,7 @@ def test_unkeyed_records_are_left_to_the_engine_rekey(i: int) -> None:
 
 messy_ops = st.lists(
     st.one_of(
-        st.tuples(st.just("publish"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
-        st.tuples(st.just("delta"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
-        st.tuples(st.just("delete"), st.integers(0, 2), st.just(0), st.just(0)),
-        st.tuples(st.just("filter"), st.just(0), st.integers(0, 1), st.just(0)),
+        op,
         st.tuples(st.just("malformed"), st.integers(0, 2), st.just(0), st.just(0)),
         st.tuples(st.just("wrong_key"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
     ),

@@ -37,7 +37,7 @@ from sowstream.sow.record import SowRecord
 from sowstream.sow.timestamps import format_timestamp, parse_timestamp
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
-from tests.unit.test_processor_model import NullSender, key_of
+from tests.unit.test_processor_model import NullSender, key_of, op
 
 
 def topic_with(granularity: str) -> Any:
@@ -162,15 +162,7 @@ def test_bookmarks() -> None:
 
 # -- the engine keeps history exactly (property) -------------------------------------------------
 
-ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("publish"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
-        st.tuples(st.just("delta"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
-        st.tuples(st.just("delete"), st.integers(0, 2), st.just(0), st.just(0)),
-        st.tuples(st.just("filter"), st.just(0), st.integers(0, 1), st.just(0)),
-    ),
-    max_size=30,
-)
+ops = st.lists(op, max_size=30)
 
 
 def to_records(sequence: list[tuple[str, int, int, int]], gaps: list[int]) -> list[RawRecord]:

@@ -40,15 +40,14 @@ def key_of(i: int) -> bytes:
     return generated_sow_key("t", "t", ["/id"], {"id": i}).encode()
 
 
-ops = st.lists(
-    st.one_of(
-        st.tuples(st.just("publish"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
-        st.tuples(st.just("delta"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
-        st.tuples(st.just("delete"), st.integers(0, 2), st.just(0), st.just(0)),
-        st.tuples(st.just("filter"), st.just(0), st.integers(0, 1), st.just(0)),
-    ),
-    max_size=40,
+# One log operation: (kind, record id, group, value).
+op = st.one_of(
+    st.tuples(st.just("publish"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
+    st.tuples(st.just("delta"), st.integers(0, 2), st.integers(0, 1), st.integers(0, 9)),
+    st.tuples(st.just("delete"), st.integers(0, 2), st.just(0), st.just(0)),
+    st.tuples(st.just("filter"), st.just(0), st.integers(0, 1), st.just(0)),
 )
+ops = st.lists(op, max_size=40)
 
 
 def to_records(sequence: list[tuple[str, int, int, int]]) -> list[RawRecord]:
