@@ -1,23 +1,34 @@
 """Content filters as Spark Column expressions, with the Python evaluator's semantics exactly.
 
 ``filter_column("/qty > 5 AND /sym = 'IBM'", "body")`` is a boolean Column that is true on the
-rows whose JSON text in ``body`` ``compile_filter(...).matches`` accepts. It is built from Spark's
-own functions (no Python UDF), so Spark can optimise and distribute it like any other filter.
+rows whose JSON text in ``body`` ``compile_filter(...).matches`` accepts. It is made of Spark's
+own SQL functions (no Python UDF), so Spark optimises and distributes it like any other filter.
+``truth_column`` keeps UNKNOWN as NULL, ``truth_array`` evaluates many filters with one parse,
 ``value_column`` gives the value of an expression (``/qty * /px``, ``UPPER(/sym)``) for
-projections and aggregates.
+projections and aggregates, and ``filter_sql`` the SQL text for ``WHERE`` clauses.
 
 How JSON values are represented
 -------------------------------
-Each row's text is parsed once with ``try_parse_json`` into a VARIANT. A path is followed with
-``try_variant_get`` one key at a time, flattening the arrays met on the way (nested arrays too)
-with higher-order functions, so every path yields an ``array<struct>`` of its values; an absent
-path yields one NULL value, which the evaluator treats the same as no value. A value is a struct
-``(t, s, i, d, b)``: ``t`` is its kind (NULL -- a missing field, JSON null or ``""`` --, string,
-integer, float, boolean, or object), ``s`` a non-empty string, ``i`` an integer's exact value as
-``decimal(38,0)``, ``d`` a number as double, ``b`` a boolean; only the fields of its kind are set.
-Comparisons, arithmetic and the text that string functions see follow ``sowstream.filters``
-rule by rule, including NaN and infinities. Multi-valued operands are combined with ``exists``
-(three-valued, as ANY needs) and ``transform`` over every combination, like the evaluator.
+Each row's text is parsed once with ``try_parse_json`` into a VARIANT, and each distinct path of
+the filter is read once into an ``array<struct>`` of its values: arrays met on the way give all
+their elements (nested arrays too); an absent path gives one NULL value, which the evaluator
+treats the same as no value. A value is a struct ``(t, s, i, d, b, x, nd, ni, nk)``: ``t`` is
+its kind (NULL -- a missing field, JSON null or ``""`` --, string, integer, float, boolean, or
+object), ``s`` a non-empty string, ``i`` an integer's exact value as ``decimal(38,0)``, ``d`` a
+number as double, ``b`` a boolean; ``x`` (its text) and ``nd``/``ni``/``nk`` (its numeric
+reading, numeric strings included) are filled in once per value for the paths that need them.
+Only the fields of a value's kind are set. Comparisons, arithmetic and the text of numbers
+follow ``sowstream.filters`` rule by rule, NaN and infinities included. Multi-valued operands
+are combined with ``exists`` (three-valued, as ANY needs) and ``transform`` over every
+combination of values, as the evaluator does.
+
+Why SQL text, and why its shape matters
+---------------------------------------
+The expression is generated as Spark SQL text and handed to ``F.expr``: building it from Column
+objects costs a JVM round trip per node. Spark's analyzer resolves one level of nested function
+calls per pass over the whole expression, so the cost of a filter grows with its size times its
+nesting depth; the code below therefore keeps nesting shallow (see ``_let``), and groups with
+``coalesce(x)`` rather than parentheses, which Spark's parser is slow to tell from lambdas.
 
 Known differences from the Python evaluator (all need unusual data)
 -------------------------------------------------------------------
@@ -27,30 +38,33 @@ Known differences from the Python evaluator (all need unusual data)
   quotient, Spark divides the rounded doubles.
 * Spark's JSON reader drops a zero fraction, so a float such as ``10000000000000000000.0``
   (between 2**63 and 2**64) reads as an integer; this only shows in arithmetic beyond 2**53.
+* The text of a double comes from Java's shortest digits, which for the smallest subnormals
+  have one digit more than Python's (``4.9e-324`` for ``5e-324``).
 * ``UPPER``/``LOWER`` use Java's Unicode tables; characters added in recent Unicode versions may
   map differently. A case-insensitive back-reference (``(?i)(a)\\1``) uses Java's case folding.
 * Java's regex engine recurses on some repetitions of alternatives (``(a|b)*``) and can fail
   with a stack overflow on strings of many thousands of characters where Python succeeds.
 * Duplicate keys in a record need ``spark.sql.variant.allowDuplicateKeys=true`` (the last one
-  wins, as in orjson); ``spark_session`` sets it. Without it such a record reads as empty.
+  wins, as in orjson); ``spark_session`` sets it. Without it such a record reads as empty, as
+  does text that is not JSON; records are expected to be JSON objects, as the engine's are.
 * Three-valued ANY relies on ``spark.sql.legacy.followThreeValuedLogicInArrayExists`` keeping
   its default (true).
 
 Constructs rejected at compile time with a ``FilterError``: regex conditional groups
 (``(?(1)a|b)``) and repetition counts above 2**31-1, which Java's engine lacks; hand-built ASTs
-with a path key containing both kinds of quote.
+with a path key containing quotes or backslashes.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import math
-import operator
 import re
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from itertools import chain
 from typing import Any, Literal
 
@@ -63,20 +77,23 @@ from sowstream.filters.values import canonical_text, str_to_number
 __all__ = [
     "UnsupportedRegexError",
     "filter_column",
+    "filter_sql",
     "java_regex",
+    "truth_array",
     "truth_column",
     "value_column",
 ]
 
-Cond = Column | bool  # a condition known only per row, or already at compile time
 ValueType = Literal["auto", "double", "long", "string", "boolean"]
 
 # Value kinds (the ``t`` field).
 _NULL, _STR, _INT, _FLT, _BOOL, _OBJ = range(6)
 _ALL = frozenset(range(6))
 _NUMERIC = frozenset({_INT, _FLT})
+_STRING = frozenset({_STR})
+_INTEGER = frozenset({_INT})
 
-_DEC = "decimal(38,0)"
+_DEC = "DECIMAL(38,0)"
 _INF = math.inf
 _TWO53 = 2.0**53
 _TWO63 = 2.0**63
@@ -88,16 +105,10 @@ _LIMB = 1_000_000_000  # base of the digit limbs used to print very large double
 _JAVA_NUMBER = r"\A[ \t\n\r]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t\n\r]*\z"
 _JAVA_INTEGER = r"\A[ \t\n\r]*[+-]?[0-9]+[ \t\n\r]*\z"
 _SPACES = " \t\n\r"
-
-_COMPARE: dict[str, Callable[[Any, Any], Column]] = {
-    "=": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-}
-
+# The functions that read their arguments' text.
+_TEXT_FUNCTIONS = frozenset(
+    {"UPPER", "LOWER", "LENGTH", "INSTR", "INSTR_I", "STREQUAL_I", "CONCAT"}
+)
 
 # ============================================================================ regex translation
 #
@@ -272,73 +283,257 @@ def java_regex(pattern: str) -> str:
     Raises ``UnsupportedRegexError`` for the few Python constructs Java lacks, ``re.error`` if
     ``pattern`` is not a valid Python regex.
     """
-    tree = _re_parser.parse(pattern)
+    with warnings.catch_warnings():
+        # parse_filter already warned about this pattern (e.g. a possible nested set).
+        warnings.simplefilter("ignore", FutureWarning)
+        tree = _re_parser.parse(pattern)
     return _regex_seq(tree, tree.state.flags)
 
 
-# ============================================================================ small helpers
+# ============================================================================ SQL text
+
+SqlScalar = str | int | float | bool | None
 
 
-def _null(type_: str) -> Column:
-    return F.lit(None).cast(type_)
+# Operator precedence, tightest last: a sub-expression is grouped only where it must be.
+_OR, _AND, _NOT, _CMP, _ADD, _MUL, _UNARY, _ATOM = range(8)
 
 
-def _col(cond: Cond) -> Column:
-    return F.lit(cond) if isinstance(cond, bool) else cond
+class _E:
+    """A Spark SQL expression being built as text. Operators and methods return new ones.
+
+    Comparisons are methods (``eq``, ``lt``, ...) rather than ``==``/``<`` so that an ``_E`` is
+    never mistaken for a Python truth value. Grouping uses ``coalesce(x)`` (the identity, which
+    the optimizer removes) instead of parentheses: Spark's parser must look ahead through every
+    parenthesis to tell a group from a lambda's parameter list, which makes nested parentheses
+    very slow to parse.
+    """
+
+    __slots__ = ("prec", "sql", "type")
+
+    def __init__(self, sql: str, prec: int = _ATOM, type_: str | None = None) -> None:
+        self.sql = sql
+        self.prec = prec
+        self.type = type_  # the SQL type when known, to leave out redundant casts
+
+    def typed(self, type_: str) -> _E:
+        return _E(self.sql, self.prec, type_)
+
+    def __repr__(self) -> str:
+        return f"_E({self.sql!r})"
+
+    def at(self, prec: int) -> str:
+        """The text, grouped if it binds more loosely than ``prec``."""
+        return self.sql if self.prec >= prec else f"coalesce({self.sql})"
+
+    def __and__(self, other: _E) -> _E:
+        return _E(f"{self.at(_AND)} AND {other.at(_AND)}", _AND)
+
+    def __or__(self, other: _E) -> _E:
+        return _E(f"{self.at(_OR)} OR {other.at(_OR)}", _OR)
+
+    def __invert__(self) -> _E:
+        return _E(f"NOT {self.at(_NOT)}", _NOT)
+
+    def __neg__(self) -> _E:
+        return _f("negative", self)
+
+    def __add__(self, other: _E | SqlScalar) -> _E:
+        return self.op("+", other)
+
+    def __sub__(self, other: _E | SqlScalar) -> _E:
+        return self.op("-", other)
+
+    def __mul__(self, other: _E | SqlScalar) -> _E:
+        return self.op("*", other)
+
+    def __truediv__(self, other: _E | SqlScalar) -> _E:
+        return self.op("/", other)
+
+    def __mod__(self, other: _E | SqlScalar) -> _E:
+        return self.op("%", other)
+
+    def __getitem__(self, name: str) -> _E:
+        return _E(f"{self.at(_ATOM)}.{name}")
+
+    def op(self, op: str, other: _E | SqlScalar) -> _E:
+        """A binary operator; arithmetic is left-associative, comparisons take no chains."""
+        right = other if isinstance(other, _E) else _lit(other)
+        if op in ("*", "/", "%"):
+            return _E(f"{self.at(_MUL)} {op} {right.at(_MUL + 1)}", _MUL)
+        if op in ("+", "-"):
+            return _E(f"{self.at(_ADD)} {op} {right.at(_ADD + 1)}", _ADD)
+        return _E(f"{self.at(_CMP + 1)} {op} {right.at(_CMP + 1)}", _CMP)
+
+    def eq(self, other: _E | SqlScalar) -> _E:
+        return self.op("=", other)
+
+    def ne(self, other: _E | SqlScalar) -> _E:
+        return self.op("<>", other)
+
+    def lt(self, other: _E | SqlScalar) -> _E:
+        return self.op("<", other)
+
+    def le(self, other: _E | SqlScalar) -> _E:
+        return self.op("<=", other)
+
+    def gt(self, other: _E | SqlScalar) -> _E:
+        return self.op(">", other)
+
+    def ge(self, other: _E | SqlScalar) -> _E:
+        return self.op(">=", other)
+
+    def is_null(self) -> _E:
+        return _E(f"{self.at(_CMP + 1)} IS NULL", _CMP)
+
+    def not_null(self) -> _E:
+        return _E(f"{self.at(_CMP + 1)} IS NOT NULL", _CMP)
+
+    def cast(self, type_: str) -> _E:
+        return self if self.type == type_ else _E(f"CAST({self.sql} AS {type_})", _ATOM, type_)
+
+    def try_cast(self, type_: str) -> _E:
+        return _E(f"TRY_CAST({self.sql} AS {type_})", _ATOM, type_)
+
+    def isin(self, *values: _E | SqlScalar) -> _E:
+        return _E(f"{self.at(_CMP + 1)} IN ({', '.join(_sql(v) for v in values)})", _CMP)
+
+    def rlike(self, pattern: str) -> _E:
+        return _E(f"{self.at(_CMP + 1)} RLIKE {_string(pattern)}", _CMP)
+
+    def first(self) -> _E:
+        return _E(f"{self.at(_ATOM)}[0]")
+
+
+Cond = _E | bool  # a condition known only per row, or already at compile time
+
+
+def _string(text: str) -> str:
+    """A SQL string literal. Text with quotes, backslashes or control characters goes through
+    hex, which reads the same whatever ``spark.sql.parser.escapedStringLiterals`` says."""
+    if text.isprintable() and "'" not in text and "\\" not in text:
+        return f"'{text}'"
+    return f"decode(unhex('{text.encode().hex()}'), 'UTF-8')"
+
+
+def _sql(value: _E | SqlScalar) -> str:
+    if isinstance(value, _E):
+        return value.sql
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        if -(2**31) < value < 2**31:
+            return str(value)
+        if -(2**63) < value < 2**63:
+            return f"{value}L"
+        return f"CAST('{value}' AS {_DEC})"
+    if isinstance(value, float):
+        text = "NaN" if math.isnan(value) else repr(value).replace("inf", "Infinity")
+        return f"CAST('{text}' AS DOUBLE)"
+    return _string(value)
+
+
+def _lit(value: SqlScalar) -> _E:
+    text = _sql(value)
+    return _E(text, _UNARY if text.startswith("-") else _ATOM)
+
+
+def _null(type_: str) -> _E:
+    return _E(f"CAST(NULL AS {type_})", _ATOM, type_)
+
+
+def _f(name: str, *args: _E | SqlScalar) -> _E:
+    return _E(f"{name}({', '.join(_sql(a) for a in args)})")
+
+
+_names = itertools.count()
+
+
+def _lambda(body: Callable[..., _E], arity: int = 1) -> str:
+    names = [f"lv{next(_names)}" for _ in range(arity)]
+    params = names[0] if arity == 1 else "(" + ", ".join(names) + ")"
+    return f"{params} -> {body(*(_E(n) for n in names)).sql}"
+
+
+def _hof(name: str, arr: _E, body: Callable[..., _E], arity: int = 1) -> _E:
+    return _E(f"{name}({arr.sql}, {_lambda(body, arity)})")
+
+
+def _transform(arr: _E, body: Callable[[_E], _E]) -> _E:
+    return _hof("transform", arr, body)
+
+
+def _exists(arr: _E, body: Callable[[_E], _E]) -> _E:
+    return _hof("exists", arr, body)
+
+
+def _aggregate(arr: _E, zero: _E, merge: Callable[[_E, _E], _E]) -> _E:
+    return _E(f"aggregate({arr.sql}, {zero.sql}, {_lambda(merge, 2)})")
+
+
+def _let(value: _E, body: Callable[[_E], _E]) -> _E:
+    """``body(value)`` with ``value`` computed once.
+
+    Spark SQL has no let, but a lambda binds its argument; nothing else is shared inside
+    higher-order functions, so a value used twice is otherwise computed twice, and repeated
+    subexpressions can grow exponentially with the nesting of the filter. Each binding nests
+    two function calls, though, which costs the analyzer passes: values that are cheap field
+    references are repeated instead (``_bound``, ``_Vals.cheap``).
+    """
+    return _transform(_f("array", value), body).first()
+
+
+def _case(branches: Iterable[tuple[Cond, _E]], default: _E) -> _E:
+    """CASE WHEN ... END, leaving out the branches decided at compile time."""
+    parts: list[str] = []
+    types: set[str | None] = set()
+    for cond, value in branches:
+        if cond is False:
+            continue
+        if cond is True:
+            default = value
+            break
+        parts.append(f"WHEN {cond.sql} THEN {value.sql}")
+        types.add(value.type)
+    if not parts:
+        return default
+    types.add(default.type)
+    known = types.pop() if len(types) == 1 else None
+    return _E(f"CASE {' '.join(parts)} ELSE {default.sql} END", _ATOM, known)
 
 
 def _and(*conds: Cond) -> Cond:
-    out: Cond = True
-    for c in conds:
-        if c is False:
-            return False
-        if c is not True:
-            out = c if out is True else out & c
-    return out
+    parts = [c for c in conds if c is not True]
+    if any(c is False for c in parts):
+        return False
+    rows = [c for c in parts if isinstance(c, _E)]
+    return _all_of(rows) if rows else True
 
 
 def _or(*conds: Cond) -> Cond:
-    out: Cond = False
-    for c in conds:
-        if c is True:
-            return True
-        if c is not False:
-            out = c if out is False else out | c
-    return out
+    parts = [c for c in conds if c is not False]
+    if any(c is True for c in parts):
+        return True
+    rows = [c for c in parts if isinstance(c, _E)]
+    return _any_of(rows) if rows else False
 
 
 def _not(cond: Cond) -> Cond:
     return (not cond) if isinstance(cond, bool) else ~cond
 
 
-def _case(branches: Iterable[tuple[Cond, Column]], default: Column) -> Column:
-    """CASE WHEN ... END, dropping branches decided at compile time."""
-    out: Column | None = None
-    for cond, value in branches:
-        if cond is False:
-            continue
-        if cond is True:
-            return value if out is None else out.otherwise(value)
-        out = F.when(cond, value) if out is None else out.when(cond, value)
-    return default if out is None else out.otherwise(default)
+def _cond(cond: Cond) -> _E:
+    return _lit(cond) if isinstance(cond, bool) else cond
 
 
-def _let(value: Column, body: Callable[[Column], Column]) -> Column:
-    """``body(value)`` with ``value`` computed once.
-
-    Spark has no let, but a lambda binds its argument, and nothing is shared otherwise inside
-    higher-order functions: without this, a value used twice would be computed twice, and the
-    expression would grow exponentially with the nesting of the filter.
-    """
-    return F.transform(F.array(value), body)[0]
+def _all_of(parts: Sequence[_E]) -> _E:
+    return functools.reduce(lambda a, b: a & b, parts)
 
 
-def _disjunction(parts: Sequence[Column]) -> Column:
-    return functools.reduce(operator.or_, parts)
-
-
-def _conjunction(parts: Sequence[Column]) -> Column:
-    return functools.reduce(operator.and_, parts)
+def _any_of(parts: Sequence[_E]) -> _E:
+    return functools.reduce(lambda a, b: a | b, parts)
 
 
 # ============================================================================ values
@@ -348,75 +543,75 @@ def _conjunction(parts: Sequence[Column]) -> Column:
 class _Val:
     """One value. Only the field of its kind is set, so e.g. ``b`` is NULL unless a boolean.
 
-    Fields are cheap expressions (of a lambda variable or a literal) so they can be repeated.
+    Fields are cheap expressions (of a lambda variable, or literals), so they can be repeated.
     """
 
-    t: Column
-    s: Column
-    i: Column
-    d: Column
-    b: Column
+    t: _E
+    s: _E
+    i: _E
+    d: _E
+    b: _E
+    x: _E
+    # The numeric reading (numbers, and strings that spell one): double, exact integer, and
+    # whether of integer type. Filled in for the paths that take part in numeric operations.
+    nd: _E
+    ni: _E
+    nk: _E
     kinds: frozenset[int]  # the kinds ``t`` can take, known at compile time
     nan: bool = False  # whether ``d`` can be NaN (only arithmetic makes NaN)
+    text: bool = False  # whether ``x`` holds the text (else it is worked out when needed)
+    number: bool = False  # whether nd, ni and nk hold the numeric reading
     const: tuple[ast.Scalar] | None = None  # (value,) for a literal
 
 
 def _value(
     kinds: Iterable[int],
-    t: Column,
+    t: _E,
     *,
-    s: Column | None = None,
-    i: Column | None = None,
-    d: Column | None = None,
-    b: Column | None = None,
-    nan: bool = False,
+    s: _E | None = None,
+    i: _E | None = None,
+    d: _E | None = None,
+    b: _E | None = None,
+    x: _E | None = None,
     const: tuple[ast.Scalar] | None = None,
 ) -> _Val:
     return _Val(
         t=t,
-        s=_null("string") if s is None else s,
+        s=_null("STRING") if s is None else s,
         i=_null(_DEC) if i is None else i,
-        d=_null("double") if d is None else d,
-        b=_null("boolean") if b is None else b,
+        d=_null("DOUBLE") if d is None else d,
+        b=_null("BOOLEAN") if b is None else b,
+        x=_null("STRING") if x is None else x,
+        nd=_null("DOUBLE"),
+        ni=_null(_DEC),
+        nk=_null("BOOLEAN"),
         kinds=frozenset(kinds),
-        nan=nan,
+        text=x is not None,
         const=const,
     )
 
 
-def _pack(v: _Val) -> Column:
-    return F.struct(
-        v.t.cast("int").alias("t"),
-        v.s.cast("string").alias("s"),
-        v.i.cast(_DEC).alias("i"),
-        v.d.cast("double").alias("d"),
-        v.b.cast("boolean").alias("b"),
-    )
-
-
-def _unpack(x: Column, kinds: frozenset[int], nan: bool) -> _Val:
-    return _Val(x["t"], x["s"], x["i"], x["d"], x["b"], kinds, nan)
-
-
-def _literal(value: ast.Scalar) -> _Val:
-    const = (value,)
-    if value is None or value == "":
-        return _value({_NULL}, F.lit(_NULL), const=(None,))
-    if isinstance(value, bool):
-        return _value({_BOOL}, F.lit(_BOOL), b=F.lit(value), const=const)
-    if isinstance(value, str):
-        return _value({_STR}, F.lit(_STR), s=F.lit(value), const=const)
-    if isinstance(value, int):
-        exact = abs(value) < _DEC_LIMIT
-        return _value(
-            {_INT},
-            F.lit(_INT),
-            i=F.lit(Decimal(value)).cast(_DEC) if exact else None,
-            d=F.lit(_to_float(value)).cast("double"),
-            const=const,
-        )
-    return _value(
-        {_FLT}, F.lit(_FLT), d=F.lit(value).cast("double"), nan=math.isnan(value), const=const
+def _pack(v: _Val) -> _E:
+    return _f(
+        "named_struct",
+        "t",
+        v.t.cast("INT"),
+        "s",
+        v.s.cast("STRING"),
+        "i",
+        v.i.cast(_DEC),
+        "d",
+        v.d.cast("DOUBLE"),
+        "b",
+        v.b.cast("BOOLEAN"),
+        "x",
+        v.x.cast("STRING"),
+        "nd",
+        v.nd.cast("DOUBLE"),
+        "ni",
+        v.ni.cast(_DEC),
+        "nk",
+        v.nk.cast("BOOLEAN"),
     )
 
 
@@ -427,7 +622,23 @@ def _to_float(value: int) -> float:
         return math.copysign(_INF, value)
 
 
-def _null_struct() -> Column:
+def _literal(value: ast.Scalar) -> _Val:
+    const = (value,)
+    if value is None or value == "":
+        return _value({_NULL}, _lit(_NULL), const=(None,))
+    if isinstance(value, bool):
+        return _value({_BOOL}, _lit(_BOOL), b=_lit(value), const=const)
+    if isinstance(value, str):
+        return _value({_STR}, _lit(_STR), s=_lit(value), const=const)
+    if isinstance(value, int):
+        exact = abs(value) < _DEC_LIMIT
+        i = _lit(value).cast(_DEC) if exact else None
+        return _value({_INT}, _lit(_INT), i=i, d=_lit(_to_float(value)), const=const)
+    v = _value({_FLT}, _lit(_FLT), d=_lit(value), const=const)
+    return replace(v, nan=math.isnan(value))
+
+
+def _null_struct() -> _E:
     return _pack(_literal(None))
 
 
@@ -436,56 +647,55 @@ class _Vals:
     """An expression's values: one literal (``one``) or an ``array<struct>`` (``many``).
 
     Computed values are always arrays, even of one element: consumers then read them through
-    a lambda variable, which is what keeps every field reference cheap.
+    a lambda variable, which keeps every field reference cheap.
     """
 
     kinds: frozenset[int]
     nan: bool = False
+    text: bool = False
+    number: bool = False
     one: _Val | None = None
-    many: Column | None = None
+    many: _E | None = None
+    cheap: bool = False  # ``many`` is a reference (bound once already): no need to bind it
 
 
 def _one(v: _Val) -> _Vals:
-    return _Vals(v.kinds, v.nan, one=v)
+    return _Vals(v.kinds, v.nan, v.text, v.number, one=v)
 
 
-def _element(vs: _Vals, x: Column) -> _Val:
-    return _unpack(x, vs.kinds, vs.nan)
+def _element(vs: _Vals, x: _E) -> _Val:
+    return _Val(
+        x["t"], x["s"], x["i"], x["d"], x["b"], x["x"], x["nd"], x["ni"], x["nk"],
+        vs.kinds, vs.nan, vs.text, vs.number,
+    )  # fmt: skip
 
 
-def _many(vs: _Vals) -> Column:
+def _many(vs: _Vals) -> _E:
     assert vs.many is not None
     return vs.many
 
 
-def _array(vs: _Vals) -> Column:
-    if vs.many is not None:
-        return vs.many
-    assert vs.one is not None
-    return F.array(_pack(vs.one))
-
-
-def _any(vs: _Vals, test: Callable[[_Val], Column]) -> Column:
-    """ANY in three-valued logic: TRUE if one value passes, else UNKNOWN if one is UNKNOWN."""
+def _any(vs: _Vals, test: Callable[[_Val], _E]) -> _E:
+    """ANY in three-valued logic: TRUE if a value passes, else UNKNOWN if one is UNKNOWN."""
     if vs.one is not None:
         return test(vs.one)
-    return F.exists(_many(vs), lambda x: test(_element(vs, x)))
+    return _exists(_many(vs), lambda x: test(_element(vs, x)))
 
 
-def _bind(vss: Sequence[_Vals], body: Callable[[list[_Vals]], Column], *, skip: int = 0) -> Column:
-    """``body`` with the arrays of ``vss`` (but the first ``skip`` ones) computed once."""
+def _bind(vss: Sequence[_Vals], body: Callable[[list[_Vals]], _E], *, skip: int = 0) -> _E:
+    """``body`` with the arrays of ``vss`` (all but the first ``skip``) computed once."""
     out: list[_Vals] = []
 
-    def step(k: int) -> Column:
+    def step(k: int) -> _E:
         if k == len(vss):
             return body(out)
         vs = vss[k]
-        if vs.many is None or k < skip:
+        if vs.many is None or vs.cheap or k < skip:
             out.append(vs)
             return step(k + 1)
 
-        def bound(arr: Column) -> Column:
-            out.append(replace(vs, many=arr))
+        def bound(arr: _E) -> _E:
+            out.append(replace(vs, many=arr, cheap=True))
             return step(k + 1)
 
         return _let(vs.many, bound)
@@ -493,8 +703,8 @@ def _bind(vss: Sequence[_Vals], body: Callable[[list[_Vals]], Column], *, skip: 
     return step(0)
 
 
-def _first_many(vss: Sequence[_Vals]) -> int:
-    """How many leading operands need no binding: up to and including the first array."""
+def _outer(vss: Sequence[_Vals]) -> int:
+    """How many leading operands need no binding: up to the first array, the outermost loop."""
     for k, vs in enumerate(vss):
         if vs.many is not None:
             return k + 1
@@ -503,14 +713,16 @@ def _first_many(vss: Sequence[_Vals]) -> int:
 
 def _product(
     vss: Sequence[_Vals],
-    fn: Callable[[list[_Val]], Column],
+    fn: Callable[[list[_Val]], _E],
     kinds: Iterable[int],
-    nan: bool,
+    *,
+    nan: bool = False,
+    text: bool = False,
 ) -> _Vals:
     """``fn`` (giving a packed value) over every combination of the operands' values."""
 
-    def build(bound: list[_Vals]) -> Column:
-        def rec(k: int, chosen: list[_Val]) -> tuple[Column, bool]:
+    def build(bound: list[_Vals]) -> _E:
+        def rec(k: int, chosen: list[_Val]) -> tuple[_E, bool]:
             if k == len(bound):
                 return fn(chosen), False
             vs = bound[k]
@@ -518,35 +730,36 @@ def _product(
                 return rec(k + 1, [*chosen, vs.one])
             nested = [False]
 
-            def body(x: Column) -> Column:
-                col, is_array = rec(k + 1, [*chosen, _element(vs, x)])
+            def body(x: _E) -> _E:
+                out, is_array = rec(k + 1, [*chosen, _element(vs, x)])
                 nested[0] = is_array
-                return col
+                return out
 
-            out = F.transform(_many(vs), body)
-            return (F.flatten(out) if nested[0] else out), True
+            mapped = _transform(_many(vs), body)
+            return (_f("flatten", mapped) if nested[0] else mapped), True
 
-        col, is_array = rec(0, [])
-        return col if is_array else F.array(col)
+        out, is_array = rec(0, [])
+        return out if is_array else _f("array", out)
 
-    return _Vals(frozenset(kinds), nan, many=_bind(vss, build, skip=_first_many(vss)))
+    many = _bind(vss, build, skip=_outer(vss))
+    return _Vals(frozenset(kinds), nan, text, many=many)
 
 
-def _any_product(vss: Sequence[_Vals], test: Callable[[list[_Val]], Column]) -> Column:
+def _any_product(vss: Sequence[_Vals], test: Callable[[list[_Val]], _E]) -> _E:
     """ANY of ``test`` over every combination of the operands' values."""
 
-    def build(bound: list[_Vals]) -> Column:
-        def rec(k: int, chosen: list[_Val]) -> Column:
+    def build(bound: list[_Vals]) -> _E:
+        def rec(k: int, chosen: list[_Val]) -> _E:
             if k == len(bound):
                 return test(chosen)
             vs = bound[k]
             if vs.one is not None:
                 return rec(k + 1, [*chosen, vs.one])
-            return F.exists(_many(vs), lambda x: rec(k + 1, [*chosen, _element(vs, x)]))
+            return _exists(_many(vs), lambda x: rec(k + 1, [*chosen, _element(vs, x)]))
 
         return rec(0, [])
 
-    return _bind(vss, build, skip=_first_many(vss))
+    return _bind(vss, build, skip=_outer(vss))
 
 
 def _is(v: _Val, kinds: frozenset[int]) -> Cond:
@@ -557,7 +770,7 @@ def _is(v: _Val, kinds: frozenset[int]) -> Cond:
     if v.kinds <= kinds:
         return True
     if len(want) == 1:
-        return v.t == next(iter(want))
+        return v.t.eq(next(iter(want)))
     return v.t.isin(*sorted(want))
 
 
@@ -569,11 +782,11 @@ class _Num:
     """The numeric reading of a value (numbers, and strings that spell one)."""
 
     ok: Cond  # it is a number
-    isint: Cond  # of integer type (Python int)
+    isint: Cond  # of integer type (a Python int)
     exact: Cond  # an integer held exactly in ``i``
-    i: Column  # decimal(38,0)
-    d: Column  # double
-    big: Cond  # its magnitude may be 2**53 or more (only then can doubles be inexact)
+    i: _E  # decimal(38,0)
+    d: _E  # double
+    big: Cond  # its magnitude may be 2**53 or more (only then are doubles inexact for integers)
     nan: bool  # it may be NaN
 
 
@@ -584,161 +797,151 @@ def _num_const(value: ast.Scalar) -> _Num:
     elif isinstance(value, int | float) and not isinstance(value, bool):
         number = value
     if number is None:
-        return _Num(False, False, False, _null(_DEC), _null("double"), False, False)
+        return _Num(False, False, False, _null(_DEC), _null("DOUBLE"), False, False)
     if isinstance(number, int):
         exact = abs(number) < _DEC_LIMIT
-        return _Num(
-            ok=True,
-            isint=True,
-            exact=exact,
-            i=F.lit(Decimal(number)).cast(_DEC) if exact else _null(_DEC),
-            d=F.lit(_to_float(number)).cast("double"),
-            big=abs(number) >= 2**53,
-            nan=False,
-        )
-    return _Num(
-        ok=True,
-        isint=False,
-        exact=False,
-        i=_null(_DEC),
-        d=F.lit(number).cast("double"),
-        big=not abs(number) < _TWO53,
-        nan=math.isnan(number),
-    )
+        i = _lit(number).cast(_DEC) if exact else _null(_DEC)
+        d = _lit(_to_float(number))
+        return _Num(True, True, exact, i, d, abs(number) >= 2**53, False)
+    big = not abs(number) < _TWO53
+    return _Num(True, False, False, _null(_DEC), _lit(number), big, math.isnan(number))
 
 
 def _num(v: _Val) -> tuple[_Num, bool]:
     """``v``'s numeric reading, and whether it parses a string (then worth binding once)."""
     if v.const is not None:
         return _num_const(v.const[0]), False
-    big = F.abs(v.d) >= _TWO53
+    if v.number:
+        big = _f("abs", v.nd).ge(_TWO53)
+        return _Num(v.nd.not_null(), v.nk, v.ni.not_null(), v.ni, v.nd, big, v.nan), False
+    big = _f("abs", v.d).ge(_TWO53)
     if _STR not in v.kinds:
-        is_int = _is(v, frozenset({_INT}))
-        exact: Cond = _and(is_int, v.i.isNotNull()) if is_int is not False else False
+        is_int = _is(v, _INTEGER)
+        exact = _and(is_int, v.i.not_null()) if is_int is not False else False
         return _Num(_is(v, _NUMERIC), is_int, exact, v.i, v.d, big, v.nan), False
-    spaced = F.btrim(v.s, F.lit(_SPACES))
-    is_number = F.coalesce(v.s.rlike(_JAVA_NUMBER), F.lit(False))
-    is_integer = F.coalesce(v.s.rlike(_JAVA_INTEGER), F.lit(False))
-    i = F.when(is_integer, spaced.try_cast(_DEC))
-    d = F.when(is_number, spaced.try_cast("double"))
+    trimmed = _f("btrim", v.s, _SPACES)
+    is_number = _f("coalesce", v.s.rlike(_JAVA_NUMBER), False)
+    is_integer = _f("coalesce", v.s.rlike(_JAVA_INTEGER), False)
+    i = _case([(is_integer, trimmed.try_cast(_DEC))], _null(_DEC))
+    d = _case([(is_number, trimmed.try_cast("DOUBLE"))], _null("DOUBLE"))
     if _INT in v.kinds:
-        i = F.coalesce(v.i, i)
+        i = _f("coalesce", v.i, i)
     if v.kinds & _NUMERIC:
-        d = F.coalesce(v.d, d)
+        d = _f("coalesce", v.d, d)
     ok = _or(_is(v, _NUMERIC), is_number)
-    isint = _or(_is(v, frozenset({_INT})), is_integer)
-    return _Num(ok, isint, i.isNotNull(), i, d, big, v.nan), True
+    isint = _or(_is(v, _INTEGER), is_integer)
+    return _Num(ok, isint, i.not_null(), i, d, big, v.nan), True
 
 
-def _with_nums(vals: Sequence[_Val], body: Callable[[list[_Num]], Column]) -> Column:
-    """``body`` over the values' numeric readings, string parsing done once per value."""
+def _with_nums(vals: Sequence[_Val], body: Callable[[list[_Num]], _E]) -> _E:
+    """``body`` over the values' numeric readings, each string parsed once."""
     readings = [_num(v) for v in vals]
     if not any(parsed for _, parsed in readings):
         return body([n for n, _ in readings])
-    fields = [
-        F.struct(
-            _col(n.ok).alias("ok"),
-            _col(n.isint).alias("isint"),
-            n.i.cast(_DEC).alias("i"),
-            n.d.cast("double").alias("d"),
-        ).alias(f"n{k}")
-        for k, (n, parsed) in enumerate(readings)
-        if parsed
-    ]
+    fields: list[_E | SqlScalar] = []
+    for k, (n, parsed) in enumerate(readings):
+        if parsed:
+            packed = _f(
+                "named_struct", "ok", _cond(n.ok), "isint", _cond(n.isint), "i", n.i, "d", n.d
+            )
+            fields += [f"n{k}", packed]
 
-    def bound(p: Column) -> Column:
+    def bound(p: _E) -> _E:
         nums = []
         for k, (n, parsed) in enumerate(readings):
             if parsed:
                 x = p[f"n{k}"]
-                n = _Num(
-                    x["ok"],
-                    x["isint"],
-                    x["i"].isNotNull(),
-                    x["i"],
-                    x["d"],
-                    F.abs(x["d"]) >= _TWO53,
-                    n.nan,
-                )
+                big = _f("abs", x["d"]).ge(_TWO53)
+                n = _Num(x["ok"], x["isint"], x["i"].not_null(), x["i"], x["d"], big, n.nan)
             nums.append(n)
         return body(nums)
 
-    return _let(F.struct(*fields), bound)
+    return _let(_f("named_struct", *fields), bound)
 
 
-def _sign(a: Column, b: Column) -> Column:
-    return F.when(a < b, -1).when(a > b, 1).otherwise(0)
+def _sign(a: _E, b: _E) -> _E:
+    return _case([(a.lt(b), _lit(-1)), (a.gt(b), _lit(1))], _lit(0))
 
 
-def _exact_decimal(f: Column) -> Column:
-    """The exact value of an integral double below 10**38 as decimal(38,0).
+def _exact_decimal(f: _E) -> _E:
+    """The exact value of an integral double below 10**38 in magnitude, as decimal(38,0).
 
-    Spark's own cast goes through the shortest decimal string (1e23 -> 10**23, while the double
-    is 99999999999999991611392). Here f = q * 2**k with q < 2**56 exactly, and both factors are
-    integers Spark multiplies exactly.
+    Spark's cast goes through the shortest decimal string (1e23 becomes 10**23, whereas the
+    double is 99999999999999991611392). Here f = q * 2**k with q below 2**56, exactly, and Spark
+    multiplies those integers exactly.
     """
-    a = F.abs(f)
-    k = F.greatest(F.floor(F.log2(a)).cast("int") - 54, F.lit(0))
-    q = (a / F.pow(F.lit(2.0), k)).cast("long")
-    low = F.pow(F.lit(2.0), F.least(k, F.lit(62))).cast("long").cast(_DEC)
-    high = F.pow(F.lit(2.0), F.greatest(k - 62, F.lit(0))).cast("long").cast(_DEC)
-    magnitude = q.cast(_DEC) * (low * high)
-    return F.when(f < 0, -magnitude).otherwise(magnitude)
+
+    k = _f("greatest", _f("floor", _f("log2", _f("abs", f))).cast("INT") - 54, 0)
+    q = (f / _f("pow", 2.0, k)).cast("BIGINT").cast(_DEC)
+    low = _f("pow", 2.0, _f("least", k, 62)).cast("BIGINT").cast(_DEC)
+    high = _f("pow", 2.0, _f("greatest", k - 62, 0)).cast("BIGINT").cast(_DEC)
+    return q * (low * high)
 
 
-def _order(x: _Num, y: _Num) -> Column:
-    """-1, 0 or 1 as Python orders the two numbers, 2 if unordered (NaN), NULL if not numbers."""
-    nan = _or(x.d.isNaN() if x.nan else False, y.d.isNaN() if y.nan else False)
+def _order(x: _Num, y: _Num) -> _E:
+    """-1, 0 or 1 as Python orders two numbers, 2 if unordered (NaN), NULL if not numbers."""
+    nan = _or(_f("isnan", x.d) if x.nan else False, _f("isnan", y.d) if y.nan else False)
+
+    def exactly(a: _E, b: _E) -> _E:  # a and b are within one unit of each other
+        return _f("signum", a - b).cast("INT")
+
     by_double = _case(
         [
-            (nan, F.lit(2)),
-            (x.d < y.d, F.lit(-1)),
-            (x.d > y.d, F.lit(1)),
+            (nan, _lit(2)),
+            (x.d.lt(y.d), _lit(-1)),
+            (x.d.gt(y.d), _lit(1)),
             # Equal doubles: an exact integer may still differ from a float beyond 2**53.
-            (_and(x.exact, _not(y.isint), y.big), _sign(x.i, _exact_decimal(y.d))),
-            (_and(y.exact, _not(x.isint), x.big), _sign(_exact_decimal(x.d), y.i)),
+            (_and(x.exact, _not(y.isint), x.big, y.big), exactly(x.i, _exact_decimal(y.d))),
+            (_and(y.exact, _not(x.isint), x.big, y.big), exactly(_exact_decimal(x.d), y.i)),
         ],
-        F.lit(0),
+        _lit(0),
     )
     return _case(
-        [
-            (_not(_and(x.ok, y.ok)), _null("int")),
-            (_and(x.exact, y.exact), _sign(x.i, y.i)),
-        ],
+        [(_not(_and(x.ok, y.ok)), _null("INT")), (_and(x.exact, y.exact), _sign(x.i, y.i))],
         by_double,
     )
 
 
-def _holds(order: Column, op: str) -> Column:
+def _holds(order: _E, op: str) -> _E:
     """Whether ``op`` holds for an ``_order`` result (NaN: only ``!=``)."""
     match op:
         case "=":
-            return order == 0
+            return order.eq(0)
         case "!=":
-            return order != 0
+            return order.ne(0)
         case "<":
-            return order == -1
+            return order.eq(-1)
         case "<=":
             return order.isin(-1, 0)
         case ">":
-            return order == 1
+            return order.eq(1)
         case ">=":
             return order.isin(0, 1)
     raise ValueError(f"not a comparison operator: {op}")
 
 
-def _compare(a: _Val, b: _Val, op: str) -> Column:
+_SQL_OPS = {"=": "=", "!=": "<>", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def _narrow(v: _Val, kinds: frozenset[int]) -> _Val:
+    return v if v.const is not None else replace(v, kinds=v.kinds & kinds)
+
+
+def _compare(a: _Val, b: _Val, op: str) -> _E:
     """One comparison under the language's typing rules (``evaluate._compare``)."""
-    strings = _and(_is(a, frozenset({_STR})), _is(b, frozenset({_STR})))
+    strings = _and(_is(a, _STRING), _is(b, _STRING))
     numbers = _or(_is(a, _NUMERIC), _is(b, _NUMERIC))
-    branches: list[tuple[Cond, Column]] = []
+    branches: list[tuple[Cond, _E]] = []
     if strings is not False:
-        branches.append((strings, _COMPARE[op](a.s, b.s)))
+        branches.append((strings, a.s.op(_SQL_OPS[op], b.s)))
     if numbers is not False:
-        branches.append((numbers, _with_nums([a, b], lambda n: _holds(_order(n[0], n[1]), op))))
+        # In this branch one side is a number; if the other cannot be, the one must be.
+        x = a if b.kinds & _NUMERIC else _narrow(a, _NUMERIC)
+        y = b if a.kinds & _NUMERIC else _narrow(b, _NUMERIC)
+        branches.append((numbers, _with_nums([x, y], lambda n: _holds(_order(*n), op))))
     # Whatever is left compares only if both are booleans (b is NULL for anything else).
     both_bool = _BOOL in a.kinds and _BOOL in b.kinds
-    return _case(branches, _COMPARE[op](a.b, b.b) if both_bool else _null("boolean"))
+    return _case(branches, a.b.op(_SQL_OPS[op], b.b) if both_bool else _null("BOOLEAN"))
 
 
 # ============================================================================ text
@@ -751,180 +954,197 @@ def _py_text(value: ast.Scalar) -> str | None:
     return value if isinstance(value, str) else canonical_text(value)
 
 
-def _big_integral_text(d: Column) -> Column:
-    """Exact decimal digits of an integral double of 10**38 or more (Python's ``str(int(d))``).
+def _big_integral_text(d: _E) -> _E:
+    """Exact digits of an integral double of 10**38 or more (Python's ``str(int(d))``).
 
-    d = q * 2**k; q's digits in base-10**9 limbs are doubled k times (a carry only ever comes
-    from the limb just below, so each doubling is one ``transform``).
+    d = q * 2**k; q's digits in base-10**9 limbs are doubled k times. A doubled limb carries at
+    most 1, and only into the next limb, so each doubling is a single ``transform``.
     """
-    a = F.abs(d)
-    k = F.floor(F.log2(a)).cast("int") - 54
-    q = F.lpad((a / F.pow(F.lit(2.0), k)).cast("long").cast("string"), 27, "0")
-    start = F.array(*(F.substring(q, pos, 9).cast("long") for pos in (19, 10, 1)))
 
-    def double(acc: Column, _: Column) -> Column:
-        def limb(x: Column, j: Column) -> Column:
-            below = F.element_at(acc, F.greatest(j, F.lit(1)))
-            return (x * 2) % _LIMB + F.when((j > 0) & (below * 2 >= _LIMB), 1).otherwise(0)
+    k = _f("floor", _f("log2", _f("abs", d))).cast("INT") - 54
+    q = _f("lpad", (_f("abs", d) / _f("pow", 2.0, k)).cast("BIGINT").cast("STRING"), 27, "0")
+    start = _f("array", *(_f("substring", q, p, 9).cast("BIGINT") for p in (19, 10, 1)))
 
-        carry = F.when(
-            F.element_at(acc, -1) * 2 >= _LIMB, F.array(F.lit(1).cast("long"))
-        ).otherwise(F.array().cast("array<bigint>"))
-        return F.concat(F.transform(acc, limb), carry)
+    def double(acc: _E, _: _E) -> _E:
+        def limb(x: _E, j: _E) -> _E:
+            below = _f("element_at", acc, _f("greatest", j, 1))
+            carry = _case([(j.gt(0) & (below * 2).ge(_LIMB), _lit(1))], _lit(0))
+            return (x * 2) % _LIMB + carry
 
-    def render(rev: Column) -> Column:
-        tail = F.transform(F.slice(rev, 2, F.size(rev)), lambda x: F.lpad(x.cast("string"), 9, "0"))
-        digits = F.concat(F.element_at(rev, 1).cast("string"), F.array_join(tail, ""))
-        return F.regexp_replace(digits, "^0+(?=[0-9])", "")
+        top = _case(
+            [((_f("element_at", acc, -1) * 2).ge(_LIMB), _f("array", _lit(1).cast("BIGINT")))],
+            _f("array").cast("ARRAY<BIGINT>"),
+        )
+        return _f("concat", _hof("transform", acc, limb, 2), top)
 
-    limbs = F.aggregate(F.sequence(F.lit(1), k), start, double)
-    text = _let(F.reverse(limbs), render)
-    return F.concat(F.when(d < 0, "-").otherwise(""), text)
+    # Every limb padded to nine digits, most significant first, then leading zeros dropped.
+    limbs = _aggregate(_f("sequence", 1, k), start, double)
+    padded = _transform(limbs, lambda x: _f("lpad", x.cast("STRING"), 9, "0"))
+    digits = _f("array_join", _f("reverse", padded), "")
+    text = _f("regexp_replace", digits, "^0+(?=[0-9])", "")
+    return _f("concat", _case([(d.lt(0), _lit("-"))], _lit("")), text)
 
 
-def _integral_text(d: Column) -> Column:
+def _integral_text(d: _E) -> _E:
     """Python's ``str(int(d))`` for a finite integral double."""
-    a = F.abs(d)
-    return (
-        F.when(a < _TWO63, d.cast("long").cast("string"))
-        .when(a < 1e38, _exact_decimal(d).cast("string"))
-        .otherwise(_big_integral_text(d))
+    a = _f("abs", d)
+    return _case(
+        [
+            (a.lt(_TWO63), d.cast("BIGINT").cast("STRING")),
+            (a.lt(1e38), _exact_decimal(d).cast("STRING")),
+        ],
+        _big_integral_text(d),
     )
 
 
-def _fraction_text(d: Column) -> Column:
+def _fraction_text(d: _E) -> _E:
     """Python's ``repr`` of a finite non-integral double, from Spark's (shortest) digits.
 
-    Spark prints 1.0E-5 or 1.23456789123E8 where Python prints 1e-05 and 123456789.123.
+    Spark writes 1.0E-5 and 1.23456789123E8 where Python writes 1e-05 and 123456789.123.
     """
-    js = F.regexp_replace(d.cast("string"), "^-", "")
-    digits = F.regexp_replace(
-        F.regexp_replace(F.regexp_extract(js, "^([0-9.]+)E", 1), r"\.", ""), "0+$", ""
+
+    js = _f("abs", d).cast("STRING")
+    digits = _f("regexp_replace", js, "^([0-9])[.]([0-9]*?)0*E.*$", "$1$2")  # 1.50E-7: 15
+    e = _f("substring_index", js, "E", -1).cast("INT")
+    small = _f(
+        "concat",
+        _f("regexp_replace", digits, "^(.)(.+)$", "$1.$2"),
+        "e-",
+        _f("format_string", "%02d", -e),
     )
-    e = F.regexp_extract(js, "E(-?[0-9]+)$", 1).cast("int")
-    n = F.length(digits)
-    scientific = F.concat(
-        F.substring(digits, 1, 1),
-        F.when(n > 1, F.concat(F.lit("."), digits.substr(F.lit(2), n))).otherwise(""),
-        F.lit("e-"),
-        F.lpad((-e).cast("string"), 2, "0"),
-    )
-    small = F.concat(F.lit("0."), F.repeat(F.lit("0"), -e - 1), digits)
-    large = F.concat(digits.substr(F.lit(1), e + 1), F.lit("."), digits.substr(e + 2, n))
-    body = (
-        F.when(~js.contains("E"), js).when(e < -4, scientific).when(e < 0, small).otherwise(large)
-    )
-    return F.concat(F.when(d < 0, "-").otherwise(""), body)
+    fraction = _f("concat", "0.", _f("repeat", "0", -e - 1), digits)
+    large = _f("concat", _f("substring", digits, 1, e + 1), ".", _f("substring", digits, e + 2))
+    body = _case([(_f("instr", js, "E").eq(0), js), (e.lt(-4), small), (e.lt(0), fraction)], large)
+    return _f("concat", _case([(d.lt(0), _lit("-"))], _lit("")), body)
 
 
-def _float_text(d: Column) -> Column:
+def _float_text(d: _E) -> _E:
     """``canonical_text`` of a float: nan, inf, integral values without ``.0``, else repr."""
-    return (
-        F.when(d.isNull(), _null("string"))
-        .when(d.isNaN(), "nan")
-        .when(d == _INF, "inf")
-        .when(d == -_INF, "-inf")
-        .when(d % 1.0 == 0, _integral_text(d))
-        .otherwise(_fraction_text(d))
+    return _case(
+        [
+            (d.is_null(), _null("STRING")),
+            (_f("isnan", d), _lit("nan")),
+            (d.eq(_INF), _lit("inf")),
+            (d.eq(-_INF), _lit("-inf")),
+            ((d % 1.0).eq(0), _integral_text(d)),
+        ],
+        _fraction_text(d),
     )
 
 
-def _text(v: _Val) -> Column:
+def _text(v: _Val) -> _E:
     """The text string predicates and functions see (``evaluate._text``); NULL if none."""
+    if v.text:
+        return v.x
     if v.const is not None:
-        return F.lit(_py_text(v.const[0])).cast("string")
-    parts: list[Column] = []
+        return _lit(_py_text(v.const[0])).cast("STRING")
+    parts: list[_E] = []
     if _STR in v.kinds:
         parts.append(v.s)
     if _BOOL in v.kinds:
-        parts.append(F.when(v.b, "true").when(~v.b, "false"))
+        parts.append(_case([(v.b, _lit("true")), (~v.b, _lit("false"))], _null("STRING")))
     if _INT in v.kinds:
-        parts.append(v.i.cast("string"))
+        parts.append(v.i.cast("STRING"))
     if v.kinds & _NUMERIC:  # floats, and integers too large to hold exactly
         parts.append(_float_text(v.d))
     if not parts:
-        return _null("string")
-    return parts[0] if len(parts) == 1 else F.coalesce(*parts)
+        return _null("STRING")
+    return parts[0] if len(parts) == 1 else _f("coalesce", *parts)
 
 
-def _text_value(text: Column) -> Column:
-    """A packed string value (``""`` and NULL are NULL)."""
-
-    def pack(s: Column) -> Column:
-        present = s.isNotNull() & (s != "")
-        return _pack(
-            _value({_NULL, _STR}, F.when(present, _STR).otherwise(_NULL), s=F.when(present, s))
-        )
-
-    return _let(text, pack)
+def _cheap_text(v: _Val) -> bool:
+    """Whether ``_text(v)`` is a mere field reference or literal (so it can be repeated)."""
+    return v.text or v.const is not None or v.kinds <= {_NULL, _STR}
 
 
-def _int_value(n: Column) -> Column:
-    def pack(x: Column) -> Column:
-        kind = F.when(x.isNull(), _NULL).otherwise(_INT)
-        return _pack(_value({_NULL, _INT}, kind, i=x.cast(_DEC), d=x.cast("double")))
-
-    return _let(n, pack)
+def _bound(value: _E, body: Callable[[_E], _E], *, cheap: bool) -> _E:
+    """``body(value)``, binding ``value`` first unless it is cheap to repeat."""
+    return body(value) if cheap else _let(value, body)
 
 
-def _bool_value(p: Column) -> Column:
-    def pack(x: Column) -> Column:
-        return _pack(_value({_NULL, _BOOL}, F.when(x.isNull(), _NULL).otherwise(_BOOL), b=x))
+def _text_value(text: _E, *, cheap: bool = False) -> _E:
+    """A packed string value ("" and NULL are NULL)."""
 
-    return _let(p, pack)
+    def pack(s: _E) -> _E:
+        present = s.not_null() & s.ne("")
+        kind = _case([(present, _lit(_STR))], _lit(_NULL))
+        value = _case([(present, s)], _null("STRING"))
+        return _pack(_value({_NULL, _STR}, kind, s=value, x=value))
+
+    return _bound(text, pack, cheap=cheap)
+
+
+def _int_value(n: _E, *, cheap: bool = False) -> _E:
+    def pack(x: _E) -> _E:
+        kind = _case([(x.is_null(), _lit(_NULL))], _lit(_INT))
+        return _pack(_value({_NULL, _INT}, kind, i=x, d=x, x=x.cast("STRING")))
+
+    return _bound(n, pack, cheap=cheap)
+
+
+def _bool_value(p: _E, *, cheap: bool = False) -> _E:
+    def pack(x: _E) -> _E:
+        kind = _case([(x.is_null(), _lit(_NULL))], _lit(_BOOL))
+        text = _case([(x, _lit("true")), (~x, _lit("false"))], _null("STRING"))
+        return _pack(_value({_NULL, _BOOL}, kind, b=x, x=text))
+
+    return _bound(p, pack, cheap=cheap)
 
 
 # ============================================================================ arithmetic
 
 
-def _arith(op: str, a: _Val, b: _Val) -> Column:
+def _arith(op: str, a: _Val, b: _Val) -> _E:
     """A packed value: ``evaluate._compile_arith`` on one pair of values."""
+    kinds = {_NULL, _INT, _FLT}
+    null = _null("DOUBLE")
 
-    def body(n: list[_Num]) -> Column:
+    def body(n: list[_Num]) -> _E:
         x, y = n
-        ok = _and(x.ok, y.ok)
+        bad = _not(_and(x.ok, y.ok))
         both_int = _and(x.isint, y.isint)
         both_exact = _and(x.exact, y.exact)
-        kinds = {_NULL, _INT, _FLT}
         if op in ("+", "-", "*"):
-            exact_op = {"+": F.try_add, "-": F.try_subtract, "*": F.try_multiply}[op]
-            float_op = {"+": operator.add, "-": operator.sub, "*": operator.mul}[op]
-            i = F.when(_col(both_exact), exact_op(x.i, y.i)) if both_exact is not False else None
-            d = float_op(x.d, y.d)
-            if i is not None:  # an exact result, else (past 38 digits) the double approximation
-                d = F.coalesce(i.cast("double"), d)
-            kind = _case([(_not(ok), F.lit(_NULL)), (both_int, F.lit(_INT))], F.lit(_FLT))
+            exact_op = {"+": "try_add", "-": "try_subtract", "*": "try_multiply"}[op]
+            float_d = x.d.op(op, y.d)
+            i = _null(_DEC)
+            d = float_d
+            if both_exact is not False:  # exact, or past 38 digits the double approximation
+                i = _case([(both_exact, _f(exact_op, x.i, y.i))], _null(_DEC))
+                d = _f("coalesce", i.cast("DOUBLE"), float_d)
+            kind = _case([(bad, _lit(_NULL)), (both_int, _lit(_INT))], _lit(_FLT))
             return _pack(_value(kinds, kind, i=i, d=d))
-        zero = y.d == 0
+        zero = y.d.eq(0)
         if op == "/":
-            kind = _case([(_not(ok), F.lit(_NULL)), (zero, F.lit(_NULL))], F.lit(_FLT))
-            return _pack(_value(kinds, kind, d=F.when(~zero, x.d / y.d)))
+            kind = _case([(bad, _lit(_NULL)), (zero, _lit(_NULL))], _lit(_FLT))
+            return _pack(_value(kinds, kind, d=_case([(zero, null)], x.d / y.d)))
         # % takes the dividend's sign; Python's math.fmod refuses an infinite dividend.
-        refused = (F.abs(x.d) == _INF) & ~y.d.isNaN()
-        i = F.when(_col(both_exact) & ~zero, x.i % y.i) if both_exact is not False else None
-        fmod = x.d % y.d
-        int_d = fmod if i is None else F.coalesce(i.cast("double"), fmod)
-        null = _null("double")
-        branches: list[tuple[Cond, Column]] = [(_not(ok), null), (zero, null), (both_int, int_d)]
-        d = _case([*branches, (refused, null)], fmod)
+        refused = _f("abs", x.d).eq(_INF) & ~_f("isnan", y.d)
+        i = _null(_DEC)
+        int_d = x.d % y.d
+        if both_exact is not False:
+            i = _case([(zero, _null(_DEC)), (both_exact, x.i % y.i)], _null(_DEC))
+            int_d = _f("coalesce", i.cast("DOUBLE"), x.d % y.d)
+        branches: list[tuple[Cond, _E]] = [(bad, null), (zero, null), (both_int, int_d)]
+        d = _case([*branches, (refused, null)], x.d % y.d)
         kind = _case(
             [
-                (_not(ok), F.lit(_NULL)),
-                (zero, F.lit(_NULL)),
-                (both_int, F.lit(_INT)),
-                (refused, F.lit(_NULL)),
+                (bad, _lit(_NULL)),
+                (zero, _lit(_NULL)),
+                (both_int, _lit(_INT)),
+                (refused, _lit(_NULL)),
             ],
-            F.lit(_FLT),
+            _lit(_FLT),
         )
         return _pack(_value(kinds, kind, i=i, d=d))
 
     return _with_nums([a, b], body)
 
 
-def _negate(a: _Val) -> Column:
-    def body(n: list[_Num]) -> Column:
+def _negate(a: _Val) -> _E:
+    def body(n: list[_Num]) -> _E:
         (x,) = n
-        kind = _case([(_not(x.ok), F.lit(_NULL)), (x.isint, F.lit(_INT))], F.lit(_FLT))
+        kind = _case([(_not(x.ok), _lit(_NULL)), (x.isint, _lit(_INT))], _lit(_FLT))
         return _pack(_value({_NULL, _INT, _FLT}, kind, i=-x.i, d=-x.d))
 
     return _with_nums([a], body)
@@ -938,123 +1158,274 @@ def _may_nan(vss: Iterable[_Vals]) -> bool:
 # ============================================================================ JSON paths
 
 
-def _is_array(v: Column) -> Column:
-    return F.try_variant_get(v, "$", "array<variant>").isNotNull()
+def _as_array(v: _E) -> _E:
+    return _f("try_variant_get", v, "$", "array<variant>")
 
 
-def _flatten_once(nodes: Column) -> Column:
-    return F.flatten(
-        F.transform(
-            nodes, lambda e: F.coalesce(F.try_variant_get(e, "$", "array<variant>"), F.array(e))
+def _leaf(n: _E) -> _E:
+    """A packed value for a variant that is not an array.
+
+    The variant's type name is asked for at each use rather than bound once: binding would
+    nest one more lambda, and a scalar's type name is cheap.
+    """
+    ty = _f("schema_of_variant", n)
+    text = _f("try_variant_get", n, "$", "string").typed("STRING")
+    dec = _f("try_variant_get", n, "$", "decimal(38,0)").typed(_DEC)
+    is_str = ty.eq("STRING") & text.ne("")
+    is_bool = ty.eq("BOOLEAN")
+    # orjson reads integers up to 2**64-1 as int and larger ones as float; Spark keeps
+    # integers beyond a long as DECIMAL(p,0), the same as a float written "1.0".
+    is_int = ty.isin("TINYINT", "SMALLINT", "INT", "BIGINT") | (
+        _f("endswith", ty, ",0)") & dec.gt(_LONG_MAX) & dec.le(_U64_MAX)
+    )
+    is_number = _f("startswith", ty, "DECIMAL(") | ty.isin(
+        "TINYINT", "SMALLINT", "INT", "BIGINT", "DOUBLE", "FLOAT"
+    )
+    kind = _case(
+        [
+            (is_str, _lit(_STR)),
+            (is_bool, _lit(_BOOL)),
+            (is_int, _lit(_INT)),
+            (is_number, _lit(_FLT)),
+            (ty.isin("STRING", "VOID"), _lit(_NULL)),
+        ],
+        _lit(_OBJ),
+    )
+    double = _f("try_variant_get", n, "$", "double").typed("DOUBLE")
+    boolean = _f("try_variant_get", n, "$", "boolean").typed("BOOLEAN")
+    return _pack(
+        _value(
+            _ALL,
+            kind,
+            s=_case([(is_str, text)], _null("STRING")),
+            i=_case([(is_int, dec)], _null(_DEC)),
+            d=_case([(is_number, double)], _null("DOUBLE")),
+            b=_case([(is_bool, boolean)], _null("BOOLEAN")),
         )
     )
 
 
-def _flatten_nested(items: Column, source: Column) -> Column:
-    """The elements of a JSON array with arrays inside it flattened, at any depth.
+def _with_reading(v: _Val) -> _Val:
+    """``v`` with its numeric reading in nd, ni and nk."""
+    reading, _ = _num(v)
+    return replace(v, nd=reading.d, ni=reading.i, nk=_cond(reading.isint), number=True)
 
-    There is no recursion in Spark expressions, so the flattening is repeated as many times as
-    the JSON has ``[`` (a bound on the depth), each round a no-op once nothing is nested.
+
+_NODES = "ARRAY<STRUCT<v: VARIANT, s: INT>>"
+
+
+def _path(root: _E, rounds: _E, steps: tuple[str, ...], *, text: bool, number: bool) -> _E:
+    """The values a path reads from the parsed record (an empty array if none).
+
+    Spark expressions cannot recurse, so the walk is a loop over (variant, steps taken) pairs:
+    each round replaces an array by its elements (arrays nest) or an object by its value at the
+    next key, dropping what has no such key. ``rounds`` bounds the rounds needed: the path's
+    length plus the number of ``[`` in the text, as deep as arrays can nest. A loop of fixed
+    shape also keeps the expression's nesting the same for a path of any length, which is
+    what the analyzer's cost depends on (see ``_let``).
     """
+    end = len(steps)
 
-    def deep(arr: Column) -> Column:
-        def step(state: Column, _: Column) -> Column:
-            def next_state(flat: Column) -> Column:
-                return F.struct(flat.alias("a"), (~F.exists(flat, _is_array)).alias("done"))
+    def node(v: _E, s: _E | int) -> _E:
+        return _f("named_struct", "v", v, "s", s)
 
-            return F.when(state["done"], state).otherwise(
-                _let(_flatten_once(state["a"]), next_state)
-            )
+    def finished(e: _E) -> _E:
+        return e["s"].eq(end) & _as_array(e["v"]).is_null()
 
-        rounds = F.size(F.split(F.to_json(source), r"\[")) - 1
-        start = F.struct(arr.alias("a"), F.lit(False).alias("done"))
-        flat = F.aggregate(F.sequence(F.lit(1), rounds), start, step, lambda s: s["a"])
-        return F.when(F.exists(arr, _is_array), flat).otherwise(arr)
+    def advance(e: _E) -> _E:
+        elements = _transform(_as_array(e["v"]), lambda x: node(x, e["s"]))
+        branches: list[tuple[Cond, _E]] = [(_as_array(e["v"]).not_null(), elements)]
+        for taken, key in enumerate(steps):
+            child = _f("try_variant_get", e["v"], f'$["{key}"]', "variant")
+            found = _case([(child.not_null(), _f("array", node(child, taken + 1)))], _null(_NODES))
+            branches.append((e["s"].eq(taken), found))
+        return _f("coalesce", _case(branches, _f("array", e)), _E(f"CAST(array() AS {_NODES})"))
 
-    return _let(items, deep)
-
-
-def _expand(child: Column) -> Column:
-    """The values a variant contributes: none if SQL NULL (absent), its elements if an array."""
-
-    def expand(c: Column) -> Column:
-        items = F.try_variant_get(c, "$", "array<variant>")
-        return F.coalesce(_flatten_nested(items, c), F.filter(F.array(c), lambda x: x.isNotNull()))
-
-    return _let(child, expand)
-
-
-def _child(step: str) -> Callable[[Column], Column]:
-    # A one-argument lambda: pyspark reads a second parameter as the element's index.
-    return lambda n: _expand(F.try_variant_get(n, step, "variant"))
-
-
-def _leaf(n: Column) -> Column:
-    """A packed value for a variant that is not an array."""
-
-    def typed(ty: Column) -> Column:
-        text = F.try_variant_get(n, "$", "string")
-        dec = F.try_variant_get(n, "$", _DEC)
-        # orjson reads integers up to 2**64-1 as int and larger ones as float; Spark keeps
-        # integers beyond a long as DECIMAL(p,0), the same as a float written "1.0".
-        unsigned = (dec > _LONG_MAX) & (dec <= F.lit(Decimal(_U64_MAX)))
-        kind = (
-            F.when(ty == "STRING", F.when(text != "", _STR).otherwise(_NULL))
-            .when(ty == "BOOLEAN", _BOOL)
-            .when(ty.isin("TINYINT", "SMALLINT", "INT", "BIGINT"), _INT)
-            .when(ty.startswith("DECIMAL(") & ty.endswith(",0)") & unsigned, _INT)
-            .when(ty.startswith("DECIMAL(") | ty.isin("DOUBLE", "FLOAT"), _FLT)
-            .when(ty == "VOID", _NULL)
-            .otherwise(_OBJ)
+    def step(acc: _E, _: _E) -> _E:
+        return _case(
+            [(_hof("forall", acc, finished), acc)], _f("flatten", _transform(acc, advance))
         )
 
-        def fields(t: Column) -> Column:
-            return _pack(
-                _value(
-                    _ALL,
-                    t,
-                    s=F.when(t == _STR, text),
-                    i=F.when(t == _INT, dec),
-                    d=F.when(t.isin(_INT, _FLT), F.try_variant_get(n, "$", "double")),
-                    b=F.when(t == _BOOL, F.try_variant_get(n, "$", "boolean")),
-                )
-            )
+    def leaves(acc: _E) -> _E:
+        return _transform(acc, lambda e: _leaf(e["v"]))
 
-        return _let(kind, fields)
+    start = _f("array", node(root, 0))
+    loop = _f("array_repeat", 0, rounds + end)
+    values = _E(f"aggregate({loop.sql}, {start.sql}, {_lambda(step, 2)}, {_lambda(leaves)})")
+    if text or number:
 
-    return _let(F.schema_of_variant(n), typed)
+        def extend(x: _E) -> _E:
+            v = _element(_Vals(_ALL), x)
+            v = replace(v, x=_text(v)) if text else v
+            return _pack(_with_reading(v) if number else v)
+
+        values = _transform(values, extend)
+    return values
+
+
+def _present(values: _E) -> _E:
+    """``values``, or one NULL if empty: the evaluator reads no value as NULL (cheap to repeat
+    on a bound array)."""
+    return _case([(_f("size", values).gt(0), values)], _f("array", _null_struct()))
 
 
 # ============================================================================ compiler
 
 
-class _Compiler:
-    """Turns one filter tree into Columns over ``root``, the parsed record (a VARIANT)."""
+def _direct_paths(node: ast.Expr) -> set[str]:
+    """Paths whose own values ``node`` yields (through COALESCE too)."""
+    if isinstance(node, ast.Path):
+        return {node.text}
+    if isinstance(node, ast.Func) and node.name == "COALESCE":
+        return set().union(*(_direct_paths(a) for a in node.args))
+    return set()
 
-    def __init__(self, text: str, source: bool, root: Column) -> None:
-        self.text = text
-        self.source = source  # whether node positions point into ``text``
-        self.root = root
+
+def _text_paths(tree: ast.Expr) -> set[str]:
+    """The paths whose text some LIKE, BEGINS/ENDS WITH or string function reads."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        match node:
+            case ast.Like(value=value):
+                out |= _direct_paths(value)
+            case (
+                ast.BeginsWith(value=value, prefixes=items)
+                | ast.EndsWith(value=value, suffixes=items)
+            ):
+                for item in (value, *items):
+                    out |= _direct_paths(item)
+            case ast.Func(name=name, args=args) if name in _TEXT_FUNCTIONS:
+                for arg in args:
+                    out |= _direct_paths(arg)
+    return out
+
+
+def _may_be_number(node: ast.Expr) -> bool:
+    """Whether ``node`` can have a value of a numeric kind (a numeric string is a string)."""
+    if isinstance(node, ast.Literal):
+        return isinstance(node.value, int | float) and not isinstance(node.value, bool)
+    return not isinstance(node, ast.Func) or node.name not in ("UPPER", "LOWER", "CONCAT")
+
+
+def _number_paths(tree: ast.Expr) -> set[str]:
+    """The paths whose strings may have to be read as numbers: those compared with something
+    that may be a number, and those in arithmetic."""
+    out: set[str] = set()
+
+    def pair(left: ast.Expr, right: ast.Expr) -> None:
+        nonlocal out
+        if _may_be_number(right):
+            out |= _direct_paths(left)
+        if _may_be_number(left):
+            out |= _direct_paths(right)
+
+    for node in ast.walk(tree):
+        match node:
+            case ast.Compare(left=left, right=right):
+                pair(left, right)
+            case ast.In(value=value, options=items):
+                for item in items:
+                    pair(value, item)
+            case ast.Between(value=value, low=low, high=high):
+                pair(value, low)
+                pair(value, high)
+            case ast.Arith(left=left, right=right):
+                out |= _direct_paths(left) | _direct_paths(right)
+            case ast.Neg(operand=operand):
+                out |= _direct_paths(operand)
+    return out
+
+
+def _is_word(value: ast.Scalar) -> bool:
+    """A non-empty string that does not spell a number: it equals only itself."""
+    return isinstance(value, str) and bool(value) and str_to_number(value) is None
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A parsed filter and the text its node positions point into (for error messages)."""
+
+    text: str
+    positions: bool  # whether node positions refer to ``text`` (not so for hand-built trees)
+    tree: ast.Expr
+
+
+class _Compiler:
+    """Turns filter trees into SQL over ``paths``, each distinct path's values read once."""
+
+    def __init__(self, sources: Sequence[_Source]) -> None:
+        self.source = sources[0]
+        self.texts = set().union(*(_text_paths(s.tree) for s in sources))
+        self.numbers = set().union(*(_number_paths(s.tree) for s in sources))
+        self.order = sorted(set().union(*(ast.paths(s.tree) for s in sources)))
+        self.paths: dict[str, _E] = {}
+        for source in sources:
+            self.source = source
+            for node in ast.walk(source.tree):
+                if isinstance(node, ast.Path) and any(
+                    ("'" in k or '"' in k or "\\" in k) for k in node.steps
+                ):
+                    raise self.error(f"the path {node.text} cannot be addressed on Spark", node)
 
     def error(self, message: str, node: ast.Expr) -> FilterError:
-        position = node.pos if self.source and node.pos >= 0 else 0
-        return FilterError(message, text=self.text, position=position)
+        src = self.source
+        position = node.pos if src.positions and node.pos >= 0 else 0
+        return FilterError(message, text=src.text, position=position)
+
+    def truth(self, source: _Source) -> _E:
+        """The three-valued result of one of the filters."""
+        self.source = source
+        return self.pred(source.tree)
+
+    def with_paths(self, body_col: str, build: Callable[[], _E]) -> _E:
+        """``build()`` with the record parsed once and every path of the tree read once."""
+
+        def with_root(record: _E) -> _E:
+            def reads(path: str) -> _E:
+                steps = ast.Path(path).steps
+                text, number = path in self.texts, path in self.numbers
+                return _path(record["r"], record["n"], steps, text=text, number=number)
+
+            if len(self.order) == 1:
+
+                def one(values: _E) -> _E:
+                    self.paths[self.order[0]] = _present(values)
+                    return build()
+
+                return _let(reads(self.order[0]), one)
+
+            fields: list[_E | SqlScalar] = []
+            for k, path in enumerate(self.order):
+                fields += [f"p{k}", reads(path)]
+
+            def many(values: _E) -> _E:
+                for k, path in enumerate(self.order):
+                    self.paths[path] = _present(values[f"p{k}"])
+                return build()
+
+            return _let(_f("named_struct", *fields), many)
+
+        body = _E(_column(body_col))
+        # Every '[' may open an array: their number bounds how deep arrays nest.
+        brackets = _f("length", body) - _f("length", _f("replace", body, "[", ""))
+        record = _f("named_struct", "r", _f("try_parse_json", body), "n", brackets)
+        return _let(record, with_root)
 
     # ---------------------------------------------------------------- predicates
 
-    def pred(self, node: ast.Expr) -> Column:
+    def pred(self, node: ast.Expr) -> _E:
         """The three-valued truth of ``node`` (NULL for UNKNOWN)."""
         if not ast.paths(node):
             # Nothing is read from the record: the evaluator's answer is the answer.
-            return F.lit(compile_predicate(node)({})).cast("boolean")
+            return _lit(compile_predicate(node)({})).cast("BOOLEAN")
         match node:
             case ast.Compare(op=op, left=left, right=right):
                 operands = [self.vals(left), self.vals(right)]
                 return _any_product(operands, lambda v: _compare(v[0], v[1], op))
             case ast.And(operands=ops):
-                return _conjunction([self.pred(o) for o in ops])
+                return _all_of([self.pred(o) for o in ops])
             case ast.Or(operands=ops):
-                return _disjunction([self.pred(o) for o in ops])
+                return _any_of([self.pred(o) for o in ops])
             case ast.Not(operand=operand):
                 return ~self.pred(operand)
             case ast.In():
@@ -1070,18 +1441,18 @@ class _Compiler:
             case ast.IsNull(value=value):
                 vs = self.vals(value)
                 if vs.one is not None:
-                    return F.lit(vs.one.const is None or _py_text(vs.one.const[0]) is None)
-                return F.forall(_many(vs), lambda x: x["t"] == _NULL)
+                    return _lit(vs.one.const is None or _py_text(vs.one.const[0]) is None)
+                return _hof("forall", _many(vs), lambda x: x["t"].eq(_NULL))
             case ast.BeginsWith(value=value, prefixes=items):
                 return self.affix(value, items, ends=False)
             case ast.EndsWith(value=value, suffixes=items):
                 return self.affix(value, items, ends=True)
         # A value where a condition is expected means `value = TRUE`.
-        return _any(self.vals(node), lambda x: x.b if _BOOL in x.kinds else _null("boolean"))
+        return _any(self.vals(node), lambda x: x.b if _BOOL in x.kinds else _null("BOOLEAN"))
 
-    def in_(self, node: ast.In) -> Column:
+    def in_(self, node: ast.In) -> _E:
         value = self.vals(node.value)
-        # Non-numeric string literals compare equal only to that string: one set lookup.
+        # Strings that spell no number equal only themselves: one IN list covers them all.
         words = sorted(
             {
                 o.value
@@ -1095,21 +1466,21 @@ class _Compiler:
             if not (isinstance(o, ast.Literal) and _is_word(o.value))
         ]
 
-        def body(options: list[_Vals]) -> Column:
-            def test(x: _Val) -> Column:
+        def body(options: list[_Vals]) -> _E:
+            def test(x: _Val) -> _E:
                 parts = [_any(o, lambda y: _compare(x, y, "=")) for o in options]
                 if words:
-                    parts.insert(0, x.s.isin(*words) if _STR in x.kinds else _null("boolean"))
-                return _disjunction(parts)
+                    parts.insert(0, x.s.isin(*words) if _STR in x.kinds else _null("BOOLEAN"))
+                return _any_of(parts)
 
             return _any(value, test)
 
         return _bind(others, body)
 
-    def between(self, value: ast.Expr, low: ast.Expr, high: ast.Expr) -> Column:
+    def between(self, value: ast.Expr, low: ast.Expr, high: ast.Expr) -> _E:
         v = self.vals(value)
 
-        def body(bounds: list[_Vals]) -> Column:
+        def body(bounds: list[_Vals]) -> _E:
             lo, hi = bounds
             return _any(
                 v,
@@ -1121,120 +1492,133 @@ class _Compiler:
 
         return _bind([self.vals(low), self.vals(high)], body)
 
-    def affix(self, value: ast.Expr, items: tuple[ast.Expr, ...], *, ends: bool) -> Column:
+    def affix(self, value: ast.Expr, items: tuple[ast.Expr, ...], *, ends: bool) -> _E:
         v = self.vals(value)
+        fn = "endswith" if ends else "startswith"
         if all(isinstance(i, ast.Literal) for i in items):
             texts = [_py_text(i.value) for i in items if isinstance(i, ast.Literal)]
             affixes = sorted({t for t in texts if t is not None})
-            unknown = None in texts
 
-            def literal_test(s: Column) -> Column:
-                parts = [s.endswith(a) if ends else s.startswith(a) for a in affixes]
-                if unknown:  # a NULL affix: a miss is UNKNOWN rather than FALSE
-                    parts.append(_null("boolean"))
-                return _disjunction(parts)
+            def literal_test(s: _E) -> _E:
+                parts = [_f(fn, s, a) for a in affixes]
+                if None in texts:  # a NULL affix: a miss is UNKNOWN rather than FALSE
+                    parts.append(_null("BOOLEAN"))
+                return _any_of(parts)
 
             if len(affixes) <= 1:
                 return _any(v, lambda x: literal_test(_text(x)))
-            return _any(v, lambda x: _let(_text(x), literal_test))
+            return _any(v, lambda x: _bound(_text(x), literal_test, cheap=_cheap_text(x)))
 
-        # Every value of every item is an affix; NULL ones make a miss UNKNOWN (3-valued exists).
+        # Every value of every item is an affix; a NULL one makes a miss UNKNOWN, which is
+        # what the three-valued exists gives.
         arrays = [_text_array(self.vals(i)) for i in items]
-        affix_fn = F.endswith if ends else F.startswith
+        affixes_array = _f("concat", *arrays) if len(arrays) > 1 else arrays[0]
 
-        def dynamic(all_affixes: Column) -> Column:
-            def test(s: Column) -> Column:
-                return F.exists(all_affixes, lambda a: affix_fn(s, a))
+        def dynamic(all_affixes: _E) -> _E:
+            def test(s: _E) -> _E:
+                return _exists(all_affixes, lambda a: _f(fn, s, a))
 
-            return _any(v, lambda x: _let(_text(x), test))
+            return _any(v, lambda x: _bound(_text(x), test, cheap=_cheap_text(x)))
 
-        return _let(F.concat(*arrays) if len(arrays) > 1 else arrays[0], dynamic)
+        return _let(affixes_array, dynamic)
 
     # ---------------------------------------------------------------- values
 
     def vals(self, node: ast.Expr) -> _Vals:
         """The values of ``node``: one literal, or an array of packed values."""
         match node:
-            case ast.Path():
-                return self.path(node)
+            case ast.Path(text=path):
+                return _Vals(
+                    _ALL,
+                    text=path in self.texts,
+                    number=path in self.numbers,
+                    many=self.paths[path],
+                    cheap=True,
+                )
             case ast.Literal(value=value):
                 return _one(_literal(value))
             case ast.Arith(op=op, left=left, right=right):
                 operands = [self.vals(left), self.vals(right)]
                 kinds = {_NULL, _FLT} if op == "/" else {_NULL, _INT, _FLT}
                 return _product(
-                    operands, lambda v: _arith(op, v[0], v[1]), kinds, _may_nan(operands)
+                    operands,
+                    lambda v: _arith(op, v[0], v[1]),
+                    kinds,
+                    nan=_may_nan(operands),
                 )
             case ast.Neg(operand=operand):
                 vs = self.vals(operand)
-                return _product([vs], lambda v: _negate(v[0]), {_NULL, _INT, _FLT}, _may_nan([vs]))
+                return _product(
+                    [vs], lambda v: _negate(v[0]), {_NULL, _INT, _FLT}, nan=_may_nan([vs])
+                )
             case ast.Func():
                 return self.func(node)
         # A predicate used as a value: its truth value (UNKNOWN is NULL).
-        return _Vals(frozenset({_NULL, _BOOL}), many=F.array(_bool_value(self.pred(node))))
-
-    def path(self, node: ast.Path) -> _Vals:
-        nodes = F.array(self.root)
-        for key in node.steps:
-            if "'" not in key:
-                step = f"$['{key}']"
-            elif '"' not in key and "\\" not in key:
-                step = f'$["{key}"]'
-            else:
-                raise self.error(f"the field name {key!r} cannot be addressed on Spark", node)
-            nodes = F.flatten(F.transform(nodes, _child(step)))
-        leaves = F.transform(nodes, _leaf)
-        # No value at all reads as NULL, exactly as the evaluator's empty result does.
-        values = _let(leaves, lambda a: F.when(F.size(a) > 0, a).otherwise(F.array(_null_struct())))
-        return _Vals(_ALL, many=values)
+        return _Vals(
+            frozenset({_NULL, _BOOL}), text=True, many=_f("array", _bool_value(self.pred(node)))
+        )
 
     def func(self, node: ast.Func) -> _Vals:
         args = [self.vals(a) for a in node.args]
-        name = node.name
         texts = {_NULL, _STR}
-        if name == "COALESCE":
-            return _coalesce(args)
-        if name in ("UPPER", "LOWER"):
-            case_fn = F.upper if name == "UPPER" else F.lower
-            return _product(args, lambda v: _text_value(case_fn(_text(v[0]))), texts, False)
-        if name == "LENGTH":
-            return _product(args, lambda v: _int_value(F.length(_text(v[0]))), {_NULL, _INT}, False)
-        if name in ("INSTR", "INSTR_I"):
-            fold: Callable[[Column], Column] = F.lower if name == "INSTR_I" else (lambda c: c)
 
-            def instr(v: list[_Val]) -> Column:
-                return _int_value(F.instr(fold(_text(v[0])), fold(_text(v[1]))))
+        def cheap(v: list[_Val]) -> bool:
+            return all(_cheap_text(x) for x in v)
 
-            return _product(args, instr, {_NULL, _INT}, False)
-        if name == "STREQUAL_I":
-            return _product(
-                args,
-                lambda v: _bool_value(F.lower(_text(v[0])) == F.lower(_text(v[1]))),
-                {_NULL, _BOOL},
-                False,
-            )
-        if name == "CONCAT":
-            return _product(
-                args, lambda v: _text_value(F.concat_ws("", *(_text(x) for x in v))), texts, False
-            )
-        raise self.error(f"the function {name} has no Spark translation", node)
+        match node.name:
+            case "COALESCE":
+                return _coalesce(args)
+            case "UPPER" | "LOWER" as name:
+                fn = name.lower()
+
+                def case_fold(v: list[_Val]) -> _E:
+                    return _text_value(_f(fn, _text(v[0])), cheap=cheap(v))
+
+                return _product(args, case_fold, texts, text=True)
+            case "LENGTH":
+
+                def length(v: list[_Val]) -> _E:
+                    return _int_value(_f("length", _text(v[0])), cheap=cheap(v))
+
+                return _product(args, length, {_NULL, _INT}, text=True)
+            case "INSTR" | "INSTR_I" as name:
+
+                def fold(e: _E) -> _E:
+                    return _f("lower", e) if name == "INSTR_I" else e
+
+                def instr(v: list[_Val]) -> _E:
+                    found = _f("instr", fold(_text(v[0])), fold(_text(v[1])))
+                    return _int_value(found, cheap=cheap(v))
+
+                return _product(args, instr, {_NULL, _INT}, text=True)
+            case "STREQUAL_I":
+
+                def strequal(v: list[_Val]) -> _E:
+                    same = _f("lower", _text(v[0])).eq(_f("lower", _text(v[1])))
+                    return _bool_value(same, cheap=cheap(v))
+
+                return _product(args, strequal, {_NULL, _BOOL}, text=True)
+            case "CONCAT":
+
+                def concat(v: list[_Val]) -> _E:
+                    joined = _f("concat_ws", "", *(_text(x) for x in v))
+                    return _text_value(joined, cheap=cheap(v))
+
+                return _product(args, concat, texts, text=True)
+        raise self.error(f"the function {node.name} has no Spark translation", node)
 
 
-def _is_word(value: ast.Scalar) -> bool:
-    """A non-empty string that does not spell a number: equal only to itself."""
-    return isinstance(value, str) and bool(value) and str_to_number(value) is None
-
-
-def _text_array(vs: _Vals) -> Column:
+def _text_array(vs: _Vals) -> _E:
     if vs.one is not None:
-        return F.array(_text(vs.one))
-    return F.transform(_many(vs), lambda x: _text(_element(vs, x)))
+        return _f("array", _text(vs.one))
+    return _transform(_many(vs), lambda x: _text(_element(vs, x)))
 
 
 def _coalesce(args: list[_Vals]) -> _Vals:
-    """The first argument with a non-NULL value, all its values (``evaluate``'s COALESCE)."""
+    """The first argument with a non-NULL value, with all its values (as ``evaluate`` does)."""
     kinds = frozenset(chain.from_iterable(a.kinds for a in args))
     nan = any(a.nan for a in args)
+    text = all(a.text for a in args)
     if all(a.one is not None for a in args):
         for a in args:
             assert a.one is not None
@@ -1242,84 +1626,118 @@ def _coalesce(args: list[_Vals]) -> _Vals:
                 return a
         return _one(_literal(None))
 
-    def body(bound: list[_Vals]) -> Column:
-        branches: list[tuple[Cond, Column]] = []
+    def body(bound: list[_Vals]) -> _E:
+        branches: list[tuple[Cond, _E]] = []
         for a in bound:
             if a.one is not None:
                 present: Cond = a.one.const is None or _py_text(a.one.const[0]) is not None
+                branches.append((present, _f("array", _pack(a.one))))
             else:
-                present = F.exists(_many(a), lambda x: x["t"] != _NULL)
-            branches.append((present, _array(a)))
-        return _case(branches, F.array(_null_struct()))
+                present = _exists(_many(a), lambda x: x["t"].ne(_NULL))
+                branches.append((present, _many(a)))
+        return _case(branches, _f("array", _null_struct()))
 
-    return _Vals(kinds, nan, many=_bind(args, body))
+    # A literal's x and numeric fields are not filled in: a mix must not rely on them.
+    has_literal = any(a.one is not None for a in args)
+    number = all(a.number for a in args) and not has_literal
+    return _Vals(kinds, nan, text and not has_literal, number, many=_bind(args, body))
 
 
 # ============================================================================ public API
 
 
-def _parse(filter: str | ast.Expr) -> tuple[str, bool, ast.Expr]:
+def _parse(filter: str | ast.Expr) -> _Source:
     if isinstance(filter, str):
-        return filter, True, parse_filter(filter)
-    return ast.to_text(filter), False, filter
+        return _Source(filter, True, parse_filter(filter))
+    return _Source(ast.to_text(filter), False, filter)
 
 
-def _body(body_col: str | Column) -> Column:
-    return F.col(body_col) if isinstance(body_col, str) else body_col
+def _column(name: str) -> str:
+    """``name`` as SQL, with dots meaning struct fields as in ``F.col``."""
+    return ".".join("`" + part.replace("`", "``") + "`" for part in name.split("."))
 
 
-def truth_column(filter: str | ast.Expr, body_col: str | Column = "body") -> Column:
+def _constant(source: _Source) -> _E:
+    """A filter that reads no field: the evaluator's answer, as a literal."""
+    return _lit(compile_predicate(source.tree)({})).cast("BOOLEAN")
+
+
+def filter_sql(filter: str | ast.Expr, body_col: str = "body") -> str:
+    """The Spark SQL expression of ``truth_column`` (for ``WHERE`` clauses, ``selectExpr``)."""
+    source = _parse(filter)
+    if not ast.paths(source.tree):
+        return _constant(source).sql
+    compiler = _Compiler([source])
+    return compiler.with_paths(body_col, lambda: compiler.truth(source)).sql
+
+
+def truth_column(filter: str | ast.Expr, body_col: str = "body") -> Column:
     """The filter's three-valued result per row: true, false, or NULL for UNKNOWN.
 
-    ``body_col`` holds each record's JSON text. Raises ``FilterError`` for an invalid filter or
-    one of the few constructs Spark cannot run (see the module docstring).
+    ``body_col`` names the column holding each record's JSON text. Raises ``FilterError`` for
+    an invalid filter or one of the few constructs Spark cannot run (see the module docstring).
     """
-    text, source, node = _parse(filter)
-    if not ast.paths(node):
-        return F.lit(compile_predicate(node)({})).cast("boolean")
-    return _let(
-        F.try_parse_json(_body(body_col)), lambda root: _Compiler(text, source, root).pred(node)
-    )
+    return F.expr(filter_sql(filter, body_col))
 
 
-def filter_column(filter: str | ast.Expr, body_col: str | Column = "body") -> Column:
+def filter_column(filter: str | ast.Expr, body_col: str = "body") -> Column:
     """A boolean Column, true exactly where ``compile_filter(filter).matches`` is (never NULL)."""
-    return F.coalesce(truth_column(filter, body_col), F.lit(False))
+    return F.expr(f"coalesce({filter_sql(filter, body_col)}, FALSE)")
+
+
+def truth_array(filters: Sequence[str | ast.Expr], body_col: str = "body") -> Column:
+    """``array<boolean>``: each filter's three-valued result, in order, per row.
+
+    The record is parsed once and each distinct path read once for the whole batch, which is
+    much cheaper than one ``truth_column`` per filter (e.g. to match many subscriptions).
+    """
+    sources = [_parse(f) for f in filters]
+    if not any(ast.paths(s.tree) for s in sources):
+        return F.expr(_f("array", *(_constant(s) for s in sources)).cast("ARRAY<BOOLEAN>").sql)
+    compiler = _Compiler(sources)
+    array = compiler.with_paths(
+        body_col, lambda: _f("array", *(compiler.truth(s).cast("BOOLEAN") for s in sources))
+    )
+    return F.expr(array.sql)
 
 
 def value_column(
-    expr: str | ast.Expr, body_col: str | Column = "body", *, as_type: ValueType = "auto"
+    expr: str | ast.Expr, body_col: str = "body", *, as_type: ValueType = "auto"
 ) -> Column:
-    """The value of an expression such as ``/qty * /px`` or ``UPPER(/sym)`` per row.
+    """The value of an expression such as ``/qty * /px`` or ``UPPER(/sym)``, per row.
 
     A multi-valued path gives its first value (as OrderBy sorts by it). ``as_type`` chooses the
-    result type: ``double`` (numbers and numeric strings), ``long`` (integers within a long),
-    ``string`` (the text string functions see), ``boolean`` (JSON booleans and conditions), or
-    ``auto``: long for integer-only expressions (LENGTH, INSTR), double for other arithmetic,
-    string for text functions, boolean for conditions, and string for anything that may hold
-    several kinds (paths, COALESCE). Values of another type are NULL.
+    result: ``double`` (numbers and numeric strings), ``long`` (integers that fit), ``string``
+    (the text string functions see), ``boolean`` (JSON booleans and conditions), or ``auto``:
+    long for LENGTH and INSTR, double for arithmetic, string for the other string functions,
+    boolean for conditions, and string for what may hold several kinds (paths, COALESCE).
+    Values that are not of the chosen type are NULL.
     """
-    text, source, node = _parse(expr)
-    if as_type == "auto":
-        as_type = _auto_type(node)
-    target = as_type
+    source = _parse(expr)
+    target = _auto_type(source.tree) if as_type == "auto" else as_type
 
-    def convert(v: _Val) -> Column:
+    def convert(v: _Val) -> _E:
         if target == "string":
             return _text(v)
         if target == "boolean":
-            return v.b if _BOOL in v.kinds else _null("boolean")
+            return v.b if _BOOL in v.kinds else _null("BOOLEAN")
         if target == "double":
-            return _with_nums([v], lambda n: F.when(_col(n[0].ok), n[0].d)).cast("double")
-        return _with_nums([v], lambda n: F.when(_col(n[0].exact), n[0].i.try_cast("long")))
+            return _with_nums([v], lambda n: _case([(n[0].ok, n[0].d)], _null("DOUBLE")))
+        return _with_nums(
+            [v], lambda n: _case([(n[0].exact, n[0].i.try_cast("BIGINT"))], _null("BIGINT"))
+        )
 
-    def first(root: Column) -> Column:
-        vs = _Compiler(text, source, root).vals(node)
+    compiler = _Compiler([source])
+
+    def first() -> _E:
+        vs = compiler.vals(source.tree)
         if vs.one is not None:
             return convert(vs.one)
-        return _let(F.element_at(_many(vs), 1), lambda x: convert(_element(vs, x)))
+        return _let(_f("element_at", _many(vs), 1), lambda x: convert(_element(vs, x)))
 
-    return _let(F.try_parse_json(_body(body_col)), first)
+    if not ast.paths(source.tree):
+        return F.expr(first().sql)
+    return F.expr(compiler.with_paths(body_col, first).sql)
 
 
 def _auto_type(node: ast.Expr) -> ValueType:

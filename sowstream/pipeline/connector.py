@@ -3,7 +3,10 @@
 PySpark ships without the Kafka data source. ``provision_connector`` resolves
 ``spark-sql-kafka-0-10_<scala>:<pyspark version>`` and its dependencies with Maven, keeps only the
 jars Spark does not already have (a second copy of scala-library, slf4j or jackson on the class
-path breaks Spark in subtle ways) and caches them in ``$SOWSTREAM_CACHE/spark-<version>/jars``.
+path breaks Spark in subtle ways) and caches them in ``$SOWSTREAM_CACHE/spark-<version>/jars``
+(default ``~/.cache/sowstream``), with a ``.complete`` marker listing them. When Maven Central
+has no connector for that exact version yet, the newest earlier ``x.y.0`` of the same major
+version is used, with a warning; ``connector-version`` in the cache records which.
 """
 
 from __future__ import annotations
