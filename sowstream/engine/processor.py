@@ -893,6 +893,11 @@ class TopicProcessor:
         how = plan(self.topic, opts.filter, cmd.get("sow_keys"))
         started = time.perf_counter()
         visible = self.subs.visible(cmd.get("identity") or "")
+        if opts.top_n == 0 and aggregation is None:
+            # Nothing can be shown: answer at once (clients probe readiness this way, and a
+            # full scan of a large partition for nothing would pile up behind their retries).
+            await self.reply(reply_to, {**base, "command": "part_end", "count": 0})
+            return
         async with ps.lock:
             past = self._as_of(ps, bookmark) if bookmark is not None else None
             if past is not None and cmd.get("sow_keys"):
