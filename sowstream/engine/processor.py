@@ -33,6 +33,7 @@ from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.sow.aggregate import Aggregation, parse_aggregation
 from sowstream.sow.bookmarks import Bookmark, parse_bookmark
 from sowstream.sow.expiration import processes_expiration
+from sowstream.sow.fold import apply_record
 from sowstream.sow.history import (
     HISTORY_PREFIX,
     Version,
@@ -642,11 +643,11 @@ class TopicProcessor:
 
     # -- history -------------------------------------------------------------------------------
 
-    async def prune_history(self, now_ms: int | None = None, *, force: bool = False) -> int:
-        """Drop versions that left the History Window (at most once a minute unless forced)."""
+    async def prune_history(self, now_ms: int | None = None) -> int:
+        """Drop versions that left the History Window (at most once a minute)."""
         if self._history is None or self._history.window_ms is None:
             return 0
-        if not force and time.monotonic() - self._pruned_at < HISTORY_PRUNE_SECONDS:
+        if time.monotonic() - self._pruned_at < HISTORY_PRUNE_SECONDS:
             return 0
         self._pruned_at = time.monotonic()
         cutoff = (now_ms if now_ms is not None else _now_ms()) - self._history.window_ms
@@ -732,44 +733,18 @@ class TopicProcessor:
                             Change(key, None, after, partition, rec.offset, rec.timestamp)
                         )
                     continue
-                try:
-                    op = decode_log_record(
-                        self.topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
+                changes.extend(
+                    Change(
+                        step.sow_key,
+                        step.before,
+                        step.after,
+                        partition,
+                        rec.offset,
+                        rec.timestamp,
+                        OOF_DELETED,
+                        seq=step.seq,
                     )
-                except InvalidMessageError:
-                    continue
-                if op.rekey:
-                    continue
-                if op.sow_key is None:
-                    seq = 0
-                    for key in sorted(state):
-                        gone = state[key]
-                        if deleted_by_filter(gone, op):
-                            seq += 1
-                            del state[key]
-                            changes.append(
-                                Change(
-                                    key,
-                                    gone,
-                                    None,
-                                    partition,
-                                    rec.offset,
-                                    rec.timestamp,
-                                    OOF_DELETED,
-                                    seq=seq,
-                                )
-                            )
-                    continue
-                old = state.get(op.sow_key)
-                new = apply_keyed(self.topic, old, op)
-                if new is old:
-                    continue
-                if new is None:
-                    state.pop(op.sow_key, None)
-                else:
-                    state[op.sow_key] = new
-                changes.append(
-                    Change(op.sow_key, old, new, partition, rec.offset, rec.timestamp, OOF_DELETED)
+                    for step in apply_record(self.topic, state, rec)
                 )
         return start, changes
 

@@ -117,6 +117,45 @@ def _apply_deletes(state: SowRecord | None, ops: list[LogOp], expires: bool) -> 
     return state
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one log record did to one record of an in-memory state.
+
+    ``seq`` numbers the records one delete by filter removed (1..n, in SowKey order), as the
+    engine numbers them, so messages derived from a replay carry the engine's sequences.
+    """
+
+    sow_key: str
+    before: SowRecord | None
+    after: SowRecord | None
+    seq: int = 0
+
+
+def apply_record(topic: TopicConfig, state: dict[str, SowRecord], rec: RawRecord) -> list[Step]:
+    """Apply one log record to ``state`` (in place) and say what it changed.
+
+    Records the engine rejects or re-keys change nothing, as in the engine.
+    """
+    try:
+        op = decode_log_record(topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp)
+    except InvalidMessageError:
+        return []
+    if op.rekey:
+        return []
+    if op.sow_key is None:
+        gone = [key for key in sorted(state) if deleted_by_filter(state[key], op)]
+        return [Step(key, state.pop(key), None, seq) for seq, key in enumerate(gone, 1)]
+    old = state.get(op.sow_key)
+    new = apply_keyed(topic, old, op)
+    if new is old:
+        return []
+    if new is None:
+        state.pop(op.sow_key, None)
+    else:
+        state[op.sow_key] = new
+    return [Step(op.sow_key, old, new)]
+
+
 def replaces_record(topic: TopicConfig, rec: RawRecord) -> bool:
     """Whether ``rec`` is a full publish the engine applies as it stands under its own key.
 

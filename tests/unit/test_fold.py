@@ -14,8 +14,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
-from sowstream.sow.fold import FilterDeletes, fold_key, fold_sorted, is_filter_delete, state_row
+from sowstream.sow.fold import (
+    FilterDeletes,
+    apply_record,
+    fold_key,
+    fold_sorted,
+    is_filter_delete,
+    state_row,
+)
 from sowstream.sow.ops import RawRecord
+from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from tests.unit.test_processor_model import TOPIC, key_of, op, ops, run, to_records
 
@@ -167,3 +175,32 @@ def test_anchored_fold_with_refolds_equals_the_engine(
 ) -> None:
     records = messy_records(sequence)
     assert anchored_bulk(records) == run(records, [], None)
+
+
+# -- stepping an in-memory state (bookmark replays) ----------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(messy_ops)
+def test_stepping_record_by_record_ends_where_the_engine_does(
+    sequence: list[tuple[str, int, int, int]],
+) -> None:
+    state: dict[str, SowRecord] = {}
+    for rec in messy_records(sequence):
+        for step in apply_record(TOPIC, state, rec):
+            assert state.get(step.sow_key) is step.after  # each step says what it left
+    assert {k.encode(): orjson.loads(r.data) for k, r in state.items()} == run(
+        messy_records(sequence), [], None
+    )
+
+
+def test_a_delete_by_filter_numbers_its_removals_in_sow_key_order() -> None:
+    state: dict[str, SowRecord] = {}
+    for i in range(3):
+        apply_record(TOPIC, state, rec(i, 1, {"id": i, "g": 1}))
+    fdel = RawRecord(0, 9, 1, None, None, {h.COMMAND: h.SOW_DELETE, h.FILTER: "/g = 1"})
+    steps = apply_record(TOPIC, state, fdel)
+    assert [s.seq for s in steps] == [1, 2, 3] and not state
+    assert [s.sow_key for s in steps] == sorted(key_of(i).decode() for i in range(3))
+    assert all(s.after is None and s.before is not None for s in steps)
+    assert apply_record(TOPIC, state, fdel) == []  # nothing left to remove
