@@ -39,6 +39,7 @@ from sowstream.sow.history import (
     Version,
     as_of_bound,
     check_window,
+    covers,
     expired_versions,
     states_as_of,
     version_changes,
@@ -694,10 +695,11 @@ class TopicProcessor:
         """The state a replay starts from: History's when it covers the bookmark, else empty
         (then the first message of each record comes whole, as published)."""
         assert bookmark.at_ms is not None
-        if self._history is None or bookmark.at_ms < 0:
-            return {}
-        window = self._history.window_ms
-        if window is not None and bookmark.at_ms < _now_ms() - window:
+        if (
+            self._history is None
+            or bookmark.at_ms < 0
+            or not covers(self._history, bookmark.at_ms, _now_ms())
+        ):
             return {}
         return self._as_of(ps, bookmark)
 

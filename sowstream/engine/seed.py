@@ -7,7 +7,6 @@ the seed matches, so faust only restores what the changelog gained since.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,25 +14,23 @@ from typing import Any
 from rocksdict import Options, Rdict
 
 from sowstream.errors import StateStoreError
-from sowstream.sow.layout import FAUST_OFFSET_KEY, SEED_MANIFEST
+from sowstream.sow.layout import FAUST_OFFSET_KEY, SeedManifest
 
 log = logging.getLogger("sowstream.engine")
 
 
 def ingest_seed(directory: Path, app_id: str, changelog: str, table: Any) -> list[int]:
     """Seed the partitions of ``table`` that have no local database; returns their numbers."""
-    manifest_path = directory / SEED_MANIFEST
-    if not manifest_path.exists():
+    manifest = SeedManifest.load(directory)
+    if manifest is None:
         return []
-    manifest = json.loads(manifest_path.read_text())
-    if manifest["app_id"] != app_id or manifest["changelog_topic"] != changelog:
+    if manifest.app_id != app_id or manifest.changelog_topic != changelog:
         raise StateStoreError(
-            f"seed {directory} is for engine {manifest['app_id']!r} (changelog "
-            f"{manifest['changelog_topic']!r}), not {app_id!r} ({changelog!r})"
+            f"seed {directory} is for engine {manifest.app_id!r} (changelog "
+            f"{manifest.changelog_topic!r}), not {app_id!r} ({changelog!r})"
         )
     seeded: list[int] = []
-    for key, info in sorted(manifest["partitions"].items(), key=lambda kv: int(kv[0])):
-        partition = int(key)
+    for partition, info in sorted(manifest.partitions.items()):
         path = Path(table.data.partition_path(partition))
         if path.exists() and any(path.iterdir()):
             continue  # local state is newer than any seed

@@ -14,10 +14,8 @@ Workers of the engine must be stopped while a seed is written: they write the sa
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +27,13 @@ from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import META_TIMEOUT_S
 from sowstream.pipeline.rebuild import RebuildResult
 from sowstream.sow.history import HISTORY_PREFIX
-from sowstream.sow.layout import FAUST_OFFSET_KEY, RESERVED_PREFIX, SEED_MANIFEST, store_entries
+from sowstream.sow.layout import (
+    FAUST_OFFSET_KEY,
+    RESERVED_PREFIX,
+    SEED_MANIFEST,
+    SeedManifest,
+    store_entries,
+)
 from sowstream.sow.record import SowRecord
 from sowstream.wire.kafka import TopicSpec, ensure_topics
 
@@ -38,29 +42,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 ENTRY_SCHEMA = "partition int, key binary, value binary"
-
-
-@dataclass
-class SeedManifest:
-    """What a seed holds, written last: a directory without it is not a seed."""
-
-    topic: str
-    app_id: str
-    log_topic: str
-    changelog_topic: str
-    until_ms: int
-    created_ms: int
-    # per log partition: file name, applied watermark, changelog offset the store matches
-    partitions: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-    def save(self, directory: Path) -> None:
-        (directory / SEED_MANIFEST).write_text(json.dumps(asdict(self), indent=2))
-
-    @classmethod
-    def load(cls, directory: Path) -> SeedManifest:
-        raw = json.loads((directory / SEED_MANIFEST).read_text())
-        raw["partitions"] = {int(p): v for p, v in raw["partitions"].items()}
-        return cls(**raw)
 
 
 def changelog_topic(config: SowstreamConfig, topic: TopicConfig) -> str:

@@ -11,7 +11,7 @@ at the interval's end; so a query at time T is answered as of ``T`` rounded down
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -89,6 +89,11 @@ def as_of_bound(history: HistoryConfig, at_ms: int) -> int:
     return (at_ms // grain) * grain - 1
 
 
+def covers(history: HistoryConfig, at_ms: int, now_ms: int) -> bool:
+    """Whether ``at_ms`` lies within the History Window that ends at ``now_ms``."""
+    return history.window_ms is None or at_ms >= now_ms - history.window_ms
+
+
 def check_window(topic: str, history: HistoryConfig | None, at_ms: int, now_ms: int) -> None:
     """Refuse a point in time the topic's History cannot answer."""
     if history is None:
@@ -96,7 +101,7 @@ def check_window(topic: str, history: HistoryConfig | None, at_ms: int, now_ms: 
             f"topic {topic!r} keeps no History: a query at a point in time needs "
             "History (Window, Granularity) in its configuration, or 'sowstream pipeline asof'"
         )
-    if history.window_ms is not None and at_ms < now_ms - history.window_ms:
+    if not covers(history, at_ms, now_ms):
         raise InvalidCommandError(
             f"topic {topic!r}: that point in time is older than the History Window "
             f"({history.window_ms} ms); 'sowstream pipeline asof' answers from the log instead"
@@ -139,15 +144,3 @@ def expired_versions(entries: Iterable[tuple[bytes, bytes]], cutoff_ms: int) -> 
         if last_value == DELETED:
             drop.append(last_key)
     return drop
-
-
-def versions_between(
-    entries: Iterable[tuple[bytes, bytes]], after_ms: int, upto_ms: int
-) -> Mapping[str, list[tuple[int, int, SowRecord | None]]]:
-    """Per record, its versions with ``after_ms < time <= upto_ms`` (None: deleted)."""
-    out: dict[str, list[tuple[int, int, SowRecord | None]]] = {}
-    for k, v in entries:
-        sow_key, at, off = parse_version_key(k)
-        if after_ms < at <= upto_ms:
-            out.setdefault(sow_key, []).append((at, off, SowRecord.from_bytes(v) if v else None))
-    return out

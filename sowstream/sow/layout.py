@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sowstream.filters.values import canonical_text, is_null
@@ -23,6 +26,36 @@ FAUST_OFFSET_KEY = b"__faust\x00offset__"
 RECORDS_START = b"\x02"
 # A Spark seed of a partition store: a directory with this manifest and one SST per partition.
 SEED_MANIFEST = "seed.json"
+
+
+@dataclass
+class SeedManifest:
+    """What a seed holds, written last (by the Spark job) and read by workers.
+
+    A directory without it is not a seed. Per log partition: the SST ``file``, its number of
+    ``entries``, the ``watermark`` applied and the ``changelog_offset`` the store matches.
+    """
+
+    topic: str
+    app_id: str
+    log_topic: str
+    changelog_topic: str
+    until_ms: int
+    created_ms: int
+    partitions: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def save(self, directory: Path) -> None:
+        (directory / SEED_MANIFEST).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> SeedManifest | None:
+        """The seed in ``directory``, or None when there is none."""
+        path = directory / SEED_MANIFEST
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        raw["partitions"] = {int(p): v for p, v in raw["partitions"].items()}
+        return cls(**raw)
 
 
 def is_record_key(key: bytes) -> bool:
