@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
+import orjson
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from sowstream.config import ConfigError
 from sowstream.errors import SowstreamError
@@ -41,3 +44,18 @@ def friendly_errors(fn: F) -> F:
             raise typer.Exit(1) from exc
 
     return wrapper  # type: ignore[return-value]
+
+
+def print_records(title: str, rows: Sequence[tuple[str, str, bytes | str]], as_json: bool) -> None:
+    """``(topic, sow_key, JSON data)`` rows as a table, or as JSON lines for scripts."""
+    if as_json:
+        for topic, sow_key, data in rows:
+            line = {"topic": topic, "sow_key": sow_key, "data": orjson.loads(data)}
+            sys.stdout.write(orjson.dumps(line).decode() + "\n")
+        return
+    table = Table(title=f"{title}: {len(rows)} record(s)")
+    table.add_column("SowKey", style="dim")
+    table.add_column("data")
+    for _, sow_key, data in rows:
+        table.add_row(sow_key, data if isinstance(data, str) else data.decode("utf-8", "replace"))
+    out.print(table)

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from sowstream.cli.broker import broker_app
-from sowstream.cli.common import Bootstrap, err, friendly_errors, out
+from sowstream.cli.common import Bootstrap, err, friendly_errors, out, print_records
 from sowstream.cli.pipeline import pipeline_app
 from sowstream.client import Client, Message
 from sowstream.config import load_config
@@ -199,20 +199,8 @@ def sow(
             grouping=grouping,
             projection=projection,
         )
-        records = [m for m in messages if m.command == "sow"]
-    if as_json:
-        for m in records:
-            sys.stdout.write(
-                orjson.dumps({"topic": m.topic, "sow_key": m.sow_key, "data": m.json()}).decode()
-                + "\n"
-            )
-        return
-    table = Table(title=f"{topic}: {len(records)} record(s)")
-    table.add_column("SowKey", style="dim")
-    table.add_column("data")
-    for m in records:
-        table.add_row(m.sow_key, m.data.decode("utf-8", "replace"))
-    out.print(table)
+        rows = [(m.topic, m.sow_key, m.data) for m in messages if m.command == "sow"]
+    print_records(topic, rows, as_json)
 
 
 @app.command()

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import orjson
 import typer
-from rich.table import Table
 
-from sowstream.cli.common import Bootstrap, err, friendly_errors, out
+from sowstream.cli.common import Bootstrap, err, friendly_errors, print_records
 from sowstream.config import load_config
 from sowstream.sow.timestamps import parse_timestamp
 
@@ -143,22 +141,12 @@ def asof(
         if aggregation is not None:
             from sowstream.pipeline.aggregate import aggregate_state
 
-            rows = [("", orjson.dumps(r).decode()) for r in aggregate_state(state, aggregation)]
+            rows = [(topic, "", orjson.dumps(r)) for r in aggregate_state(state, aggregation)]
         else:
             rows = [
-                (r.sow_key, r.data)
+                (topic, r.sow_key, r.data)
                 for r in state.orderBy("sow_key").select("sow_key", "data").collect()
             ]
     finally:
         spark.stop()
-    if as_json:
-        for sow_key, data in rows:
-            line = {"topic": topic, "sow_key": sow_key, "data": orjson.loads(data)}
-            sys.stdout.write(orjson.dumps(line).decode() + "\n")
-        return
-    table = Table(title=f"{topic} as of {time or 'now'}: {len(rows)} record(s)")
-    table.add_column("SowKey", style="dim")
-    table.add_column("data")
-    for sow_key, data in rows:
-        table.add_row(sow_key, data)
-    out.print(table)
+    print_records(f"{topic} as of {time or 'now'}", rows, as_json)

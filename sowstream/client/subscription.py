@@ -86,7 +86,13 @@ class Subscription:
         self._held: list[_Live] = []
         self._last: dict[tuple[str, int], tuple[int, int]] = {}
         self._closed = False
-        self.last_bookmark = ""  # of the last live message delivered (for MOST_RECENT)
+        self._delivered: _Live | None = None  # the last live message let through
+
+    @property
+    def last_bookmark(self) -> str:
+        """Bookmark of the last live message delivered ("" before any), for MOST_RECENT."""
+        live = self._delivered
+        return message_bookmark(live.timestamp, live.partition, live.offset) if live else ""
 
     # -- reader-thread side ------------------------------------------------------------------------
 
@@ -194,7 +200,7 @@ class Subscription:
         if seq <= self._last.get(where, (-1, 0)):
             return  # already covered by the snapshot, or a replay after a failover
         self._last[where] = seq
-        self.last_bookmark = message_bookmark(live.timestamp, live.partition, live.offset)
+        self._delivered = live
         if self._window is not None:
             for msg in self._windowed(live):
                 self._emit(msg)

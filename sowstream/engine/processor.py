@@ -1046,23 +1046,27 @@ class TopicProcessor:
     async def _send_partials(
         self, reply_to: str, base: dict[str, Any], partials: dict[str, Any]
     ) -> None:
-        """Partial aggregates as ``partial`` replies, split by group to stay under Kafka's limit."""
-        chunk: dict[str, Any] = {}
+        """Partial aggregates as ``partial`` replies, split by group to stay under Kafka's limit.
+
+        Each group is serialised once, as a ``"key":state`` member of the reply's JSON object.
+        """
+        members: list[bytes] = []
         size = 0
         for group, state in partials.items():
-            encoded = len(orjson.dumps(state)) + len(group) + 8
-            if chunk and size + encoded > MAX_REPLY_BYTES:
-                await self._reply_partial(reply_to, base, chunk)
-                chunk, size = {}, 0
-            chunk[group] = state
-            size += encoded
-        if chunk:
-            await self._reply_partial(reply_to, base, chunk)
+            member = orjson.dumps(group) + b":" + orjson.dumps(state)
+            if members and size + len(member) > MAX_REPLY_BYTES:
+                await self._reply_partial(reply_to, base, members)
+                members, size = [], 0
+            members.append(member)
+            size += len(member) + 1
+        if members:
+            await self._reply_partial(reply_to, base, members)
 
     async def _reply_partial(
-        self, reply_to: str, base: dict[str, Any], chunk: dict[str, Any]
+        self, reply_to: str, base: dict[str, Any], members: list[bytes]
     ) -> None:
-        record = {"sow_key": "", "data": orjson.dumps(chunk), "timestamp": 0, "log_offset": -1}
+        data = b"{" + b",".join(members) + b"}"
+        record = {"sow_key": "", "data": data, "timestamp": 0, "log_offset": -1}
         await self.reply(reply_to, {**base, "command": "partial", "records": [record]})
 
     async def _wait_applied(self, partition: int, ps: PartitionState, offset: int) -> None:
