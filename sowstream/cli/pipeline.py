@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
 import typer
 
 from sowstream.cli.common import Bootstrap, err, friendly_errors, print_records
-from sowstream.config import load_config
+from sowstream.config import SowstreamConfig, load_config
 from sowstream.sow.timestamps import parse_timestamp
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pipeline_app = typer.Typer(
     no_args_is_help=True,
@@ -20,6 +25,27 @@ pipeline_app = typer.Typer(
 ConfigPath = Annotated[Path, typer.Option("--config", "-c", help="YAML or AMPS XML config.")]
 TopicName = Annotated[str, typer.Option("--topic", "-t", help="SOW topic.")]
 Master = Annotated[str, typer.Option(help="Spark master (local[2], spark://..., yarn).")]
+
+
+def _job(config: Path, topic: str, bootstrap: str | None) -> tuple[SowstreamConfig, str]:
+    """The config and the bootstrap servers; fails on an unknown topic before Spark starts."""
+    from sowstream.wire.kafka import resolve_bootstrap
+
+    cfg = load_config(config)
+    cfg.topic(topic)
+    return cfg, resolve_bootstrap(bootstrap or cfg.engine.bootstrap_servers)
+
+
+@contextmanager
+def _spark(master: str) -> Iterator[SparkSession]:
+    """A session for one command, stopped when it ends (also on errors)."""
+    from sowstream.pipeline.session import spark_session
+
+    spark = spark_session(master)
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 def _start(text: str) -> str | int:
@@ -64,26 +90,19 @@ def rebuild(
     """Fold a topic's transaction log into its SOW on Spark and write it as Parquet."""
     from sowstream.pipeline.progress import spark_progress
     from sowstream.pipeline.rebuild import rebuild as run_rebuild
-    from sowstream.pipeline.session import spark_session
-    from sowstream.wire.kafka import resolve_bootstrap
 
-    cfg = load_config(config)
-    cfg.topic(topic)  # fail on an unknown topic before Spark starts
-    servers = resolve_bootstrap(bootstrap or cfg.engine.bootstrap_servers)
+    cfg, servers = _job(config, topic, bootstrap)
+    begin = _start(start)
     until_ms = parse_timestamp(until, "--until") if until else None
     target = out_dir or Path("rebuild") / topic
-    spark = spark_session(master)
-    try:
-        with spark_progress(spark, f"rebuild {topic}"):
-            result = run_rebuild(spark, cfg, topic, servers, start=_start(start), until_ms=until_ms)
-            result.state.write.mode("overwrite").parquet(str(target))
-            count = spark.read.parquet(str(target)).count()
-            if seed is not None:
-                from sowstream.pipeline.seed import write_seed
+    with _spark(master) as spark, spark_progress(spark, f"rebuild {topic}"):
+        result = run_rebuild(spark, cfg, topic, servers, start=begin, until_ms=until_ms)
+        result.state.write.mode("overwrite").parquet(str(target))
+        count = spark.read.parquet(str(target)).count()
+        if seed is not None:
+            from sowstream.pipeline.seed import write_seed
 
-                write_seed(spark, cfg, result, topic, servers, seed)
-    finally:
-        spark.stop()
+            write_seed(spark, cfg, result, topic, servers, seed)
     err.print(
         f"[green]{topic}:[/] {count} record(s) from {result.log_range.records} log offset(s) "
         f"written to {target}" + (f", seed in {seed / topic}" if seed is not None else ""),
@@ -114,11 +133,8 @@ def asof(
     For moments older than a topic's History Window, or topics without History.
     """
     from sowstream.pipeline.rebuild import rebuild as run_rebuild
-    from sowstream.pipeline.session import spark_session
-    from sowstream.wire.kafka import resolve_bootstrap
 
-    cfg = load_config(config)
-    cfg.topic(topic)
+    cfg, servers = _job(config, topic, bootstrap)
     when = parse_timestamp(time, "--time") if time else None
     # bad options fail before Spark starts
     aggregation = None
@@ -130,9 +146,7 @@ def asof(
         from sowstream.filters import parse_filter
 
         parse_filter(filter)
-    servers = resolve_bootstrap(bootstrap or cfg.engine.bootstrap_servers)
-    spark = spark_session(master)
-    try:
+    with _spark(master) as spark:
         state = run_rebuild(spark, cfg, topic, servers, until_ms=when).state
         if filter:
             from sowstream.pipeline.columns import filter_column
@@ -147,6 +161,4 @@ def asof(
                 (topic, r.sow_key, r.data)
                 for r in state.orderBy("sow_key").select("sow_key", "data").collect()
             ]
-    finally:
-        spark.stop()
     print_records(f"{topic} as of {time or 'now'}", rows, as_json)
