@@ -57,8 +57,7 @@ def read_log(
         **rng.spark_options(),
     }.items():
         reader = reader.option(name, value)
-    # header_map() semantics: the last header of a name wins
-    spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+    # Repeated header names: the last wins, as header_map() does (session.SESSION_CONF).
     headers = F.map_from_entries(
         F.transform(
             F.coalesce(F.col("headers"), F.array()),

@@ -70,7 +70,11 @@ def _check_workers_stopped(bootstrap: str, app_id: str, kafka: dict[str, str]) -
 def _store_entries(
     topic: TopicConfig, state: DataFrame, watermarks: dict[int, int], partitions: int
 ) -> DataFrame:
-    """(partition, key, value) of every store entry the seed holds, per log partition."""
+    """(partition, key, value) of every store entry the seed holds.
+
+    Each Spark partition of the result holds whole log partitions, so SST files can be written
+    from it without another shuffle.
+    """
     indexes = [tuple(f) for f in topic.hash_indexes]
 
     def entries(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -104,8 +108,11 @@ def _entry_schema() -> pa.Schema:
     return pa.schema([("partition", pa.int32()), ("key", pa.binary()), ("value", pa.binary())])
 
 
-def _write_sst_files(entries: DataFrame, directory: Path, partitions: int) -> dict[int, int]:
-    """One SST file per log partition; returns how many entries each holds."""
+def _write_sst_files(entries: DataFrame, directory: Path) -> dict[int, int]:
+    """One SST file per log partition; returns how many entries each holds.
+
+    ``entries`` must keep each log partition within one Spark partition (``_store_entries``).
+    """
     target = str(directory)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -135,8 +142,7 @@ def _write_sst_files(entries: DataFrame, directory: Path, partitions: int) -> di
         )
 
     rows = (
-        entries.repartition(partitions, "partition")
-        .sortWithinPartitions("partition", "key")
+        entries.sortWithinPartitions("partition", "key")
         .mapInArrow(write, "partition int, entries long")
         .collect()
     )
@@ -192,10 +198,10 @@ def write_seed(
     watermarks = {p: rng.end.get(p, 0) - 1 for p in range(topic.partitions)}
     entries = _store_entries(topic, result.state, watermarks, topic.partitions)
     # partitions with no record still get their watermark
-    empty = [(p, *store_entries([], [], w)[0]) for p, w in watermarks.items()]
-    entries = entries.unionByName(spark.createDataFrame(empty, ENTRY_SCHEMA)).dropDuplicates(
-        ["partition", "key"]
-    )
+    present = {r.log_partition for r in result.state.select("log_partition").distinct().collect()}
+    missing = [(p, *store_entries([], [], w)[0]) for p, w in watermarks.items() if p not in present]
+    if missing:
+        entries = entries.unionByName(spark.createDataFrame(missing, ENTRY_SCHEMA))
     entries = entries.persist()
     directory = seed_dir_for(root, topic.name)
     directory.mkdir(parents=True, exist_ok=True)
@@ -228,7 +234,7 @@ def write_seed(
         .option("topic", changelog)
         .save()
     )
-    counts = _write_sst_files(entries, directory, topic.partitions)
+    counts = _write_sst_files(entries, directory)
     entries.unpersist()
     ends = _changelog_ends(bootstrap, changelog, topic.partitions, kafka)
     manifest = SeedManifest(

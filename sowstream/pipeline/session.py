@@ -30,6 +30,8 @@ SESSION_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     # orjson keeps the last of duplicate keys; without this, parse_json rejects such a record.
     "spark.sql.variant.allowDuplicateKeys": "true",
+    # A log record's repeated header names: the last one wins, as the engine reads them.
+    "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
 }
 
 # Settings for a small local session: few shuffle partitions, no UI, modest memory.
