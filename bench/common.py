@@ -7,9 +7,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+
+from sowstream.client import Client
+from sowstream.errors import SowstreamError
 
 
 def bench_bootstrap(stack: ExitStack) -> str:
@@ -60,3 +65,27 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(10)
+
+
+def wait_queryable(
+    bootstrap: str,
+    prefix: str,
+    topics: Sequence[str],
+    timeout: float,
+    check: Callable[[], None] = lambda: None,
+) -> float | None:
+    """Seconds until every partition of ``topics`` answers a query, or None after ``timeout``.
+
+    ``check`` runs between tries (e.g. to fail at once when the worker died).
+    """
+    started = time.perf_counter()
+    with Client(bootstrap, prefix=prefix, timeout=5.0) as client:
+        while time.perf_counter() - started < timeout:
+            check()
+            try:
+                for topic in topics:
+                    list(client.sow(topic, top_n=0))
+                return time.perf_counter() - started
+            except SowstreamError:
+                time.sleep(0.2)
+    return None

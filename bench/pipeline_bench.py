@@ -30,7 +30,13 @@ from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, stop_process, worker_command, workspace
+from bench.common import (
+    bench_bootstrap,
+    stop_process,
+    wait_queryable,
+    worker_command,
+    workspace,
+)
 from bench.sow_bench import free_port, scrape
 from sowstream.client import Client
 from sowstream.config import load_config
@@ -117,16 +123,11 @@ class WorkerProcess:
 
     def wait_ready(self, timeout: float = 1800) -> float | None:
         """Seconds from now until every partition answers a query (None: not within timeout)."""
-        started = time.perf_counter()
-        with Client(self.bootstrap, prefix=self.prefix, timeout=5) as client:
-            while time.perf_counter() - started < timeout:
-                assert self.proc is not None and self.proc.poll() is None, "worker died"
-                try:
-                    list(client.sow(TOPIC, top_n=0))
-                    return time.perf_counter() - started
-                except Exception:
-                    time.sleep(0.2)
-        return None
+        return wait_queryable(self.bootstrap, self.prefix, [TOPIC], timeout, self.check_alive)
+
+    def check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            raise RuntimeError(f"the worker exited (see {self.work / 'worker.log'})")
 
     def applied(self) -> float:
         try:

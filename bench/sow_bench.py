@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, Producer
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, worker_command, workspace
+from bench.common import bench_bootstrap, wait_queryable, worker_command, workspace
 from sowstream.client import Client
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -178,16 +178,8 @@ def main() -> None:
 
         # 1. start a worker once so topics exist, then stop it: the log fills while it is down
         worker = start_worker()
-        with Client(bootstrap, prefix=prefix, timeout=120) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    list(client.sow("orders", top_n=0))
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.5)
+        if wait_queryable(bootstrap, prefix, ["orders"], 120) is None:
+            raise SystemExit("the worker did not answer queries within 120 s")
         worker.terminate()
         worker.wait(60)
 

@@ -36,11 +36,16 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, stop_process, worker_command, workspace
+from bench.common import (
+    bench_bootstrap,
+    stop_process,
+    wait_queryable,
+    worker_command,
+    workspace,
+)
 from bench.sow_bench import free_port, scrape
 from sowstream.client import Client
 from sowstream.client.messages import Message
-from sowstream.errors import SowstreamError
 from sowstream.wire import headers as h
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -169,19 +174,8 @@ def wait_for(
 
 def wait_ready(bootstrap: str, prefix: str, topics: Sequence[str], worker: Worker) -> None:
     """Until every partition of every topic answers a query (as tests/support/engine.py does)."""
-    deadline = time.monotonic() + 120
-    last: Exception | None = None
-    with Client(bootstrap, prefix=prefix, timeout=5.0) as client:
-        while time.monotonic() < deadline:
-            worker.check_alive()
-            try:
-                for topic in topics:
-                    list(client.sow(topic, top_n=0))
-                return
-            except SowstreamError as exc:
-                last = exc
-                time.sleep(0.5)
-    raise BenchError(f"engine not ready after 120s: {last}")
+    if wait_queryable(bootstrap, prefix, topics, 120, worker.check_alive) is None:
+        raise BenchError("engine not ready after 120s")
 
 
 def wait_applied(worker: Worker, target: float, timeout: float) -> float | None:
