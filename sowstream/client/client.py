@@ -12,6 +12,7 @@ import re
 import threading
 import time
 import uuid
+import zlib
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -291,6 +292,14 @@ class Client:
             return validate_user_sow_key(info.name, sow_key)
         return generated_sow_key(info.name, info.key_domain, info.keys, parsed)
 
+    def _plain_partition(self, info: TopicInfo) -> int:
+        """The one partition this client publishes an unkeyed plain topic's messages to.
+
+        A keyless record would land on a random partition and overtake its predecessors; one
+        partition per publisher keeps a publisher's messages in order, as AMPS subscribers expect.
+        """
+        return zlib.crc32(self.name.encode()) % info.partitions
+
     def _produce(
         self,
         topic: str,
@@ -362,6 +371,7 @@ class Client:
             info.log_topic,
             raw,
             key=key,
+            partition=self._plain_partition(info) if key is None else None,
             headers={
                 h.COMMAND: command if command != h.PUBLISH else None,
                 h.EXPIRATION: str(expiration) if expiration is not None else None,

@@ -251,6 +251,17 @@ def test_topic_without_sow_empty_group_then_live_full_messages(
     sub.close()
 
 
+def test_plain_topic_keeps_one_publishers_order(client: Client, publisher: Client) -> None:
+    """Unkeyed messages would spread over the 4 partitions and overtake each other."""
+    sub = client.subscribe("ticks", "/sym = 'ORD'")
+    for n in range(60):
+        publisher.publish("ticks", {"sym": "ORD", "n": n})
+    publisher.flush()
+    got = take(sub, 60)
+    assert [m.json()["n"] for m in got] == list(range(60))
+    sub.close()
+
+
 def test_sow_and_subscribe_on_an_unknown_topic_is_an_error(client: Client) -> None:
     with pytest.raises(UnknownTopicError):
         client.sow_and_subscribe("nope")
