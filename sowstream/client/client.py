@@ -125,6 +125,8 @@ class Client:
         self.timeout = timeout
         self._extra = dict(config or {})
         self.reply_topic = self.names.reply(self.name)
+        # hashed once: every publish to a plain topic routes by it (_plain_partition)
+        self._name_hash = zlib.crc32(self.name.encode())
         self._producer: Producer | None = None
         self._replies: Consumer | None = None
         self._topics: dict[str, TopicInfo] = {}
@@ -298,7 +300,7 @@ class Client:
         A keyless record would land on a random partition and overtake its predecessors; one
         partition per publisher keeps a publisher's messages in order, as AMPS subscribers expect.
         """
-        return zlib.crc32(self.name.encode()) % info.partitions
+        return self._name_hash % info.partitions
 
     def _produce(
         self,
