@@ -13,6 +13,7 @@ import heapq
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,7 +29,12 @@ from sowstream.engine.store import (
     RocksPartition,
     is_record_key,
 )
-from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
+from sowstream.errors import (
+    InvalidCommandError,
+    InvalidMessageError,
+    SowstreamError,
+    StateStoreError,
+)
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.sow.aggregate import Aggregation, parse_aggregation
 from sowstream.sow.bookmarks import Bookmark, parse_bookmark
@@ -82,6 +88,8 @@ SCAN_YIELD_EVERY = 5_000
 APPLIED_WAIT_SECONDS = 30.0
 DELIVERY_WAIT_SECONDS = 10.0
 HISTORY_PRUNE_SECONDS = 60.0
+# Batches of a partition whose subscription messages may be in flight at once (see process()).
+MAX_IN_FLIGHT = 4
 
 
 class LogReader(Protocol):
@@ -138,15 +146,31 @@ class _Outcome:
 
 
 @dataclass
+class _InFlight:
+    """A folded batch whose subscription messages are sent but not yet acknowledged by Kafka."""
+
+    outcome: _Outcome
+    sent: list[asyncio.Future[Any]]
+
+
+@dataclass
 class PartitionState:
-    """State of one assigned partition: its store, applied offset and expiry schedule."""
+    """State of one assigned partition: its store, applied offset and expiry schedule.
+
+    ``watermark`` is the last log offset stored; ``folded`` the last one folded, which runs ahead
+    while batches wait in ``in_flight`` for their messages' acknowledgements.
+    """
 
     store: PartitionStore
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     watermark: int = -1
+    folded: int = -1
     applied: asyncio.Condition = field(default_factory=asyncio.Condition)
     expiry: list[tuple[int, bytes]] = field(default_factory=list)
     ready: bool = False
+    in_flight: deque[_InFlight] = field(default_factory=deque)
+    committer: asyncio.Task[None] | None = None
+    failure: Exception | None = None  # why storing a batch failed; the partition is unusable
 
 
 class TopicProcessor:
@@ -191,6 +215,7 @@ class TopicProcessor:
             async with ps.lock:
                 if not ps.ready:
                     await self._load(partition, ps)
+                    ps.folded = ps.watermark
                     ps.ready = True
         return ps
 
@@ -258,7 +283,16 @@ class TopicProcessor:
     # -- applying the log ----------------------------------------------------------------------
 
     async def process(self, records: Sequence[RawRecord]) -> None:
-        """Apply a batch of log records (any mix of partitions, each in log order)."""
+        """Fold a batch of log records (any mix of partitions, each in log order) and send its
+        subscription messages; the state is stored once Kafka has acknowledged them.
+
+        Subscribers' messages must reach Kafka before the state that produced them is stored
+        (a crash in between replays the batch, so delivery is at-least-once), but waiting for
+        each batch's acknowledgements before folding the next would put a broker round trip,
+        the RocksDB write and the changelog sends in front of every later record. So batches
+        are pipelined: the next batch folds on top of the ones still in flight and a committer
+        task stores them in order as their acknowledgements come in.
+        """
         by_partition: dict[int, list[RawRecord]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
@@ -267,22 +301,82 @@ class TopicProcessor:
             async with ps.lock:
                 if self._parts.get(partition) is not ps:
                     continue  # revoked while waiting: the new owner reads these records again
+                await self._settle(ps, keep=MAX_IN_FLIGHT - 1)
                 outcome = self._fold(ps, recs, replay=False)
+                sent: list[asyncio.Future[Any]] = []
                 if outcome.events:
-                    # Subscribers' messages are delivered before the state that produced them is
-                    # stored: a crash in between replays the batch, so delivery is at-least-once.
-                    await self.deliver(self.subs.dispatch(outcome.events, _now_ms()), wait=True)
-                self._commit(ps, outcome)
-                await ps.store.replicate(outcome.changes, self._sender.send)
-            await self._perform(outcome)
+                    sent = await self.deliver(self.subs.dispatch(outcome.events, _now_ms()))
+                ps.folded = max(ps.folded, outcome.last)
+                ps.in_flight.append(_InFlight(outcome, sent))
+                if ps.committer is None:
+                    ps.committer = asyncio.create_task(self._commit_in_order(partition, ps))
+
+    async def _commit_in_order(self, partition: int, ps: PartitionState) -> None:
+        """Store the partition's in-flight batches, oldest first, once their messages are in."""
+        try:
+            while ps.in_flight:
+                head = ps.in_flight[0]
+                if head.sent:
+                    await self._acknowledged(head.sent)
+                if self._parts.get(partition) is not ps:
+                    # Revoked: nothing of these batches is stored, so the new owner replays them.
+                    ps.in_flight.clear()
+                else:
+                    self._commit(ps, head.outcome)
+                    await ps.store.replicate(head.outcome.changes, self._sender.send)
+                    # Leaves the overlay only now: until its changelog sends are queued no later
+                    # batch may commit (the changelog keeps write order); readers looking
+                    # through the overlay meanwhile find the same records as in the store.
+                    ps.in_flight.popleft()
+                    await self._perform(head.outcome)
+                async with ps.applied:
+                    ps.applied.notify_all()
+        except Exception as exc:
+            log.error(
+                "topic %s partition %d: storing a batch failed",
+                self.topic.name,
+                partition,
+                exc_info=exc,
+            )
+            ps.failure = exc
             async with ps.applied:
                 ps.applied.notify_all()
+        finally:
+            # No await between the loop's last check and here: a batch appended after it finds
+            # no committer and starts one.
+            if ps.committer is asyncio.current_task():
+                ps.committer = None
+
+    async def _settle(self, ps: PartitionState, keep: int = 0) -> None:
+        """Wait until at most ``keep`` batches are in flight (by default: all stored).
+
+        Readers of the store (queries, placements, expiry) call it under the partition lock, so
+        what they read is complete and nothing new is folded meanwhile.
+        """
+        async with ps.applied:
+            while True:
+                if ps.failure is not None:
+                    raise StateStoreError(
+                        f"topic {self.topic.name!r}: storing a batch failed: {ps.failure}"
+                    ) from ps.failure
+                if len(ps.in_flight) <= keep:
+                    return
+                await ps.applied.wait()
+
+    async def drain(self) -> None:
+        """Wait until every batch folded so far is stored (before reading the stores directly)."""
+        for ps in list(self._parts.values()):
+            async with ps.lock:
+                await self._settle(ps)
 
     def _load_record(
         self, ps: PartitionState, overlay: dict[bytes, SowRecord | None], key: bytes
     ) -> SowRecord | None:
         if key in overlay:
             return overlay[key]
+        for flight in reversed(ps.in_flight):
+            if key in flight.outcome.overlay:
+                return flight.outcome.overlay[key]
         raw = ps.store.get(key)
         return SowRecord.from_bytes(raw) if raw is not None else None
 
@@ -315,10 +409,10 @@ class TopicProcessor:
         before = outcome.before
         events = outcome.events if (self.subs and not replay) else None
         versions = outcome.versions if self._history is not None else None
-        last = ps.watermark
+        last = ps.folded
         applied = 0
         for rec in recs:
-            if rec.offset <= ps.watermark:
+            if rec.offset <= ps.folded:
                 continue
             last = max(last, rec.offset)
             try:
@@ -367,9 +461,9 @@ class TopicProcessor:
         """
         outcome = _Outcome()
         events = outcome.events if (self.subs and not replay) else None
-        last = ps.watermark
+        last = ps.folded
         for rec in recs:
-            if rec.offset <= ps.watermark:
+            if rec.offset <= ps.folded:
                 continue
             last = max(last, rec.offset)
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
@@ -446,6 +540,8 @@ class TopicProcessor:
     ) -> int:
         count = 0
         candidates = dict.fromkeys(self._candidate_keys(ps, plan(self.topic, op.filter)))
+        for flight in ps.in_flight:
+            candidates.update(dict.fromkeys(flight.outcome.overlay))
         candidates.update(dict.fromkeys(overlay))
         # Sorted: each removed record's message sequence must come out the same on a replay.
         for key in sorted(candidates) if events is not None else candidates:
@@ -566,17 +662,28 @@ class TopicProcessor:
         """Send one Reply message to a client's reply topic (dropped if the client is gone)."""
         await self._sender.send_reply(reply_to, encode("Reply", body))
 
-    async def deliver(self, deliveries: Sequence[Delivery], *, wait: bool = False) -> None:
-        """Send subscription messages; with ``wait``, until Kafka has them all."""
+    async def deliver(
+        self, deliveries: Sequence[Delivery], *, wait: bool = False
+    ) -> list[asyncio.Future[Any]]:
+        """Send subscription messages; with ``wait``, until Kafka has them all.
+
+        Returns the delivery futures of the messages sent.
+        """
+        futures: list[asyncio.Future[Any]] = []
         if not deliveries:
-            return
-        futures = []
+            return futures
         for d in deliveries:
             fut = await self._sender.send_reply(d.spec.reply_to, d.data, live_headers(d))
             if fut is not None:
                 futures.append(fut)
         metrics.DELIVERED.labels(self.topic.name).inc(len(deliveries))
-        if wait and futures:
+        if wait:
+            await self._acknowledged(futures)
+        return futures
+
+    async def _acknowledged(self, futures: list[asyncio.Future[Any]]) -> None:
+        """Wait until Kafka has acknowledged ``futures``, for a bounded time."""
+        if futures:
             # Bounded: a reply topic deleted under us must not hold the partition for the
             # producer's whole delivery timeout (its client is gone anyway).
             _, late = await asyncio.wait(futures, timeout=DELIVERY_WAIT_SECONDS)
@@ -605,6 +712,7 @@ class TopicProcessor:
             if not ps.ready or not ps.expiry or ps.expiry[0][0] > now:
                 continue
             async with ps.lock:
+                await self._settle(ps)
                 overlay: dict[bytes, SowRecord | None] = {}
                 before: dict[bytes, SowRecord | None] = {}
                 while ps.expiry and ps.expiry[0][0] <= now:
@@ -657,6 +765,7 @@ class TopicProcessor:
             if not ps.ready:
                 continue
             async with ps.lock:
+                await self._settle(ps)
                 drop = expired_versions(ps.store.scan(prefix=HISTORY_PREFIX), cutoff)
                 if drop:
                     changes: dict[bytes, bytes | None] = dict.fromkeys(drop)
@@ -876,6 +985,7 @@ class TopicProcessor:
             await self.reply(reply_to, {**base, "command": "part_end", "count": 0})
             return
         async with ps.lock:
+            await self._settle(ps)
             past = self._as_of(ps, bookmark) if bookmark is not None else None
             if past is not None and cmd.get("sow_keys"):
                 past = {k: past[k] for k in cmd["sow_keys"] if k in past}
@@ -958,6 +1068,7 @@ class TopicProcessor:
         async with ps.lock:
             if self._parts.get(partition) is not ps:
                 return
+            await self._settle(ps)
             self.subs.upsert(spec, held=self.partitions)
             self.subs.pin(spec, partition)
             watermark = ps.watermark

@@ -33,7 +33,11 @@ def engine(
 
 
 def collect_until(
-    sub: Subscription, seen: dict[int, list[int]], done: dict[int, int], timeout: float
+    sub: Subscription,
+    seen: dict[int, list[int]],
+    done: dict[int, int],
+    timeout: float,
+    engine: EngineProcesses,
 ) -> None:
     """Read until every key in ``done`` reached its final version."""
     deadline = time.monotonic() + timeout
@@ -45,7 +49,8 @@ def collect_until(
             body = msg.json()
             seen.setdefault(body["id"], []).append(body["v"])
     missing = {k: seen.get(k, [None])[-1] for k, v in done.items() if seen.get(k, [0])[-1] < v}
-    raise AssertionError(f"subscriber did not catch up; last versions seen: {missing}")
+    logs = "\n".join(f"--- {n}\n{engine.log_tail(n, 120)}" for n in ("w1", "w2"))
+    raise AssertionError(f"subscriber did not catch up; last versions seen: {missing}\n{logs}")
 
 
 def assert_complete_in_order(seen: dict[int, list[int]], rounds: int) -> None:
@@ -76,7 +81,7 @@ def test_subscription_survives_a_killed_worker_and_a_full_restart(
         time.sleep(1.0)
         engine.stop("w1", kill=True)  # mid-load: its partitions move to w2, which replays
         thread.join()
-        collect_until(sub, seen, dict(published), timeout=120)
+        collect_until(sub, seen, dict(published), 120, engine)
         assert_complete_in_order(seen, rounds // 2)
 
         # Both workers restart: the registry topic brings the subscription back.
@@ -85,7 +90,7 @@ def test_subscription_survives_a_killed_worker_and_a_full_restart(
         engine.start("w2")
         engine.wait_ready(["live"])
         publish(rounds // 2 + 1, rounds)
-        collect_until(sub, seen, dict(published), timeout=120)
+        collect_until(sub, seen, dict(published), 120, engine)
         assert_complete_in_order(seen, rounds)
         assert sorted(seen) == list(range(keys))
         sub.close()

@@ -212,8 +212,10 @@ def engine_history(
         for lo, hi in itertools.pairwise(bounds):
             await proc.process(records[lo:hi])
         if replay_from is not None and records:
-            ps.watermark = -1  # a crash: records come again
+            await proc.drain()
+            ps.watermark = ps.folded = -1  # a crash: records come again
             await proc.process(records[replay_from % len(records) :])
+        await proc.drain()
         return list(ps.store.scan(prefix=HISTORY_PREFIX))
 
     return asyncio.run(go())

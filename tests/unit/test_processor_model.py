@@ -96,8 +96,10 @@ def run(records: list[RawRecord], cuts: list[int], replay_from: int | None) -> d
         if replay_from is not None and records:
             # a crash: the watermark is lost, so records reappear; per-record offsets keep
             # the replay from changing anything
-            ps.watermark = -1
+            await proc.drain()
+            ps.watermark = ps.folded = -1
             await proc.process(records[replay_from % len(records) :])
+        await proc.drain()
         out = {}
         for key, value in ps.store.scan():
             if is_record_key(key):
@@ -132,6 +134,7 @@ def test_index_entries_follow_updates_and_deletes() -> None:
         proc = TopicProcessor(TOPIC, TopicNames("p"), NullSender())
         ps = await proc.ready(0)
         await proc.process(to_records(sequence))
+        await proc.drain()
         return [k for k, _ in ps.store.scan(start=b"\x01") if k[:1] == b"\x01"]
 
     entries = asyncio.run(go())

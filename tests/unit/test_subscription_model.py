@@ -79,8 +79,10 @@ def app_messages(
         for lo, hi in itertools.pairwise(bounds):
             await proc.process(records[lo:hi])
         if replay_from is not None and records:
-            ps.watermark = -1  # a crash: the batch comes again, messages are sent again
+            await proc.drain()
+            ps.watermark = ps.folded = -1  # a crash: the batch comes again, messages are sent again
             await proc.process(records[replay_from % len(records) :])
+        await proc.drain()
 
     asyncio.run(go())
     sub = Subscription("s", [spec], spec.options, key_fields={"t": ("/id",)})
