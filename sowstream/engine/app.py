@@ -22,7 +22,7 @@ from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.engine import metrics
-from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
 from sowstream.engine.seed import ingest_seed
@@ -39,6 +39,7 @@ log = logging.getLogger("sowstream.engine")
 LOG_BATCH_MAX = 2_000
 CONFLATION_TICK = 0.02
 REPLY_METADATA_WAIT = 5.0
+PUMP_RETRY_SECONDS = 1.0
 
 
 class FaustSender(Sender):
@@ -228,7 +229,9 @@ class LogPump:
         self.engine = engine
         self.proc = proc
         self.ctl_topic = ctl_topic
-        self._assigned: set[int] = set()
+        # The partition state each position belongs to: a rebalance can drop a partition's state
+        # and hand the partition straight back, and the new state starts from its own watermark.
+        self._states: dict[int, PartitionState] = {}
         self._next: dict[int, int] = {}
 
     def owned(self) -> set[int]:
@@ -240,19 +243,43 @@ class LogPump:
             tp.partition for tp in app.assignor.assigned_actives() if tp.topic == self.ctl_topic
         }
 
-    async def _reassign(self, consumer: Consumer, owned: set[int]) -> None:
-        for partition in owned - self._assigned:
-            ps = await self.proc.ready(partition)
-            self._next[partition] = ps.watermark + 1
-        for partition in self._assigned - owned:
+    def _current(self, partition: int) -> bool:
+        """Whether the pump's position for ``partition`` belongs to the partition's live state."""
+        ps = self._states.get(partition)
+        return ps is not None and self.proc.state(partition) is ps
+
+    async def _sync(self, consumer: Consumer, owned: set[int]) -> None:
+        """Point the consumer at every owned partition's position, loading new states."""
+        if owned == set(self._states) and all(self._current(p) for p in owned):
+            return
+        for partition in set(self._states) - owned:
+            del self._states[partition]
             self._next.pop(partition, None)
+        for partition in sorted(owned):
+            if not self._current(partition):
+                ps = await self.proc.ready(partition)
+                self._states[partition] = ps
+                self._next[partition] = ps.folded + 1
         consumer.assign(
-            [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(owned)]
+            [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(self._states)]
         )
-        self._assigned = owned
+
+    async def _step(self, consumer: Consumer) -> None:
+        owned = self.owned()
+        await self._sync(consumer, owned)
+        if not owned:
+            await asyncio.sleep(0.05)
+            return
+        msgs = await asyncio.get_running_loop().run_in_executor(None, _fetch, consumer)
+        # ownership may have changed while we waited: apply only what is still ours
+        records = [_record(m) for m in msgs if not m.error() and self._current(m.partition())]
+        if records:
+            await self.proc.process(records)
+            for rec in records:
+                self._next[rec.partition] = rec.offset + 1
 
     async def run(self) -> None:
-        """Fetch and apply until the worker stops."""
+        """Fetch and apply until the worker stops; a failure is logged and the pump resumes."""
         loop = asyncio.get_running_loop()
         consumer = Consumer(
             {
@@ -267,24 +294,15 @@ class LogPump:
         )
         try:
             while True:
-                owned = self.owned()
-                if owned != self._assigned:
-                    await self._reassign(consumer, owned)
-                if not owned:
-                    await asyncio.sleep(0.05)
-                    continue
-                msgs = await loop.run_in_executor(None, _fetch, consumer)
-                # ownership may have changed while we waited: apply only what is still ours
-                owned = self.owned()
-                records = [
-                    _record(m)
-                    for m in msgs
-                    if not m.error() and m.partition() in owned and m.partition() in self._next
-                ]
-                if records:
-                    await self.proc.process(records)
-                    for rec in records:
-                        self._next[rec.partition] = rec.offset + 1
+                try:
+                    await self._step(consumer)
+                except Exception:  # a dead pump would leave the worker up but applying nothing
+                    # Nothing is lost: every partition is read again from its own state.
+                    log.exception(
+                        "topic %s: applying the log failed; retrying", self.proc.topic.name
+                    )
+                    self._states.clear()
+                    await asyncio.sleep(PUMP_RETRY_SECONDS)
         finally:
             await loop.run_in_executor(None, consumer.close)
 

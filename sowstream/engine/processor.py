@@ -275,6 +275,10 @@ class TopicProcessor:
                 async with ps.applied:
                     ps.applied.notify_all()  # queries waiting on it give up
 
+    def state(self, partition: int) -> PartitionState | None:
+        """The partition's current state, None when it is not held."""
+        return self._parts.get(partition)
+
     @property
     def partitions(self) -> list[int]:
         """Partitions this worker currently holds state for."""
@@ -285,6 +289,9 @@ class TopicProcessor:
     async def process(self, records: Sequence[RawRecord]) -> None:
         """Fold a batch of log records (any mix of partitions, each in log order) and send its
         subscription messages; the state is stored once Kafka has acknowledged them.
+
+        Only partitions loaded by :meth:`ready` take records: a partition dropped by a rebalance
+        must be read again from its stored watermark, never continued from where this batch is.
 
         Subscribers' messages must reach Kafka before the state that produced them is stored
         (a crash in between replays the batch, so delivery is at-least-once), but waiting for
@@ -297,7 +304,9 @@ class TopicProcessor:
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
         for partition, recs in by_partition.items():
-            ps = await self.ready(partition)
+            ps = self._parts.get(partition)
+            if ps is None or not ps.ready:
+                continue  # not held (any more): whoever loads it next reads from its watermark
             async with ps.lock:
                 if self._parts.get(partition) is not ps:
                     continue  # revoked while waiting: the new owner reads these records again
@@ -338,7 +347,12 @@ class TopicProcessor:
                 partition,
                 exc_info=exc,
             )
+            # Forget the partition: it is loaded again from what the store holds, and the batches
+            # that were in flight are read from the log again.
             ps.failure = exc
+            ps.in_flight.clear()
+            if self._parts.get(partition) is ps:
+                del self._parts[partition]
             async with ps.applied:
                 ps.applied.notify_all()
         finally:

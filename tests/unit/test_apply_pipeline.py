@@ -11,9 +11,11 @@ import asyncio
 from typing import Any
 
 import orjson
+import pytest
 
 from sowstream.engine.processor import Sender, TopicProcessor
 from sowstream.engine.store import WATERMARK_KEY, is_record_key
+from sowstream.errors import StateStoreError
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
@@ -140,5 +142,28 @@ def test_batches_in_flight_are_bounded() -> None:
         assert len(ps.in_flight) == 4 and ps.watermark == 0
         sender.acknowledge()
         await proc.drain()
+
+    asyncio.run(go())
+
+
+def test_a_failed_store_write_drops_the_partition_for_a_reload() -> None:
+    async def go() -> None:
+        sender = HeldAcks()
+        proc = subscribed(sender)
+        ps = await proc.ready(0)
+
+        def broken(changes: Any) -> None:
+            raise StateStoreError("disk full")
+
+        ps.store.write = broken  # type: ignore[method-assign]
+        await proc.process(to_records([("publish", 1, 0, 5)]))
+        sender.acknowledge()
+        await settle_loop()
+        # Readers waiting on it learn why; the pump finds the partition gone and loads it again.
+        assert proc.state(0) is None and isinstance(ps.failure, StateStoreError)
+        with pytest.raises(StateStoreError, match="disk full"):
+            await proc._settle(ps)
+        fresh = await proc.ready(0)
+        assert fresh is not ps and fresh.failure is None and not fresh.in_flight
 
     asyncio.run(go())
