@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 SendFn = Callable[..., Awaitable["asyncio.Future[Any] | None"]]
+REPLICATE_YIELD_EVERY = 256
 
 
 class PartitionStore(Protocol):
@@ -103,8 +104,12 @@ class RocksPartition:
         """
         topic = self._table.changelog_topic.get_topic_name()
         last = None
-        for key, value in changes.items():
+        for i, (key, value) in enumerate(changes.items(), 1):
             last = await send(topic, value, key=key, partition=self._partition)
+            if i % REPLICATE_YIELD_EVERY == 0:
+                # A big batch must not hold the event loop: later batches fold and send their
+                # subscription messages meanwhile (their changelog records queue behind these).
+                await asyncio.sleep(0)
         if last is None:
             return
         store = self._table.data
