@@ -288,8 +288,14 @@ class LogPump:
             await asyncio.sleep(0.05)
             return
         msgs = await asyncio.get_running_loop().run_in_executor(None, _fetch, consumer)
-        # ownership may have changed while we waited: apply only what is still ours
-        records = [_record(m) for m in msgs if not m.error() and self._current(m.partition())]
+        # Ownership may have changed while we waited: apply only what is still ours, and nothing
+        # once a rebalance has begun (the partition may be on its way to another worker).
+        owned = self.owned()
+        records = [
+            _record(m)
+            for m in msgs
+            if not m.error() and m.partition() in owned and self._current(m.partition())
+        ]
         for start in range(0, len(records), APPLY_CHUNK):
             chunk = records[start : start + APPLY_CHUNK]
             await self.proc.process(chunk)
