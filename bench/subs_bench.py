@@ -133,6 +133,7 @@ class Latency:
     samples: list[float] = field(default_factory=list)
     # log append → subscriber callback: the worker and the reply hop, without the publish hop
     engine_leg: list[float] = field(default_factory=list)
+    baseline: Latency | None = None  # the bare Kafka run at the same rate, for the ratio
     expected: int = 0
     received: int = 0
     error: str = ""
@@ -630,31 +631,29 @@ def run(
         for load in (float(x) for x in args.latency_loads.split(",")):
             rate = max(100.0, max_rate * load)
             console.print(f"[bold]latency at {rate:,.0f} publishes/s for {args.latency_seconds}s")
-            pair = [
-                sow_latency(
-                    bootstrap,
-                    prefix,
-                    worker,
-                    publisher,
-                    rate,
-                    args.latency_seconds,
-                    args.keys,
-                    args.symbols,
-                ),
-                kafka_latency(
-                    bootstrap,
-                    f"{prefix}.scratch",
-                    rate,
-                    args.latency_seconds,
-                    args.keys,
-                    args.symbols,
-                ),
-            ]
-            for item in pair:
+            sow = sow_latency(
+                bootstrap,
+                prefix,
+                worker,
+                publisher,
+                rate,
+                args.latency_seconds,
+                args.keys,
+                args.symbols,
+            )
+            sow.baseline = kafka_latency(
+                bootstrap,
+                f"{prefix}.scratch",
+                rate,
+                args.latency_seconds,
+                args.keys,
+                args.symbols,
+            )
+            for item in (sow, sow.baseline):
                 item.load = load
                 if item.error:
                     console.print(f"[red]  {item.label}: {item.error}")
-            lat += pair
+                lat.append(item)
 
         console.print(
             f"[bold]delta vs full: {args.orders:,} orders, {args.delta_updates:,} updates"
@@ -715,8 +714,7 @@ def report(
             f"{r.received:,} msgs delivered; applied alone {args.updates / r.apply_s:,.0f} "
             f"upd/s; placing subs {r.place_s:.1f}s",
         )
-    for i, item in enumerate(lat):
-        raw = lat[i - i % 2 + 1]  # each load: the sowstream run, then the raw one
+    for item in lat:
         detail = (
             f"at {item.achieved_rate:,.0f} msg/s, {len(item.samples):,} samples, "
             f"max {max(item.samples, default=math.nan):.1f} ms"
@@ -731,7 +729,7 @@ def report(
         table.add_row(
             f"latency at {item.load:.0%} of max, {item.label}",
             f"p50 {item.pct(0.5):.1f} ms / p99 {item.pct(0.99):.1f} ms",
-            f"{item.pct(0.99) / raw.pct(0.99):.1f}x raw p99" if item is not raw else "1.0",
+            f"{item.pct(0.99) / item.baseline.pct(0.99):.1f}x raw p99" if item.baseline else "1.0",
             detail,
         )
     full = delta[0]

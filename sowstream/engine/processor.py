@@ -172,6 +172,11 @@ class PartitionState:
     committer: asyncio.Task[None] | None = None
     failure: Exception | None = None  # why storing a batch failed; the partition is unusable
 
+    async def wake(self) -> None:
+        """Wake everyone waiting on this partition's progress (they re-check what they need)."""
+        async with self.applied:
+            self.applied.notify_all()
+
 
 class TopicProcessor:
     """The engine for one SOW topic on one worker."""
@@ -272,8 +277,7 @@ class TopicProcessor:
         for p in partitions:
             ps = self._parts.pop(p, None)
             if ps is not None:
-                async with ps.applied:
-                    ps.applied.notify_all()  # queries waiting on it give up
+                await ps.wake()  # queries waiting on it give up
 
     def state(self, partition: int) -> PartitionState | None:
         """The partition's current state, None when it is not held."""
@@ -338,8 +342,7 @@ class TopicProcessor:
                     # through the overlay meanwhile find the same records as in the store.
                     ps.in_flight.popleft()
                     await self._perform(head.outcome)
-                async with ps.applied:
-                    ps.applied.notify_all()
+                await ps.wake()
         except Exception as exc:
             log.error(
                 "topic %s partition %d: storing a batch failed",
@@ -353,8 +356,7 @@ class TopicProcessor:
             ps.in_flight.clear()
             if self._parts.get(partition) is ps:
                 del self._parts[partition]
-            async with ps.applied:
-                ps.applied.notify_all()
+            await ps.wake()
         finally:
             # No await between the loop's last check and here: a batch appended after it finds
             # no committer and starts one.

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from sowstream.engine.processor import Sender, TopicProcessor
+from sowstream.engine.processor import PartitionState, Sender, TopicProcessor
 from sowstream.engine.store import WATERMARK_KEY, is_record_key
 from sowstream.errors import StateStoreError
 from sowstream.sow.record import SowRecord
@@ -62,17 +62,17 @@ async def settle_loop() -> None:
         await asyncio.sleep(0)
 
 
-def subscribed(sender: HeldAcks) -> TopicProcessor:
+async def subscribed() -> tuple[HeldAcks, TopicProcessor, PartitionState]:
+    """A processor with one subscription and partition 0 loaded, sending through HeldAcks."""
+    sender = HeldAcks()
     proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
     proc.subs.upsert(SubscriptionSpec("s", "r", "t", "subscribe", None, parse_options("")))
-    return proc
+    return sender, proc, await proc.ready(0)
 
 
 def test_later_batches_send_while_earlier_ones_wait_for_acks() -> None:
     async def go() -> None:
-        sender = HeldAcks()
-        proc = subscribed(sender)
-        ps = await proc.ready(0)
+        sender, proc, ps = await subscribed()
         recs = to_records([("publish", 1, 0, 5), ("delta", 1, 0, 7), ("publish", 2, 0, 1)])
         await proc.process(recs[:1])
         await proc.process(recs[1:])
@@ -96,9 +96,7 @@ def test_later_batches_send_while_earlier_ones_wait_for_acks() -> None:
 
 def test_a_query_waits_for_the_batches_in_flight() -> None:
     async def go() -> None:
-        sender = HeldAcks()
-        proc = subscribed(sender)
-        await proc.ready(0)
+        sender, proc, _ = await subscribed()
         await proc.process(to_records([("publish", 1, 0, 5), ("publish", 2, 0, 6)]))
         drained = asyncio.ensure_future(proc.drain())
         await settle_loop()
@@ -112,9 +110,7 @@ def test_a_query_waits_for_the_batches_in_flight() -> None:
 
 def test_a_revoked_partition_stores_nothing_of_its_batches_in_flight() -> None:
     async def go() -> None:
-        sender = HeldAcks()
-        proc = subscribed(sender)
-        ps = await proc.ready(0)
+        sender, proc, ps = await subscribed()
         await proc.process(to_records([("publish", 1, 0, 5)]))
         await proc.drop([0])
         sender.acknowledge()
@@ -128,9 +124,7 @@ def test_a_revoked_partition_stores_nothing_of_its_batches_in_flight() -> None:
 
 def test_batches_in_flight_are_bounded() -> None:
     async def go() -> None:
-        sender = HeldAcks()
-        proc = subscribed(sender)
-        ps = await proc.ready(0)
+        sender, proc, ps = await subscribed()
         recs = to_records([("publish", i % 3, 0, i) for i in range(8)])
         for rec in recs[:4]:
             await proc.process([rec])
@@ -148,9 +142,7 @@ def test_batches_in_flight_are_bounded() -> None:
 
 def test_a_failed_store_write_drops_the_partition_for_a_reload() -> None:
     async def go() -> None:
-        sender = HeldAcks()
-        proc = subscribed(sender)
-        ps = await proc.ready(0)
+        sender, proc, ps = await subscribed()
 
         def broken(changes: Any) -> None:
             raise StateStoreError("disk full")
