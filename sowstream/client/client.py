@@ -480,20 +480,7 @@ class Client:
                 )
                 self._subscriptions.pop(sub.sub_id, None)
                 return
-            sub.on_live(
-                _Live(
-                    command,
-                    headers.get(h.TOPIC, ""),
-                    int(headers.get(h.PARTITION, "-1")),
-                    int(headers.get(h.OFFSET, "-1")),
-                    headers.get(h.SOW_KEY, ""),
-                    value or b"",
-                    int(headers.get(h.TIMESTAMP, "0")),
-                    headers.get(h.REASON, ""),
-                    headers.get(h.DELTA) == "1",
-                    int(headers.get(h.SEQ, "0")),
-                )
-            )
+            sub.on_live(_Live.from_headers(value, headers))
             return
         if value is None:
             return

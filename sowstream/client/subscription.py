@@ -22,10 +22,17 @@ import orjson
 from sowstream.client.messages import Message
 from sowstream.errors import SubscriptionDroppedError
 from sowstream.sow.bookmarks import message_bookmark
-from sowstream.subscriptions.delta import changed_fields, has_changes, project, with_fields
+from sowstream.subscriptions.delta import (
+    changed_fields,
+    has_changes,
+    project,
+    project_delta,
+    with_fields,
+)
 from sowstream.subscriptions.model import OOF, OOF_MATCH, PUBLISH, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
 from sowstream.subscriptions.window import PageWindow, ResultSet
+from sowstream.wire import headers as h
 
 # Messages the client holds for an application that does not read: beyond this the client stops
 # reading its reply topic, so the backlog stays in Kafka where the engine's slow-consumer policy
@@ -53,6 +60,22 @@ class _Live:
     reason: str
     delta: bool
     seq: int = 0
+
+    @classmethod
+    def from_headers(cls, value: bytes | None, headers: dict[str, str]) -> _Live:
+        """The live message carried by a reply-topic record's value and ``sow.*`` headers."""
+        return cls(
+            headers.get(h.COMMAND, ""),
+            headers.get(h.TOPIC, ""),
+            int(headers.get(h.PARTITION, "-1")),
+            int(headers.get(h.OFFSET, "-1")),
+            headers.get(h.SOW_KEY, ""),
+            value or b"",
+            int(headers.get(h.TIMESTAMP, "0")),
+            headers.get(h.REASON, ""),
+            headers.get(h.DELTA) == "1",
+            int(headers.get(h.SEQ, "0")),
+        )
 
 
 class Subscription:
@@ -276,7 +299,7 @@ class Subscription:
             elif event.kind == "update" and self.specs[0].delta and previous is not None:
                 delta = changed_fields(previous, event.record)
                 if self.options.select is not None:
-                    delta = project(delta, self.options.select)
+                    delta = project_delta(delta, self.options.select)
                 keys = self._keys.get(live.topic, ())
                 if self.options.no_empties and not has_changes(delta, keys):
                     continue

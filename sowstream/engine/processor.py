@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -63,6 +63,8 @@ from sowstream.sow.ops import (
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query
 from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.delta import project
+from sowstream.subscriptions.journal import JOURNAL_PREFIX
 from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
 from sowstream.subscriptions.model import (
     FAILURE,
@@ -74,6 +76,7 @@ from sowstream.subscriptions.model import (
     Change,
     Delivery,
     SubscriptionSpec,
+    dumps,
 )
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
@@ -143,6 +146,7 @@ class _Outcome:
     dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
     acks: list[tuple[RawRecord, int, str, str, str]] = field(default_factory=list)
     versions: list[Version] = field(default_factory=list)
+    journal: dict[bytes, bytes | None] = field(default_factory=dict)  # conflation journal
 
 
 @dataclass
@@ -192,7 +196,9 @@ class TopicProcessor:
         entitlement: EntitlementLookup | None = None,
     ) -> None:
         self.topic = topic
-        self.subs = TopicSubscriptions(topic, entitlement)
+        self.subs = TopicSubscriptions(
+            topic, entitlement, current=self._current_record if topic.sow else None
+        )
         self.names = names
         self.log_topic = names.log(topic.name)
         self._sender = sender
@@ -234,6 +240,7 @@ class TopicProcessor:
         transient = self.topic.durability == "transient"
         if raw is not None and not transient:
             ps.watermark = int(raw)
+            self.subs.restore(partition, ps.store.scan(prefix=JOURNAL_PREFIX), _now_ms())
         elif self._log_reader is not None:
             await self._recover(partition, ps, transient)
         if self._expires:
@@ -275,6 +282,7 @@ class TopicProcessor:
     async def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
         for p in partitions:
+            self.subs.drop_partition(p)
             ps = self._parts.pop(p, None)
             if ps is not None:
                 await ps.wake()  # queries waiting on it give up
@@ -319,10 +327,21 @@ class TopicProcessor:
                 sent: list[asyncio.Future[Any]] = []
                 if outcome.events:
                     sent = await self.deliver(self.subs.dispatch(outcome.events, _now_ms()))
+                    outcome.journal = self.subs.take_journal(partition)
                 ps.folded = max(ps.folded, outcome.last)
-                ps.in_flight.append(_InFlight(outcome, sent))
-                if ps.committer is None:
-                    ps.committer = asyncio.create_task(self._commit_in_order(partition, ps))
+                self._enqueue(partition, ps, outcome, sent)
+
+    def _enqueue(
+        self,
+        partition: int,
+        ps: PartitionState,
+        outcome: _Outcome,
+        sent: list[asyncio.Future[Any]],
+    ) -> None:
+        """Queue ``outcome`` to be stored, in order, once Kafka has ``sent`` (under ps.lock)."""
+        ps.in_flight.append(_InFlight(outcome, sent))
+        if ps.committer is None:
+            ps.committer = asyncio.create_task(self._commit_in_order(partition, ps))
 
     async def _commit_in_order(self, partition: int, ps: PartitionState) -> None:
         """Store the partition's in-flight batches, oldest first, once their messages are in."""
@@ -406,9 +425,14 @@ class TopicProcessor:
         if not self.topic.sow:
             ps.watermark = max(ps.watermark, outcome.last)
             return
-        if outcome.last > ps.watermark:
+        if outcome.last > ps.watermark or outcome.journal:
             outcome.changes = self._write(
-                ps, outcome.overlay, outcome.before, outcome.last, outcome.versions
+                ps,
+                outcome.overlay,
+                outcome.before,
+                outcome.last if outcome.last > ps.watermark else None,
+                outcome.versions,
+                outcome.journal,
             )
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> _Outcome:
@@ -581,6 +605,7 @@ class TopicProcessor:
         before: dict[bytes, SowRecord | None],
         watermark: int | None = None,
         versions: Sequence[Version] = (),
+        journal: Mapping[bytes, bytes | None] | None = None,
     ) -> dict[bytes, bytes | None]:
         """Write the batch's final records (and index entries) as one store batch.
 
@@ -603,6 +628,8 @@ class TopicProcessor:
                 if value is not None and ps.store.get(key) is not None:
                     continue
                 changes[key] = value
+        if journal:
+            changes.update(journal)
         if watermark is not None:
             changes[WATERMARK_KEY] = str(watermark).encode()
         ps.store.write(changes)
@@ -712,9 +739,34 @@ class TopicProcessor:
                 )
 
     async def flush_conflated(self, now_ms: int | None = None) -> None:
-        """Send the messages of conflation intervals that have ended."""
-        if self.subs:
-            await self.deliver(self.subs.flush(now_ms if now_ms is not None else _now_ms()))
+        """Send the messages of conflation intervals that have ended.
+
+        Partition by partition under its lock, so the flush sits between two batches: the removal
+        of the sent records' journal entries is stored after every batch that wrote them and
+        before any that starts a new interval.
+        """
+        if not self.subs:
+            return
+        keys = self.subs.due(now_ms if now_ms is not None else _now_ms())
+        for partition in sorted(self.subs.partitions_of(keys)):
+            ps = self._parts.get(partition)
+            if ps is None:
+                self.subs.drop_partition(partition)  # its next owner finishes these intervals
+                continue
+            async with ps.lock:
+                await self._flush_partition(keys, partition, ps)
+
+    async def _flush_partition(self, keys: list[str], partition: int, ps: PartitionState) -> None:
+        """Send ``keys``' buffered changes of ``partition`` (caller holds ps.lock)."""
+        sent = await self.deliver(self.subs.flush_due(keys, partition))
+        cleared = self.subs.take_cleared(partition)
+        if cleared and self._parts.get(partition) is ps:
+            self._enqueue(partition, ps, _Outcome(journal=cleared), sent)
+
+    def _current_record(self, partition: int, sow_key: str) -> SowRecord | None:
+        """The record ``partition`` holds under ``sow_key`` now, batches in flight included."""
+        ps = self._parts.get(partition)
+        return self._load_record(ps, {}, sow_key.encode()) if ps is not None else None
 
     # -- expiration ----------------------------------------------------------------------------
 
@@ -759,7 +811,8 @@ class TopicProcessor:
                     ]
                     await self.deliver(self.subs.dispatch(expired, now), wait=True)
                 if overlay:
-                    changes = self._write(ps, overlay, before)
+                    journal = self.subs.take_journal(p)
+                    changes = self._write(ps, overlay, before, journal=journal)
                     await ps.store.replicate(changes, self._sender.send)
                     total += len(overlay)
         if total:
@@ -1086,6 +1139,7 @@ class TopicProcessor:
                 return
             await self._settle(ps)
             self.subs.upsert(spec, held=self.partitions)
+            await self._flush_partition([spec.key], partition, ps)
             self.subs.pin(spec, partition)
             watermark = ps.watermark
             if bookmark is not None:
@@ -1120,7 +1174,10 @@ class TopicProcessor:
                             matched.append((rec, parsed))
                         elif was and not now:
                             leaving.append(rec)
-        await self._send_batches(reply_to, base, matched, opts.batch_size)
+        # select shapes the SOW part as it shapes live messages (a window shapes its own).
+        await self._send_batches(
+            reply_to, base, matched, opts.batch_size, select=spec.options.select
+        )
         if leaving and spec.options.oof:
             # Part of the replace's answer (not live traffic): the client shows them after the
             # records that entered.
@@ -1151,22 +1208,24 @@ class TopicProcessor:
         matched: list[tuple[SowRecord, dict[str, Any] | None]],
         batch_size: int,
         command: str = "sow",
+        select: tuple[str, ...] | None = None,
     ) -> None:
         batch: list[dict[str, Any]] = []
         size = 0
-        for rank, (rec, _) in enumerate(matched):
+        for rank, (rec, body) in enumerate(matched):
+            data = rec.data if select is None else dumps(project(body or rec.parsed(), select))
             item = {
                 "sow_key": rec.sow_key,
-                "data": rec.data,
+                "data": data,
                 "timestamp": rec.log_timestamp,
                 "log_offset": rec.log_offset,
                 "sort_rank": rank,
             }
-            if batch and (len(batch) >= batch_size or size + len(rec.data) > MAX_REPLY_BYTES):
+            if batch and (len(batch) >= batch_size or size + len(data) > MAX_REPLY_BYTES):
                 await self.reply(reply_to, {**base, "command": command, "records": batch})
                 batch, size = [], 0
             batch.append(item)
-            size += len(rec.data) + len(rec.sow_key) + 32
+            size += len(data) + len(rec.sow_key) + 32
         if batch:
             await self.reply(reply_to, {**base, "command": command, "records": batch})
 

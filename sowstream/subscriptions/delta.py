@@ -120,6 +120,25 @@ def project(record: Mapping[str, Any], paths: Sequence[str]) -> dict[str, Any]:
     return with_fields({}, record, paths)
 
 
+def project_delta(delta: Mapping[str, Any], paths: Sequence[str]) -> dict[str, Any]:
+    """:func:`project` for a delta: a selected field whose parent the delta removed (``null``) or
+    turned into a non-object is gone too, so the parent comes through as ``null``."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        steps = _steps(path)
+        node: Any = delta
+        for depth, step in enumerate(steps):
+            if not isinstance(node, Mapping):
+                _put(out, steps[:depth], None)
+                break
+            if step not in node:
+                break
+            node = node[step]
+        else:
+            _put(out, steps, node)
+    return out
+
+
 def merge_deltas(first: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
     """One delta with the effect of ``first`` followed by ``later`` (conflation).
 

@@ -24,11 +24,14 @@ from sowstream.subscriptions.delta import (
     has_changes,
     merge_deltas,
     project,
+    project_delta,
     with_fields,
 )
 from sowstream.subscriptions.index import FilterIndex
+from sowstream.subscriptions.journal import JournalEntry
 from sowstream.subscriptions.model import (
     OOF,
+    OOF_DELETED,
     OOF_ENTITLEMENT,
     OOF_MATCH,
     PUBLISH,
@@ -40,6 +43,8 @@ from sowstream.subscriptions.model import (
 
 # Resolves an identity to its row-level entitlement filter on this topic (None: sees everything).
 EntitlementLookup = Callable[[str], Filter | None]
+# The record a partition holds now under a SowKey (None when there is none).
+CurrentRecord = Callable[[int, str], SowRecord | None]
 
 
 @dataclass(slots=True)
@@ -56,6 +61,11 @@ class _Pending:
     reason: str = ""
     went_out: bool = False
     delta: dict[str, Any] = field(default_factory=dict)
+    journal: bytes | None = None  # its conflation journal entry's store key
+    restored: bool = False  # read back from the journal: ``latest`` is looked up when it settles
+    # Read back from the journal: the subscriber holds ``base`` or a later flush of this record
+    # (the flush may have reached it before the crash), so it gets whole states and every oof.
+    uncertain: bool = False
 
 
 @dataclass(slots=True)
@@ -88,9 +98,23 @@ class _Active:
 class TopicSubscriptions:
     """Every subscription on one SOW topic, and the rules that decide what each receives."""
 
-    def __init__(self, topic: TopicConfig, entitlement: EntitlementLookup | None = None) -> None:
+    def __init__(
+        self,
+        topic: TopicConfig,
+        entitlement: EntitlementLookup | None = None,
+        *,
+        current: CurrentRecord | None = None,
+    ) -> None:
+        """``current`` reads the partition's state; given it, conflation intervals are journaled
+        (see :mod:`sowstream.subscriptions.journal`) so a takeover can finish them."""
         self.topic = topic
         self._entitlement = entitlement or (lambda identity: None)
+        self._current = current
+        # Journal changes per partition: entries of intervals' first changes, stored with the batch
+        # that made them; and removals of entries whose records a flush has sent, stored once
+        # Kafka has the flush's messages.
+        self._journal: dict[int, dict[bytes, bytes | None]] = {}
+        self._cleared: dict[int, dict[bytes, bytes | None]] = {}
         self._subs: dict[str, _Active] = {}
         self._index = FilterIndex()
         self._always: set[str] = set()  # subscriptions with pinned views: not in the index
@@ -319,7 +343,7 @@ class TopicSubscriptions:
             delta = changed_fields(before, body)
         options = spec.options
         if options.select is not None:
-            delta = project(delta, options.select)
+            delta = project_delta(delta, options.select)
         if options.no_empties and not has_changes(delta, self.topic.keys):
             return None
         if options.send_keys:
@@ -350,6 +374,7 @@ class TopicSubscriptions:
         ckey = self._conflation_key(view.spec, change)
         pending = active.pending.get(ckey)
         if pending is None or pending.sow_key != change.sow_key:
+            # New, or another record under this conflation key: the latest wins.
             pending = _Pending(
                 change.sow_key,
                 change.partition,
@@ -360,6 +385,9 @@ class TopicSubscriptions:
                 latest=None,
             )
             active.pending[ckey] = pending
+        pending.restored = False
+        if pending.uncertain and was:
+            pending.base = change.before  # the latest state the subscriber may hold
         pending.partition, pending.offset = change.partition, change.offset
         pending.timestamp, pending.seq = change.timestamp, change.seq
         if now:
@@ -375,6 +403,8 @@ class TopicSubscriptions:
             pending.reason = reason
             if pending.base is not None:
                 pending.went_out = True
+        if self._current is not None:
+            self._journal_entry(view.spec.key, ckey, pending)
         if active.due_at is None:
             active.due_at = now_ms + interval
             self._waiting.add(active.view.spec.key)
@@ -397,31 +427,157 @@ class TopicSubscriptions:
 
     def flush(self, now_ms: int) -> list[Delivery]:
         """Messages of every conflation interval that has ended by ``now_ms``."""
-        out: list[Delivery] = []
+        keys = self.due(now_ms)
+        return [d for p in self.partitions_of(keys) for d in self.flush_due(keys, p)]
+
+    def due(self, now_ms: int) -> list[str]:
+        """Subscriptions whose conflation interval has ended by ``now_ms`` (a new one starts
+        with their next change); :meth:`flush_due` then sends them partition by partition."""
+        keys: list[str] = []
         for key in list(self._waiting):
             active = self._subs.get(key)
-            if active is None:
+            if active is None or active.due_at is None:
                 self._waiting.discard(key)
-                continue
-            if active.due_at is None or active.due_at > now_ms:
-                continue
-            self._waiting.discard(key)
-            active.due_at = None
-            pending, active.pending = active.pending, {}
-            spec = active.view.spec
-            for item in pending.values():
-                delivery = self._settle(spec, item)
-                if delivery is not None:
-                    out.append(delivery)
+            elif active.due_at <= now_ms:
+                self._waiting.discard(key)
+                active.due_at = None
+                keys.append(key)
+        return keys
+
+    def partitions_of(self, keys: Iterable[str]) -> set[int]:
+        """Partitions with buffered changes for the subscriptions ``keys``."""
+        return {
+            item.partition
+            for key in keys
+            if (active := self._subs.get(key)) is not None
+            for item in active.pending.values()
+        }
+
+    def flush_due(self, keys: Iterable[str], partition: int) -> list[Delivery]:
+        """Messages of subscriptions ``keys`` for their records of ``partition``."""
+        out: list[Delivery] = []
+        for key in keys:
+            out.extend(self.flush_partition(key, partition))
         return out
+
+    def flush_partition(self, key: str, partition: int) -> list[Delivery]:
+        """Send subscription ``key``'s buffered changes of ``partition`` now.
+
+        At the end of an interval, and early at a placement or replace: a placement's watermark
+        covers every change buffered so far on the partition, so they go out before the
+        placement's answer (the client drops what its snapshot has, and a client that kept an
+        earlier placement's answer after a failover still gets them); changes after it then start
+        from what the subscriber holds.
+        """
+        active = self._subs.get(key)
+        if active is None or not active.pending:
+            return []
+        due = {ck: p for ck, p in active.pending.items() if p.partition == partition}
+        for ck in due:
+            del active.pending[ck]
+        return self._settle_all(active, due.values())
+
+    def _settle_all(self, active: _Active, pending: Iterable[_Pending]) -> list[Delivery]:
+        items = list(pending)
+        for item in items:
+            self._unjournal(item, self._cleared)
+            if item.restored:
+                self._resolve(active.on(item.partition), item)
+        # Log order per partition: the client drops a message that is not newer than the last one
+        # it delivered from that partition (its failover de-duplication).
+        ordered = sorted(items, key=lambda p: (p.partition, p.offset, p.seq))
+        settled = (self._settle(active.on(item.partition).spec, item) for item in ordered)
+        return [d for d in settled if d is not None]
+
+    # -- the conflation journal -------------------------------------------------------------------
+
+    def _journal_entry(self, sub_key: str, ckey: str, item: _Pending) -> None:
+        entry = JournalEntry(
+            sub_key, ckey, item.sow_key, item.offset, item.seq, item.timestamp, item.base
+        )
+        item.journal = entry.key
+        self._journal.setdefault(item.partition, {})[entry.key] = entry.to_bytes()
+
+    def _unjournal(self, item: _Pending, into: dict[int, dict[bytes, bytes | None]]) -> None:
+        if item.journal is not None:
+            into.setdefault(item.partition, {})[item.journal] = None
+            item.journal = None
+
+    def take_journal(self, partition: int) -> dict[bytes, bytes | None]:
+        """Journal entries written or dropped by the changes dispatched since the last call: to
+        be stored with the batch of those changes."""
+        return self._journal.pop(partition, {})
+
+    def take_cleared(self, partition: int) -> dict[bytes, bytes | None]:
+        """Journal entries of ``partition``'s records that flushes sent since the last call: to
+        be removed once Kafka has acknowledged those messages."""
+        return self._cleared.pop(partition, {})
+
+    def restore(self, partition: int, entries: Iterable[tuple[bytes, bytes]], now_ms: int) -> None:
+        """Take over ``partition``'s unfinished conflation intervals from its stored journal.
+
+        Each record is sent at its subscription's next flush, as it is by then; entries of
+        subscriptions that no longer exist are dropped (with the next batch).
+        """
+        for key, value in entries:
+            entry = JournalEntry.from_store(key, value)
+            active = self._subs.get(entry.sub_key)
+            if active is None:
+                self._journal.setdefault(partition, {})[key] = None
+                continue
+            active.pending[entry.conflation_key] = _Pending(
+                entry.sow_key,
+                partition,
+                entry.offset,
+                entry.timestamp,
+                entry.seq,
+                base=entry.base,
+                latest=None,
+                journal=key,
+                restored=True,
+                uncertain=True,
+            )
+            spec = active.view.spec
+            interval = spec.options.conflation_ms or self._forced.get(spec.reply_to) or 0
+            if active.due_at is None:
+                active.due_at = now_ms + interval
+                self._waiting.add(spec.key)
+
+    def _resolve(self, view: _View, item: _Pending) -> None:
+        """A restored record's state now: what its flush sends (or the reason it left focus)."""
+        record = self._current(item.partition, item.sow_key) if self._current else None
+        body = record.parsed() if record is not None else None
+        if view.in_focus(body):
+            item.latest = record
+        else:
+            item.latest = None
+            if body is None:
+                item.reason = OOF_DELETED
+            elif view.entitled is not None and not view.entitled.matches(body):
+                item.reason = OOF_ENTITLEMENT
+            else:
+                item.reason = OOF_MATCH
+        if record is not None and record.log_offset > item.offset:
+            item.offset, item.timestamp, item.seq = record.log_offset, record.log_timestamp, 0
+        item.restored = False
+
+    def drop_partition(self, partition: int) -> None:
+        """Forget a partition taken away by a rebalance: its next owner finishes its intervals."""
+        for active in self._subs.values():
+            gone = [ck for ck, p in active.pending.items() if p.partition == partition]
+            for ck in gone:
+                del active.pending[ck]
+        self._journal.pop(partition, None)
+        self._cleared.pop(partition, None)
 
     def _settle(self, spec: SubscriptionSpec, item: _Pending) -> Delivery | None:
         if item.latest is None:
-            if item.base is None or not spec.options.oof:
+            if not spec.options.oof or (item.base is None and not item.uncertain):
                 return None
             # The subscriber never saw the interval's updates: show what it last received.
-            return self._delivery(spec, OOF, item.base, item, reason=item.reason)
-        if item.base is None or item.went_out or not spec.delta:
+            last = item.base or SowRecord(item.sow_key, b"{}", item.offset, item.timestamp)
+            return self._delivery(spec, OOF, last, item, reason=item.reason)
+        if item.base is None or item.went_out or item.uncertain or not spec.delta:
             return self._delivery(spec, PUBLISH, item.latest, item)
         base, latest = item.base.parsed(), item.latest.parsed()
         # The interval's deltas merged; plus the net change, which also catches fields that an

@@ -1,0 +1,250 @@
+"""The real processor and the real client-side subscription, wired together without Kafka.
+
+``Harness`` runs a ``TopicProcessor`` on in-memory partition stores and feeds everything it sends
+(live messages and command replies) into the client's ``Subscription``, the way the client's
+reply reader does. ``Cache`` is what an application builds from the messages it receives
+(publish replaces, delta merges, oof removes), so tests can compare it with the SOW.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from sowstream.client.messages import Message
+from sowstream.client.subscription import Subscription, _Live
+from sowstream.config.models import TopicConfig
+from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.store import MemoryPartition, PartitionStore
+from sowstream.filters import compile_filter
+from sowstream.filters.order_by import parse_order_by
+from sowstream.sow.merge import merge_delta
+from sowstream.subscriptions.delta import project
+from sowstream.subscriptions.model import DELTA_SUBSCRIBE, WITH_SOW, SubscriptionSpec
+from sowstream.subscriptions.options import SubscriptionOptions
+from sowstream.subscriptions.window import PageWindow, ResultSet
+from sowstream.wire import headers as h
+from sowstream.wire.avro import decode
+from sowstream.wire.topics import TopicNames
+
+
+class RecordingSender(Sender):
+    """Keeps everything the processor sends, in order: live messages carry headers."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, dict[str, str] | None]] = []
+
+    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
+        return None
+
+    async def send_reply(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> None:
+        self.sent.append((value, h.header_map(headers) if headers else None))
+        return None
+
+    def take(self) -> list[tuple[bytes, dict[str, str] | None]]:
+        out, self.sent = self.sent, []
+        return out
+
+
+def without_nulls(value: Any) -> Any:
+    """A delta says "field removed" with null; the subscriber's record simply lacks it."""
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+class Cache:
+    """An application's copy of what it subscribed to, built from the messages it received.
+
+    A ``delta_subscribe`` without a SOW part gets deltas for records that were in focus before it
+    subscribed (AMPS sends the key and the changed fields): with ``partial_ok`` such records are
+    kept apart as ``partial``; otherwise a delta for a record the cache lacks is an error.
+    """
+
+    def __init__(self, *, partial_ok: bool = False) -> None:
+        self.records: dict[str, Any] = {}
+        self.partial: set[str] = set()
+        self.partial_ok = partial_ok
+
+    def apply(self, msg: Message) -> None:
+        key = msg.sow_key
+        if msg.command == "oof":
+            self.records.pop(key, None)
+            self.partial.discard(key)
+        elif msg.command in ("sow", "publish"):
+            if msg.delta and key not in self.records:
+                assert self.partial_ok, f"a delta for record {key}, which the subscriber lacks"
+                self.partial.add(key)
+                self.records[key] = msg.json()
+            elif msg.delta:
+                self.records[key] = merge_delta(self.records[key], msg.json())
+            else:
+                self.records[key] = msg.json()
+                self.partial.discard(key)
+
+    def drain(self, sub: Subscription) -> None:
+        while (msg := sub.next(timeout=0)) is not None:
+            self.apply(msg)
+
+    def view(self) -> dict[str, Any]:
+        return {k: without_nulls(v) for k, v in self.records.items()}
+
+
+class _KeptStores(TopicProcessor):
+    """A processor whose partition stores outlive it, as RocksDB does a worker's crash."""
+
+    def __init__(self, stores: dict[int, MemoryPartition], *args: Any) -> None:
+        super().__init__(*args)
+        self._kept = stores
+
+    def _new_store(self, partition: int) -> PartitionStore:
+        return self._kept.setdefault(partition, MemoryPartition())
+
+
+class Harness:
+    """One subscription on a processor, from registration through placement to live traffic."""
+
+    def __init__(
+        self,
+        topic: TopicConfig,
+        command: str,
+        filter: str | None,
+        user: SubscriptionOptions,
+        *,
+        order_by: str | None = None,
+    ) -> None:
+        self.topic = topic
+        self.sender = RecordingSender()
+        self.stores: dict[int, MemoryPartition] = {}
+        self.proc: TopicProcessor = _KeptStores(self.stores, topic, TopicNames("p"), self.sender)
+        self.log: list[RawRecord] = []
+        self.user = user
+        self.command = command
+        self.filter = filter
+        self.order_by = order_by
+        paginated = user.top_n is not None
+        # As the client does: a window needs the whole filtered stream, with every leave.
+        wire = user.with_(oof=True, select=None, no_empties=False) if paginated else user
+        self.spec = SubscriptionSpec("s", "r", topic.name, command, filter, wire, "", order_by)
+        window = None
+        if paginated:
+            assert user.top_n is not None
+            results = ResultSet(parse_order_by(order_by) if order_by else ())
+            window = PageWindow(results, user.top_n, user.skip_n or 0)
+        self.sub = Subscription(
+            "s", [self.spec], user, key_fields={topic.name: topic.keys}, window=window
+        )
+        self.cache = Cache(partial_ok=command == DELTA_SUBSCRIBE)
+        self._group: list[Message] = []
+        self._placed: set[int] = set()
+
+    @property
+    def placed(self) -> bool:
+        return len(self._placed) == self.topic.partitions
+
+    async def start(self) -> None:
+        """The worker takes every partition (records reach only partitions it has loaded)."""
+        for partition in range(self.topic.partitions):
+            await self.proc.ready(partition)
+
+    def register(self) -> None:
+        """The registry record reaches the worker (it may come before the placement)."""
+        self.proc.subs.upsert(self.spec)
+
+    async def place(self, partition: int) -> None:
+        """The placement command runs on ``partition``."""
+        await self.proc.subscribe(
+            {
+                "command": self.command,
+                "command_id": "c",
+                "query_id": "q",
+                "reply_to": "r",
+                "topic": self.topic.name,
+                "filter": self.filter,
+                "sow_keys": None,
+                "order_by": self.order_by,
+                "top_n": None,
+                "skip_n": None,
+                "batch_size": 10,
+                "after_offset": -1,
+                "options": {},
+                "sub_id": "s",
+                "identity": "",
+                "sub_options": self.spec.options.to_text(),
+                "previous_filter": None,
+            },
+            partition,
+        )
+        self.pump()
+
+    async def apply(self, records: list[RawRecord]) -> None:
+        self.log.extend(records)
+        await self.proc.process(records)
+        self.pump()
+
+    async def crash(self) -> None:
+        """The worker dies (what it sent is out, what it had not stored is lost) and a new one
+        takes every partition: it knows the subscription from the registry, loads what the
+        stores hold and reads the log on from each partition's stored watermark."""
+        for task in [ps.committer for ps in self.proc._parts.values() if ps.committer]:
+            task.cancel()
+        self.pump()
+        self.proc = _KeptStores(self.stores, self.topic, TopicNames("p"), self.sender)
+        self.register()
+        await self.start()
+        marks = {p: self.proc._parts[p].watermark for p in self.proc._parts}
+        await self.proc.process([r for r in self.log if r.offset > marks[r.partition]])
+        self.pump()
+
+    async def flush(self) -> None:
+        """Every conflation interval ends now."""
+        await self.proc.drain()
+        await self.proc.flush_conflated(10**15)
+        self.pump()
+
+    def pump(self) -> None:
+        """Hand what the processor sent to the client, as its reply reader would."""
+        for value, headers in self.sender.take():
+            if headers is not None:
+                self.sub.on_live(_Live.from_headers(value, headers))
+                continue
+            reply = decode("Reply", value)
+            assert reply["status"] == "success", reply
+            if reply["command"] == "sow":
+                self._group.extend(
+                    Message("sow", reply["topic"], r["sow_key"], data=r["data"])
+                    for r in reply["records"]
+                )
+            elif reply["command"] == "part_end":
+                self.sub.set_cut(reply["topic"], reply["partition"], reply["log_offset"])
+                self._placed.add(reply["partition"])
+                if self.placed:
+                    group = [Message("group_begin"), *self._group, Message("group_end")]
+                    if self.command in WITH_SOW:
+                        self.sub.deliver_group(iter(group))
+                    self.sub.release()
+        self.cache.drain(self.sub)
+
+    def expected(self, sow: dict[str, Any]) -> dict[str, Any]:
+        """What the subscriber must hold when it is up to date with ``sow`` (key -> body)."""
+        flt = compile_filter(self.filter) if self.filter else None
+        matching = {k: v for k, v in sow.items() if flt is None or flt.matches(v)}
+        if self.user.top_n is not None:
+            results = ResultSet(parse_order_by(self.order_by) if self.order_by else ())
+            for key, body in matching.items():
+                results.upsert(key, body)
+            window = PageWindow(results, self.user.top_n, self.user.skip_n or 0)
+            window.reset()
+            matching = dict(window.records())
+        select = self.user.select
+        return {
+            k: without_nulls(v if select is None else project(v, select))
+            for k, v in matching.items()
+        }
+
+
+def body_of(record: RawRecord) -> Any:
+    return orjson.loads(record.value) if record.value else None
