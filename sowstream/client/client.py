@@ -29,7 +29,6 @@ from sowstream.client.subscription import (
     Subscription,
     SubscriptionDroppedError,
     _Live,
-    share_key,
 )
 from sowstream.config.models import match_topic_names
 from sowstream.errors import (
@@ -139,7 +138,6 @@ class Client:
         self._reader: threading.Thread | None = None
         self._stop = threading.Event()
         self._subscriptions: dict[str, Subscription] = {}
-        self._result_sets: dict[tuple[str, ...], ResultSet] = {}
         self._bookmarks: dict[str, str] = {}  # sub_id -> last delivered, for MOST_RECENT
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -901,12 +899,11 @@ class Client:
         ]
         window = None
         if top_n is not None:
-            share = share_key(infos[0].name, filter, order_by, self.identity)
-            results = self._result_sets.get(share)
-            if results is None:
-                opts = validate_query(order_by=order_by)
-                results = self._result_sets[share] = ResultSet(opts.order_by)
-            window = PageWindow(results, top_n, skip_n or 0)
+            # Each window keeps its own result set: two subscriptions' streams (their SOW parts
+            # applied late, their conflation intervals) would move a shared one back in time.
+            window = PageWindow(
+                ResultSet(validate_query(order_by=order_by).order_by), top_n, skip_n or 0
+            )
         sub = Subscription(
             sub_id,
             specs,
@@ -1058,12 +1055,7 @@ class Client:
             if window is None:
                 sub.deliver_group(group)
             else:
-                share = share_key(infos[0].name, filter, order_by, self.identity)
-                results = self._result_sets.get(share)
-                fill = results is None
-                if results is None:
-                    results = self._result_sets[share] = window.results.copy()
-                sub.replace_window(results, group, fill)
+                sub.replace_window(window.results.copy(), group)
         finally:
             sub.release()
         return sub

@@ -5,8 +5,7 @@ into what AMPS promises: the SOW part first, then live messages, each record's u
 order and none twice. Live messages that arrive while the SOW part is still coming are held back;
 when a partition's part ends, its watermark says which of them the snapshot already covers.
 Replayed messages (after a worker failover) are dropped by their (partition, log offset) sequence.
-Paginated subscriptions (top_n) keep their window here, over a result set shared by identical
-subscriptions of this client.
+Paginated subscriptions (top_n) keep their window here, over their own sorted result set.
 """
 
 from __future__ import annotations
@@ -164,9 +163,9 @@ class Subscription:
                     keep.append(live)
             self._held = keep
 
-    def replace_window(self, results: ResultSet, group: Iterator[Message], fill: bool) -> None:
+    def replace_window(self, results: ResultSet, group: Iterator[Message]) -> None:
         """A paginated subscription's replace: move the window to the new filter's result set
-        (filled from the replace's answer when ``fill``) and show what changed on the page."""
+        (the old one updated by the replace's answer) and show what changed on the page."""
         assert self._window is not None
         begin = end = None
         for msg in group:
@@ -174,9 +173,9 @@ class Subscription:
                 begin = msg
             elif msg.command == "group_end":
                 end = msg
-            elif fill and msg.command == "sow":
+            elif msg.command == "sow":
                 results.apply(msg.sow_key, orjson.loads(msg.data))
-            elif fill and msg.command == "oof":
+            elif msg.command == "oof":
                 results.apply(msg.sow_key, None)
         entered: list[Message] = []
         left: list[Message] = []
@@ -372,11 +371,4 @@ class Subscription:
         self.close()
 
 
-def share_key(
-    topic: str, filter: str | None, order_by: str | None, identity: str
-) -> tuple[str, ...]:
-    """Paginated subscriptions with equal keys share one result set."""
-    return (topic, (filter or "").strip(), (order_by or "").strip(), identity)
-
-
-__all__ = ["MAX_BUFFERED", "ResultSet", "Subscription", "SubscriptionDroppedError", "share_key"]
+__all__ = ["MAX_BUFFERED", "ResultSet", "Subscription", "SubscriptionDroppedError"]

@@ -515,6 +515,8 @@ class Engine:
             # Existing subscriptions must be known before any change is applied, or their
             # subscribers would miss it.
             await self.registry.loaded.wait()
+            for proc in self.processors.values():
+                proc.subs.sweep_orphans()  # conflation journals of subscriptions that are gone
             settle_garbage_collector()
             await asyncio.gather(*(pump.run() for pump in self.pumps))
 

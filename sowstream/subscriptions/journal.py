@@ -4,7 +4,7 @@ A conflated subscription sends a record's change at the end of its interval, but
 stores the change (and moves its watermark past it) long before. Without a record of the
 interval in progress, a worker that dies mid-interval takes the unsent changes with it, and the
 record's next owner never sends them. So every change a conflated subscription buffers writes an
-entry in the same store batch as the change: the subscription, the conflation key, the record,
+entry in the same store batch as the change: the subscription, the record, its conflation key,
 where its latest change sits in the log, and the state the subscriber held before the interval.
 The flush that sends the record removes the entry once Kafka has the message. A worker that takes
 the partition over finds the entries still there and sends each record's current state at its
@@ -31,8 +31,8 @@ class JournalEntry:
     """One record of one conflated subscription with a change not yet sent."""
 
     sub_key: str
-    conflation_key: str
     sow_key: str
+    conflation_key: str
     offset: int
     seq: int
     timestamp: int
@@ -40,11 +40,11 @@ class JournalEntry:
 
     @property
     def key(self) -> bytes:
-        """The entry's store key: one per subscription and conflation key."""
-        return entry_key(self.sub_key, self.conflation_key)
+        """The entry's store key: one per subscription and record."""
+        return entry_key(self.sub_key, self.sow_key)
 
     def to_bytes(self) -> bytes:
-        meta = {"k": self.sow_key, "o": self.offset, "s": self.seq, "t": self.timestamp}
+        meta = {"c": self.conflation_key, "o": self.offset, "s": self.seq, "t": self.timestamp}
         head = orjson.dumps(meta)
         return head + b"\n" + (self.base.to_bytes() if self.base is not None else b"")
 
@@ -65,7 +65,7 @@ class JournalEntry:
         return cls(
             texts[0],
             texts[1],
-            meta["k"],
+            meta["c"],
             meta["o"],
             meta["s"],
             meta["t"],
@@ -73,10 +73,10 @@ class JournalEntry:
         )
 
 
-def entry_key(sub_key: str, conflation_key: str) -> bytes:
+def entry_key(sub_key: str, sow_key: str) -> bytes:
     """Store key of a journal entry; the texts are length-prefixed, so any text is safe."""
     parts = [JOURNAL_PREFIX]
-    for text in (sub_key, conflation_key):
+    for text in (sub_key, sow_key):
         raw = text.encode()
         parts += [_LENGTH.pack(len(raw)), raw]
     return b"".join(parts)

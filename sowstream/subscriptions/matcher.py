@@ -61,6 +61,7 @@ class _Pending:
     reason: str = ""
     went_out: bool = False
     delta: dict[str, Any] = field(default_factory=dict)
+    conflation_key: str = ""
     journal: bytes | None = None  # its conflation journal entry's store key
     restored: bool = False  # read back from the journal: ``latest`` is looked up when it settles
     # Read back from the journal: the subscriber holds ``base`` or a later flush of this record
@@ -88,8 +89,18 @@ class _View:
 class _Active:
     view: _View
     pinned: dict[int, _View] = field(default_factory=dict)
-    pending: dict[str, _Pending] = field(default_factory=dict)
+    pending: dict[str, _Pending] = field(default_factory=dict)  # by SowKey
+    owners: dict[str, str] = field(default_factory=dict)  # conflation key -> SowKey pending
     due_at: int | None = None
+
+    def take(self, partition: int) -> list[_Pending]:
+        """Remove and return the buffered changes of ``partition``."""
+        items = [p for p in self.pending.values() if p.partition == partition]
+        for item in items:
+            del self.pending[item.sow_key]
+            if self.owners.get(item.conflation_key) == item.sow_key:
+                del self.owners[item.conflation_key]
+        return items
 
     def on(self, partition: int) -> _View:
         return self.pinned.get(partition, self.view)
@@ -115,6 +126,7 @@ class TopicSubscriptions:
         # Kafka has the flush's messages.
         self._journal: dict[int, dict[bytes, bytes | None]] = {}
         self._cleared: dict[int, dict[bytes, bytes | None]] = {}
+        self._orphans: dict[str, list[tuple[int, JournalEntry]]] = {}
         self._subs: dict[str, _Active] = {}
         self._index = FilterIndex()
         self._always: set[str] = set()  # subscriptions with pinned views: not in the index
@@ -157,7 +169,9 @@ class TopicSubscriptions:
         view = self.view(spec)
         current = self._subs.get(spec.key)
         if current is None:
-            self._subs[spec.key] = _Active(view)
+            active = self._subs[spec.key] = _Active(view)
+            for partition, entry in self._orphans.pop(spec.key, []):
+                self._adopt(active, partition, entry, 0)  # flushed at the next tick
         else:
             if current.view.spec == spec:
                 return
@@ -189,7 +203,12 @@ class TopicSubscriptions:
         active = self._subs.pop(key, None)
         self._index.remove(key)
         self._always.discard(key)
-        return active.view.spec if active is not None else None
+        self._forget_orphans(key)
+        if active is None:
+            return None
+        for item in active.pending.values():
+            self._unjournal(item, self._journal)
+        return active.view.spec
 
     def remove_client(self, reply_to: str) -> list[SubscriptionSpec]:
         """Unregister every subscription of the client behind ``reply_to``."""
@@ -371,10 +390,14 @@ class TopicSubscriptions:
         now_ms: int,
         interval: int,
     ) -> None:
+        # One buffer per record; a conflation key shared by several records keeps the latest
+        # record's change only (AMPS: one message per conflation key value and interval).
         ckey = self._conflation_key(view.spec, change)
-        pending = active.pending.get(ckey)
-        if pending is None or pending.sow_key != change.sow_key:
-            # New, or another record under this conflation key: the latest wins.
+        owner = active.owners.get(ckey)
+        if owner is not None and owner != change.sow_key and owner in active.pending:
+            self._unjournal(active.pending.pop(owner), self._journal)
+        pending = active.pending.get(change.sow_key)
+        if pending is None:
             pending = _Pending(
                 change.sow_key,
                 change.partition,
@@ -384,7 +407,12 @@ class TopicSubscriptions:
                 base=change.before if was else None,
                 latest=None,
             )
-            active.pending[ckey] = pending
+            active.pending[change.sow_key] = pending
+        if pending.conflation_key != ckey:
+            if active.owners.get(pending.conflation_key) == change.sow_key:
+                del active.owners[pending.conflation_key]
+            pending.conflation_key = ckey
+        active.owners[ckey] = change.sow_key
         pending.restored = False
         if pending.uncertain and was:
             pending.base = change.before  # the latest state the subscriber may hold
@@ -404,7 +432,7 @@ class TopicSubscriptions:
             if pending.base is not None:
                 pending.went_out = True
         if self._current is not None:
-            self._journal_entry(view.spec.key, ckey, pending)
+            self._journal_entry(view.spec.key, pending)
         if active.due_at is None:
             active.due_at = now_ms + interval
             self._waiting.add(active.view.spec.key)
@@ -472,10 +500,7 @@ class TopicSubscriptions:
         active = self._subs.get(key)
         if active is None or not active.pending:
             return []
-        due = {ck: p for ck, p in active.pending.items() if p.partition == partition}
-        for ck in due:
-            del active.pending[ck]
-        return self._settle_all(active, due.values())
+        return self._settle_all(active, active.take(partition))
 
     def _settle_all(self, active: _Active, pending: Iterable[_Pending]) -> list[Delivery]:
         items = list(pending)
@@ -491,9 +516,15 @@ class TopicSubscriptions:
 
     # -- the conflation journal -------------------------------------------------------------------
 
-    def _journal_entry(self, sub_key: str, ckey: str, item: _Pending) -> None:
+    def _journal_entry(self, sub_key: str, item: _Pending) -> None:
         entry = JournalEntry(
-            sub_key, ckey, item.sow_key, item.offset, item.seq, item.timestamp, item.base
+            sub_key,
+            item.sow_key,
+            item.conflation_key,
+            item.offset,
+            item.seq,
+            item.timestamp,
+            item.base,
         )
         item.journal = entry.key
         self._journal.setdefault(item.partition, {})[entry.key] = entry.to_bytes()
@@ -523,25 +554,41 @@ class TopicSubscriptions:
             entry = JournalEntry.from_store(key, value)
             active = self._subs.get(entry.sub_key)
             if active is None:
-                self._journal.setdefault(partition, {})[key] = None
-                continue
-            active.pending[entry.conflation_key] = _Pending(
-                entry.sow_key,
-                partition,
-                entry.offset,
-                entry.timestamp,
-                entry.seq,
-                base=entry.base,
-                latest=None,
-                journal=key,
-                restored=True,
-                uncertain=True,
-            )
-            spec = active.view.spec
-            interval = spec.options.conflation_ms or self._forced.get(spec.reply_to) or 0
-            if active.due_at is None:
-                active.due_at = now_ms + interval
-                self._waiting.add(spec.key)
+                # The registry may not be read yet: kept until the subscription shows up, or
+                # until sweep_orphans says it never will.
+                self._orphans.setdefault(entry.sub_key, []).append((partition, entry))
+            else:
+                self._adopt(active, partition, entry, now_ms)
+
+    def _adopt(self, active: _Active, partition: int, entry: JournalEntry, now_ms: int) -> None:
+        active.pending[entry.sow_key] = _Pending(
+            entry.sow_key,
+            partition,
+            entry.offset,
+            entry.timestamp,
+            entry.seq,
+            base=entry.base,
+            latest=None,
+            conflation_key=entry.conflation_key,
+            journal=entry.key,
+            restored=True,
+            uncertain=True,
+        )
+        active.owners[entry.conflation_key] = entry.sow_key
+        spec = active.view.spec
+        interval = spec.options.conflation_ms or self._forced.get(spec.reply_to) or 0
+        if active.due_at is None:
+            active.due_at = now_ms + interval
+            self._waiting.add(spec.key)
+
+    def sweep_orphans(self) -> None:
+        """The registry is read: journal entries of subscriptions it does not hold are dropped."""
+        for key in list(self._orphans):
+            self._forget_orphans(key)
+
+    def _forget_orphans(self, sub_key: str) -> None:
+        for partition, entry in self._orphans.pop(sub_key, []):
+            self._journal.setdefault(partition, {})[entry.key] = None
 
     def _resolve(self, view: _View, item: _Pending) -> None:
         """A restored record's state now: what its flush sends (or the reason it left focus)."""
@@ -564,11 +611,11 @@ class TopicSubscriptions:
     def drop_partition(self, partition: int) -> None:
         """Forget a partition taken away by a rebalance: its next owner finishes its intervals."""
         for active in self._subs.values():
-            gone = [ck for ck, p in active.pending.items() if p.partition == partition]
-            for ck in gone:
-                del active.pending[ck]
+            active.take(partition)
         self._journal.pop(partition, None)
         self._cleared.pop(partition, None)
+        for key, orphans in list(self._orphans.items()):
+            self._orphans[key] = [(p, e) for p, e in orphans if p != partition]
 
     def _settle(self, spec: SubscriptionSpec, item: _Pending) -> Delivery | None:
         if item.latest is None:

@@ -3,12 +3,11 @@
 AMPS keeps the whole sorted result set of a paginated subscription and shows each subscriber only
 the records at sorted positions ``[skip_n, skip_n + top_n)``; to that subscriber the topic looks
 as if it held just those records, so a record pushed out of the page by an insert or a delete is
-out of focus. :class:`ResultSet` is the sorted set, shared by every window over the same topic,
-filter and OrderBy; :class:`PageWindow` is one subscriber's page of it.
+out of focus. :class:`ResultSet` is the sorted set of one subscription (topic, filter, OrderBy);
+:class:`PageWindow` is its subscriber's page of it.
 
-A change is applied to the shared set once (:meth:`ResultSet.apply`) and each window then turns
-the returned :class:`Change` into its own :class:`WindowEvent` list (:meth:`PageWindow.events`),
-so the cost of sorting is paid once however many windows share the set.
+A change is applied to the set (:meth:`ResultSet.apply`) and the window turns the returned
+:class:`Change` into its :class:`WindowEvent` list (:meth:`PageWindow.events`).
 
 Sorting uses :func:`sowstream.sow.query.result_order`, the order the engine's ``sow`` query uses,
 so a window's initial page and its live updates agree with a plain paginated query: the OrderBy
@@ -49,7 +48,7 @@ class Change:
 
 
 class ResultSet:
-    """The sorted, full result set of one (topic, filter, OrderBy); shared by windows over it.
+    """The sorted, full result set of one (topic, filter, OrderBy) that a window pages.
 
     Records are kept by reference: callers hand over a fresh dict per change and must not mutate
     it afterwards (windows remember the last record they showed to report what left).

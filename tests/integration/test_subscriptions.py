@@ -473,7 +473,7 @@ def test_paginated_window_follows_the_chapter_example(client: Client, publisher:
     sub.close()
 
 
-def test_paginated_subscriptions_share_one_result_set(client: Client, publisher: Client) -> None:
+def test_two_windows_on_one_filter_each_keep_their_page(client: Client, publisher: Client) -> None:
     reset(publisher, "pages")
     for i in range(1, 7):
         publisher.publish("pages", {"id": i})
@@ -483,7 +483,11 @@ def test_paginated_subscriptions_share_one_result_set(client: Client, publisher:
     second = client.sow_and_subscribe("pages", top_n=2, skip_n=2, order_by="/id")
     assert [r["id"] for r in records(take(first, 4))] == [1, 2]
     assert [r["id"] for r in records(take(second, 4))] == [3, 4]
-    assert len(client._result_sets) == 1
+    publisher.publish("pages", {"id": 2, "note": "moved"})
+    assert [(m.command, m.json()) for m in take(first, 1)] == [
+        ("publish", {"id": 2, "note": "moved"})
+    ]
+    assert quiet(second, 1.0) == []
     first.close()
     second.close()
 

@@ -187,14 +187,14 @@ class Harness:
 
     async def crash(self) -> None:
         """The worker dies (what it sent is out, what it had not stored is lost) and a new one
-        takes every partition: it knows the subscription from the registry, loads what the
-        stores hold and reads the log on from each partition's stored watermark."""
+        takes every partition: it loads what the stores hold, learns the subscription from the
+        registry and reads the log on from each partition's stored watermark."""
         for task in [ps.committer for ps in self.proc._parts.values() if ps.committer]:
             task.cancel()
         self.pump()
         self.proc = _KeptStores(self.stores, self.topic, TopicNames("p"), self.sender)
+        await self.start()  # before the registry is read, as a worker's timer may do
         self.register()
-        await self.start()
         marks = {p: self.proc._parts[p].watermark for p in self.proc._parts}
         await self.proc.process([r for r in self.log if r.offset > marks[r.partition]])
         self.pump()

@@ -88,7 +88,8 @@ class Log:
             body: dict[str, Any] = {"id": i, "g": g, "v": v, "ck": f"c{i}"}
             self.sow[key] = body
             return [self._at(i % 2, key, body, {})]
-        delta = {"id": i, "g": g, "x": {"v": v}}
+        # Half the deltas carry no /g and no /ck: a record they create has no conflation key.
+        delta: dict[str, Any] = {"id": i, "g": g, "x": {"v": v}} if g else {"id": i, "x": {"v": v}}
         old = self.sow.get(key, {})
         self.sow[key] = {**old, **delta, "x": {**old.get("x", {}), "v": v}}
         return [self._at(i % 2, key, delta, {h.COMMAND: h.DELTA_PUBLISH})]
@@ -209,6 +210,21 @@ def run(
     oof=True,
     conflation=True,
     ckey=False,
+    select=False,
+)
+@example(  # a record re-created without /ck, then given one: two conflation keys, one record
+    steps=[
+        (("publish", 0, 0, 1), "flush"),
+        (("delete", 0, 0, 0), ""),
+        (("delta", 0, 0, 5), ""),
+        (("publish", 0, 1, 3), "flush"),
+    ],
+    placement=(0, 0, 0),
+    command=SOW_AND_DELTA_SUBSCRIBE,
+    flt=None,
+    oof=True,
+    conflation=True,
+    ckey=True,
     select=False,
 )
 def test_subscriber_cache_equals_sow(
