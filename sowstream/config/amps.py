@@ -1,7 +1,8 @@
 """Reading the ``<SOW>`` section of an AMPS configuration file as-is, so AMPS users can migrate.
 
-What sowstream cannot honour yet (other message types, key generators, enrichment, queues,
-views, ...) is an error, or with ``skip_unsupported`` a warning that skips the topic or element.
+Topics and queues are read; what sowstream cannot honour yet (other message types, key
+generators, enrichment, views, ...) is an error, or with ``skip_unsupported`` a warning that
+skips the topic or element.
 Storage-sizing elements are accepted and ignored: RocksDB manages storage here.
 """
 
@@ -16,6 +17,14 @@ from pydantic import ValidationError
 
 from sowstream.config.errors import ConfigError, Loc, from_validation_error, skip_or_raise
 from sowstream.config.models import SUPPORTED_MESSAGE_TYPES, SowstreamConfig, TopicConfig
+from sowstream.config.queues import (
+    ELEMENT_KINDS,
+    FIELD_ELEMENTS,
+    QUEUE_ELEMENTS,
+    QueueConfig,
+    QueueProblem,
+    check_queues,
+)
 from sowstream.config.units import parse_size
 
 log = logging.getLogger("sowstream.config")
@@ -23,14 +32,7 @@ log = logging.getLogger("sowstream.config")
 ROOTS = ("AMPSConfig", "SOW", "TopicMetaData")
 SOW_SECTIONS = ("SOW", "TopicMetaData")
 TOPIC_ELEMENTS = ("Topic", "TopicDefinition")
-UNSUPPORTED_DEFINITIONS = (
-    "Queue",
-    "LocalQueue",
-    "GroupLocalQueue",
-    "QueueDefinition",
-    "View",
-    "ConflatedTopic",
-)
+UNSUPPORTED_DEFINITIONS = ("View", "ConflatedTopic")
 UNSUPPORTED_TOPIC_ELEMENTS = ("KeyGenerator", "Preprocessing", "Enrichment", "Pattern")
 
 _STORAGE_FILE = "sowstream keeps SOW state in RocksDB under engine.data_dir, not in a SOW file"
@@ -106,10 +108,17 @@ def load_amps_xml(
     sections = [root] if root.tag in SOW_SECTIONS else [s for s in root if s.tag in SOW_SECTIONS]
     topics: list[TopicConfig] = []
     defined_at: dict[str, str] = {}
+    queues: list[tuple[QueueConfig, str, dict[str, str]]] = []
     for section in sections:
         position = 0
+        queue_position = 0
         for child in section:
-            if child.tag in TOPIC_ELEMENTS:
+            if child.tag in ELEMENT_KINDS:
+                queue_position += 1
+                queue = _queue(child, section.tag, queue_position, source, skip_unsupported)
+                if queue is not None:
+                    queues.append(queue)
+            elif child.tag in TOPIC_ELEMENTS:
                 position += 1
                 found = _topic(child, section.tag, position, source, skip_unsupported)
                 if found is None:
@@ -127,7 +136,15 @@ def load_amps_xml(
             else:
                 _not_a_topic(child, section.tag, source, skip_unsupported)
     try:
-        return SowstreamConfig(topics=tuple(topics), source=source)
+        check_queues([queue for queue, _, _ in queues], topics)
+    except QueueProblem as exc:
+        _, path, tag_of = queues[exc.index]
+        tag = tag_of.get(exc.field, FIELD_ELEMENTS.get(exc.field, exc.field))
+        raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
+    try:
+        return SowstreamConfig(
+            topics=tuple(topics), queues=tuple(q for q, _, _ in queues), source=source
+        )
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "SOW") from None
 
@@ -258,6 +275,61 @@ def _topic(
 
     try:
         return TopicConfig(**fields), path
+    except ValidationError as exc:
+        raise from_validation_error(exc, source=source, element_of=element_of) from None
+
+
+def _queue(
+    element: ET.Element, section: str, position: int, source: str, skip: bool
+) -> tuple[QueueConfig, str, dict[str, str]] | None:
+    """One queue definition, its element path and the tag each field was spelled with.
+
+    None when it is skipped (an unknown child element or message type, with ``skip``).
+    """
+    name = _child_text(element, "Name") or _child_text(element, "Topic")
+    path = f"{section}/{element.tag}[{name or f'#{position}'}]"
+    skipping = f"queue {name!r}" if name else f"queue #{position} of <{section}>"
+    children = list(element)
+    for tag, count in Counter(c.tag for c in children).items():
+        if count > 1:
+            raise ConfigError(
+                source=source,
+                element=f"{path}/{tag}",
+                problem=f"<{tag}> appears {count} times; it may appear only once",
+            )
+    fields: dict[str, Any] = {"kind": ELEMENT_KINDS[element.tag]}
+    tag_of: dict[str, str] = {}
+    for child in children:
+        where = f"{path}/{child.tag}"
+        if child.tag not in QUEUE_ELEMENTS and child.tag != "Topic":
+            error = ConfigError(
+                source=source, element=where, problem=f"unknown element <{child.tag}> in a queue"
+            )
+            skip_or_raise(error, skip=skip, skipping=skipping)
+            return None
+        text = _text(child, where, source)
+        if child.tag == "MessageType" and not message_type_supported(
+            text, source=source, element=where, skip=skip, skipping=skipping
+        ):
+            return None
+        field = "name" if child.tag == "Topic" else QUEUE_ELEMENTS[child.tag]
+        if field in fields and fields[field] != text:
+            raise ConfigError(
+                source=source,
+                element=where,
+                problem=f"<Name> and <Topic> disagree ({fields[field]!r} and {text!r})",
+            )
+        fields[field] = text
+        tag_of.setdefault(field, child.tag)
+
+    def element_of(loc: Loc) -> str:
+        if not loc:
+            return path
+        field = str(loc[0])
+        return f"{path}/{tag_of.get(field, FIELD_ELEMENTS.get(field, field))}"
+
+    try:
+        return QueueConfig(**fields), path, tag_of
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=element_of) from None
 

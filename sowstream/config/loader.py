@@ -1,7 +1,7 @@
 """Loading a configuration: sowstream YAML, or an AMPS XML file, told apart by the first character.
 
-The YAML topic keys are the AMPS element names (``Name``, ``Key``, ``HashIndex``, ...) so AMPS
-users recognise them; the ``engine`` keys are snake_case like the model fields.
+The YAML topic and queue keys are the AMPS element names (``Name``, ``Key``, ``LeasePeriod``, ...)
+so AMPS users recognise them; the ``engine`` keys are snake_case like the model fields.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ from sowstream.config.models import (
     SowstreamConfig,
     TopicConfig,
 )
+from sowstream.config.queues import (
+    FIELD_ELEMENTS,
+    QUEUE_ELEMENTS,
+    QueueConfig,
+    QueueProblem,
+    check_queues,
+)
 
 # YAML key -> TopicConfig field.
 TOPIC_KEYS: dict[str, str] = {
@@ -55,6 +62,9 @@ PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions"})
 HISTORY_KEYS: dict[str, str] = {"Window": "window_ms", "Granularity": "granularity_ms"}
 _TOPIC_FIELD_KEYS = {field: key for key, field in TOPIC_KEYS.items()}
 _HISTORY_FIELD_KEYS = {field: key for key, field in HISTORY_KEYS.items()}
+# YAML keys of a queue: the AMPS elements, plus Kind for the element that declares it.
+QUEUE_KEYS: tuple[str, ...] = ("Kind", *QUEUE_ELEMENTS)
+_QUEUE_INTERVALS = ("LeasePeriod", "Expiration", "DeferredAckExpiration")
 
 _BOM = "\ufeff"
 
@@ -152,7 +162,7 @@ def load_yaml_text(
             element="document",
             problem=f"expected a mapping with 'engine' and 'sow' keys, got {_kind(document)}",
         )
-    _check_keys(document, ("engine", "sow", "topics", "entitlements"), "", source)
+    _check_keys(document, ("engine", "sow", "topics", "queues", "entitlements"), "", source)
     engine = _engine(document.get("engine"), source)
 
     sow = document.get("sow")
@@ -207,8 +217,9 @@ def load_yaml_text(
             )
         defined_at[topic.name] = element
         topics.append(topic.model_copy(update={"sow": False}))
+    queues = _queues(document.get("queues"), topics, source, skip_unsupported)
     try:
-        config = SowstreamConfig(engine=engine, topics=tuple(topics), source=source)
+        config = SowstreamConfig(engine=engine, topics=tuple(topics), queues=queues, source=source)
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "sow") from None
     entitlements = document.get("entitlements")
@@ -297,6 +308,76 @@ def _topic(item: Any, element: str, source: str, skip: bool) -> TopicConfig | No
 
     try:
         return TopicConfig(**fields)
+    except ValidationError as exc:
+        raise from_validation_error(exc, source=source, element_of=element_of) from None
+
+
+def _queues(
+    raw: Any, topics: list[TopicConfig], source: str, skip: bool
+) -> tuple[QueueConfig, ...]:
+    """The ``queues:`` list, checked against ``topics``; unsupported ones skipped with ``skip``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(
+            source=source,
+            element="queues",
+            problem=f"must be a list of queues ('- Name: work' items), got {_kind(raw)}",
+        )
+    queues: list[QueueConfig] = []
+    elements: list[str] = []
+    for number, item in enumerate(raw):
+        element = f"queues[{number}]"
+        queue = _queue(item, element, source, skip)
+        if queue is not None:
+            queues.append(queue)
+            elements.append(element)
+    try:
+        check_queues(queues, topics)
+    except QueueProblem as exc:
+        key = FIELD_ELEMENTS.get(exc.field, exc.field)
+        raise ConfigError(
+            source=source, element=f"{elements[exc.index]}.{key}", problem=str(exc)
+        ) from None
+    return tuple(queues)
+
+
+def _queue(item: Any, element: str, source: str, skip: bool) -> QueueConfig | None:
+    """One ``queues:`` item as a QueueConfig, or None when skipped as unsupported."""
+    if not isinstance(item, dict):
+        raise ConfigError(
+            source=source,
+            element=element,
+            problem=f"each queue must be a mapping like '- Name: work', got {_kind(item)}",
+        )
+    _check_keys(item, QUEUE_KEYS, f"{element}.", source)
+    name = item.get("Name")
+    message_type = item.get("MessageType")
+    if isinstance(message_type, str) and not message_type_supported(
+        message_type,
+        source=source,
+        element=f"{element}.MessageType",
+        skip=skip,
+        skipping=f"queue {name!r}" if isinstance(name, str) else f"queue {element}",
+    ):
+        return None
+    fields: dict[str, Any] = {}
+    for key, value in item.items():
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key in _QUEUE_INTERVALS and number:
+            value = str(value)  # a bare number is seconds, as in AMPS
+        fields["kind" if key == "Kind" else QUEUE_ELEMENTS[key]] = value
+
+    def element_of(loc: Loc) -> str:
+        if not loc:
+            return element
+        field = str(loc[0])
+        return f"{element}.{'Kind' if field == 'kind' else FIELD_ELEMENTS.get(field, field)}"
+
+    try:
+        return QueueConfig(**fields)
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=element_of) from None
 

@@ -508,10 +508,11 @@ class Entitlements(_Frozen):
 
 
 class SowstreamConfig(_Frozen):
-    """A whole configuration: the engine settings and the SOW topics, read from ``source``."""
+    """A whole configuration: engine settings, SOW topics and queues, read from ``source``."""
 
     engine: EngineConfig = EngineConfig()
     topics: tuple[TopicConfig, ...] = ()
+    queues: tuple[QueueConfig, ...] = ()
     entitlements: Entitlements = Entitlements()
     source: str = "<string>"
 
@@ -534,6 +535,7 @@ class SowstreamConfig(_Frozen):
             if topic.name in seen:
                 raise FieldProblem("topics", f"topic {topic.name!r} is defined more than once")
             seen.add(topic.name)
+        check_queues(self.queues, self.topics)
         return self
 
     def topic(self, name: str) -> TopicConfig:
@@ -543,6 +545,13 @@ class SowstreamConfig(_Frozen):
                 return topic
         raise UnknownTopicError(name)
 
+    def queue(self, name: str) -> QueueConfig:
+        """The queue called ``name``; UnknownTopicError if there is none."""
+        for queue in self.queues:
+            if queue.name == name:
+                return queue
+        raise UnknownTopicError(name)
+
     def topics_matching(self, pattern: str) -> list[TopicConfig]:
         """Topics whose whole name matches the regular expression ``pattern``, as AMPS queries do.
 
@@ -550,3 +559,9 @@ class SowstreamConfig(_Frozen):
         """
         names = set(match_topic_names(pattern, [t.name for t in self.topics]))
         return [t for t in self.topics if t.name in names]
+
+
+# queues.py builds on the helpers above, so it is imported once they exist.
+from sowstream.config.queues import QueueConfig, check_queues  # noqa: E402
+
+SowstreamConfig.model_rebuild()

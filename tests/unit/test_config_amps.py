@@ -79,35 +79,6 @@ SPEC_05_SOW_EXAMPLE = """\
 </SOW>
 """
 
-# Chapter 05, SOW/Queue examples.
-SPEC_05_QUEUE_EXAMPLE = """\
-<!-- Notice that the topics to use for the queue (ORDERS_.*) must be
-    recorded in a transaction log. -->
-<SOW>
-    <Queue>
-        <Name>MQ</Name>
-        <MessageType>json</MessageType>
-        <UnderlyingTopic>ORDERS_.*</UnderlyingTopic>
-        <DefaultPublishTarget>ORDERS_DIRECT</DefaultPublishTarget>
-        <LeasePeriod>60s</LeasePeriod>
-        <Expiration>1d</Expiration>
-        <MaxBacklog>3</MaxBacklog>
-    </Queue>
-  </SOW>
-"""
-
-SPEC_05_GROUP_LOCAL_QUEUE_EXAMPLE = """\
-<SOW>
-    <GroupLocalQueue>
-        <Name>GroupQueue</Name>
-        <MessageType>json</MessageType>
-        <UnderlyingTopic>ORDERS_.*</UnderlyingTopic>
-        <DefaultPublishTarget>ORDERS_DIRECT</DefaultPublishTarget>
-        <GroupLocalQueueDomain>CONSUME_INSTANCES</GroupLocalQueueDomain>
-    </GroupLocalQueue>
-</SOW>
-"""
-
 # Chapter 05, SOW/View examples.
 SPEC_05_VIEW_EXAMPLE = """\
 <SOW>
@@ -451,21 +422,7 @@ def test_spec_01_key_generator_is_not_supported_yet() -> None:
 # --- Queues and views inside SOW ---
 
 
-@pytest.mark.parametrize(
-    ("example", "element"),
-    [
-        (SPEC_05_QUEUE_EXAMPLE, "SOW/Queue[MQ]"),
-        (SPEC_05_GROUP_LOCAL_QUEUE_EXAMPLE, "SOW/GroupLocalQueue[GroupQueue]"),
-    ],
-)
-def test_spec_05_queues_are_not_supported_yet(
-    example: str, element: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    err = load_error(example)
-    assert err.element == element
-    assert "not supported by sowstream yet" in err.problem
-    assert load(example, skip_unsupported=True).topics == ()
-    assert any(element in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+# The queue examples are loaded in test_queue_config.py (they need their underlying topics).
 
 
 def test_spec_05_view_example_keeps_only_json_topics_when_skipping() -> None:
@@ -475,9 +432,7 @@ def test_spec_05_view_example_keeps_only_json_topics_when_skipping() -> None:
     assert [t.name for t in config.topics] == ["orders", "source-for-hash-sample", "example"]
 
 
-@pytest.mark.parametrize(
-    "tag", ["Queue", "LocalQueue", "GroupLocalQueue", "QueueDefinition", "View", "ConflatedTopic"]
-)
+@pytest.mark.parametrize("tag", ["View", "ConflatedTopic"])
 def test_every_non_topic_definition_is_reported(tag: str) -> None:
     text = sow(f"<{tag}><Name>x</Name></{tag}>" + json_topic("<Key>/id</Key>"))
     err = load_error(text)

@@ -1,0 +1,493 @@
+"""Queue definitions (AMPS ``Queue``, ``LocalQueue``, ``GroupLocalQueue``): model and checks.
+
+A queue reads the logs of one or more declared topics (its underlying topics); every publish that
+passes its ``Filter`` becomes one queue message. :class:`QueueConfig` checks what can be checked
+on one definition; :func:`check_queues` checks the definitions against the configured topics
+(names, underlying topics, publish targets), so both loaders and direct construction agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from pydantic import ValidationInfo, field_validator, model_validator
+
+from sowstream.config.errors import FieldProblem
+from sowstream.config.models import (
+    _KAFKA_NAME,
+    MAX_TOPIC_NAME,
+    SUPPORTED_MESSAGE_TYPES,
+    MessageType,
+    _bounded_int,
+    _choice,
+    _Frozen,
+    _interval_ms,
+    _kafka_name,
+)
+from sowstream.errors import InvalidCommandError
+from sowstream.filters import FilterError, ast, parse_filter
+from sowstream.sow.timestamps import parse_timestamp
+
+if TYPE_CHECKING:
+    from sowstream.config.models import TopicConfig
+
+QueueKind = Literal["queue", "local", "group_local"]
+Semantics = Literal["at-least-once", "at-most-once"]
+FairnessModel = Literal["fast", "round-robin", "proportional"]
+Leasing = Literal["strict", "sublet"]
+
+MIN_TARGET_QUEUE_DEPTH = 1000
+DAY_MS = 86_400_000
+_MAX_COUNT = 2**62
+
+# Functions whose answer can differ between two reads of the same log record; a queue filter or
+# barrier test must be repeatable because the queue state is rebuilt by replaying the log.
+NON_DETERMINISTIC_FUNCTIONS = ("UNIX_TIMESTAMP", "LAST_READ", "VALUE_LOOKUP")
+_UNKNOWN_FUNCTION = re.compile(r"unknown function '(\w+)'")
+
+# AMPS element of each kind, and the kind of each element (QueueDefinition is an old synonym).
+KIND_ELEMENTS: dict[str, str] = {
+    "queue": "Queue",
+    "local": "LocalQueue",
+    "group_local": "GroupLocalQueue",
+}
+ELEMENT_KINDS: dict[str, str] = {
+    "Queue": "queue",
+    "QueueDefinition": "queue",
+    "LocalQueue": "local",
+    "GroupLocalQueue": "group_local",
+}
+
+# AMPS element name -> QueueConfig field (the YAML keys and the XML child elements).
+QUEUE_ELEMENTS: dict[str, str] = {
+    "Name": "name",
+    "MessageType": "message_type",
+    "UnderlyingTopic": "underlying_topic",
+    "DefaultPublishTarget": "default_publish_target",
+    "LeasePeriod": "lease_period_ms",
+    "Semantics": "semantics",
+    "MaxBacklog": "max_backlog",
+    "MaxPerSubscriptionBacklog": "max_per_subscription_backlog",
+    "TargetQueueDepth": "target_queue_depth",
+    "Expiration": "expiration_ms",
+    "Filter": "filter",
+    "RecoveryPoint": "recovery_point",
+    "FairnessModel": "fairness_model",
+    "Leasing": "leasing",
+    "MaxDeliveries": "max_deliveries",
+    "MaxCancels": "max_cancels",
+    "Priority": "priority",
+    "BarrierExpression": "barrier_expression",
+    "DeferredAckExpiration": "deferred_ack_expiration_ms",
+    "FileBackedMetadata": "file_backed_metadata",
+    "InitialOwner": "initial_owner",
+    "GroupLocalQueueDomain": "group_local_queue_domain",
+}
+FIELD_ELEMENTS: dict[str, str] = {field: tag for tag, field in QUEUE_ELEMENTS.items()}
+
+log = logging.getLogger("sowstream.config")
+
+
+class QueueProblem(FieldProblem):
+    """A check across definitions failed: ``index`` is the queue's position, ``field`` its field."""
+
+    def __init__(self, index: int, field: str, message: str) -> None:
+        super().__init__(field, message)
+        self.index = index
+
+
+def is_topic_pattern(text: str) -> bool:
+    """Whether an UnderlyingTopic is a regular expression rather than one topic's name.
+
+    A name made only of the characters a topic name may hold is taken literally (so ``a.b`` is
+    the topic ``a.b``); anything else is a pattern matched against whole topic names.
+    """
+    return _KAFKA_NAME.fullmatch(text) is None
+
+
+def checked_expression(text: object, what: str, *, predicate: bool) -> str:
+    """``text`` if the filter language parses it, else a ValueError giving the position.
+
+    Functions that are not repeatable on a log replay are named as such rather than as unknown.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{what} must be a non-empty expression, got {text!r}")
+    try:
+        tree = parse_filter(text)
+    except FilterError as exc:
+        match = _UNKNOWN_FUNCTION.match(exc.reason)
+        if match and match[1].upper() in NON_DETERMINISTIC_FUNCTIONS:
+            raise ValueError(_non_deterministic(what, match[1].upper(), exc.position)) from None
+        raise ValueError(f"bad {what}: {exc}") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Func) and node.name in NON_DETERMINISTIC_FUNCTIONS:
+            raise ValueError(_non_deterministic(what, node.name, node.pos))
+    if predicate and not ast.is_predicate(tree) and not isinstance(tree, ast.Path):
+        raise ValueError(f"{what} {text!r} is a value, not a condition")
+    return text.strip()
+
+
+def _non_deterministic(what: str, name: str, position: int) -> str:
+    return (
+        f"{what} calls {name} at position {position}: queue state is rebuilt by replaying the "
+        "log, so its expressions must give the same answer every time; "
+        f"{', '.join(NON_DETERMINISTIC_FUNCTIONS)} are not allowed here"
+    )
+
+
+def _optional_interval(value: object, what: str, *, zero_ok: bool) -> int | None:
+    if value is None:
+        return None
+    millis = _interval_ms(value, what)
+    if millis < 0 or (millis == 0 and not zero_ok):
+        raise ValueError(f"{what} must be longer than 0 (leave it out for no limit)")
+    return millis
+
+
+def _text_value(value: object, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+class QueueConfig(_Frozen):
+    """One queue: which log records it takes, and how they are leased, ordered and expired.
+
+    Intervals are milliseconds (``None`` = no limit); ``default_publish_target`` is filled in
+    from a plain ``underlying_topic``; ``fairness_model`` defaults by ``semantics``.
+    """
+
+    name: str
+    kind: QueueKind = "queue"
+    message_type: MessageType = "json"
+    underlying_topic: str
+    default_publish_target: str | None = None
+    lease_period_ms: int | None = None
+    semantics: Semantics = "at-least-once"
+    max_backlog: int | None = None
+    max_per_subscription_backlog: int = 1
+    target_queue_depth: int | None = None
+    expiration_ms: int | None = None
+    filter: str | None = None
+    recovery_point: str = "epoch"
+    fairness_model: FairnessModel
+    leasing: Leasing = "sublet"
+    max_deliveries: int = 0
+    max_cancels: int = 0
+    priority: str | None = None
+    barrier_expression: str | None = None
+    deferred_ack_expiration_ms: int = DAY_MS
+    file_backed_metadata: bool = False  # accepted for AMPS files; state lives in memory here
+    initial_owner: str | None = None
+    group_local_queue_domain: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        # Defaults that depend on other settings; None means "not given", as in the loaders.
+        if not isinstance(data, dict):
+            return data
+        data = {key: value for key, value in data.items() if value is not None}
+        if "underlying_topic" not in data and "name" in data:
+            data["underlying_topic"] = data["name"]
+        underlying = data.get("underlying_topic")
+        plain = isinstance(underlying, str) and not is_topic_pattern(underlying.strip())
+        if "default_publish_target" not in data and plain:
+            data["default_publish_target"] = underlying.strip()
+        if "fairness_model" not in data:
+            semantics = data.get("semantics")
+            at_most_once = isinstance(semantics, str) and semantics.strip().lower() == (
+                "at-most-once"
+            )
+            data["fairness_model"] = "round-robin" if at_most_once else "proportional"
+        return data
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: object) -> str:
+        return _kafka_name(value, "queue name", MAX_TOPIC_NAME)
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, value: object) -> str:
+        if isinstance(value, str) and value.strip() in ELEMENT_KINDS:
+            return ELEMENT_KINDS[value.strip()]
+        if isinstance(value, str) and value.strip() in get_args(QueueKind):
+            return value.strip()
+        raise ValueError(f"Kind must be one of {', '.join(KIND_ELEMENTS.values())}, got {value!r}")
+
+    @field_validator("message_type", mode="before")
+    @classmethod
+    def _message_type(cls, value: object) -> str:
+        if isinstance(value, str) and value.strip().lower() in SUPPORTED_MESSAGE_TYPES:
+            return value.strip().lower()
+        supported = ", ".join(SUPPORTED_MESSAGE_TYPES)
+        raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
+
+    @field_validator("underlying_topic", mode="before")
+    @classmethod
+    def _underlying(cls, value: object) -> str:
+        text = _text_value(value, "UnderlyingTopic")
+        assert text is not None  # None never gets here: _defaults drops it
+        if is_topic_pattern(text):
+            try:
+                re.compile(text)
+            except re.error as exc:
+                raise ValueError(
+                    f"UnderlyingTopic {text!r} is neither a topic name nor a valid regular "
+                    f"expression: {exc}"
+                ) from None
+        return text
+
+    @field_validator("default_publish_target", mode="before")
+    @classmethod
+    def _publish_target(cls, value: object) -> str | None:
+        text = _text_value(value, "DefaultPublishTarget")
+        return None if text is None else _kafka_name(text, "DefaultPublishTarget", MAX_TOPIC_NAME)
+
+    @field_validator("lease_period_ms", mode="before")
+    @classmethod
+    def _lease(cls, value: object) -> int | None:
+        return _optional_interval(value, "LeasePeriod", zero_ok=False)
+
+    @field_validator("expiration_ms", mode="before")
+    @classmethod
+    def _expiration(cls, value: object) -> int | None:
+        return _optional_interval(value, "Expiration", zero_ok=False)
+
+    @field_validator("deferred_ack_expiration_ms", mode="before")
+    @classmethod
+    def _deferred(cls, value: object) -> int:
+        millis = _optional_interval(value, "DeferredAckExpiration", zero_ok=True)
+        return DAY_MS if millis is None else millis
+
+    @field_validator("semantics", mode="before")
+    @classmethod
+    def _semantics(cls, value: object) -> str:
+        return _choice(value, "Semantics", get_args(Semantics))
+
+    @field_validator("fairness_model", mode="before")
+    @classmethod
+    def _fairness(cls, value: object) -> str:
+        return _choice(value, "FairnessModel", get_args(FairnessModel))
+
+    @field_validator("leasing", mode="before")
+    @classmethod
+    def _leasing(cls, value: object) -> str:
+        return _choice(value, "Leasing", get_args(Leasing))
+
+    @field_validator("max_backlog", mode="before")
+    @classmethod
+    def _max_backlog(cls, value: object) -> int | None:
+        return None if value is None else _bounded_int(value, "MaxBacklog", 1, _MAX_COUNT)
+
+    @field_validator("max_per_subscription_backlog", mode="before")
+    @classmethod
+    def _per_subscription(cls, value: object) -> int:
+        return _bounded_int(value, "MaxPerSubscriptionBacklog", 1, _MAX_COUNT)
+
+    @field_validator("target_queue_depth", mode="before")
+    @classmethod
+    def _target_depth(cls, value: object) -> int | None:
+        if value is None:
+            return None
+        return _bounded_int(value, "TargetQueueDepth", MIN_TARGET_QUEUE_DEPTH, _MAX_COUNT)
+
+    @field_validator("max_deliveries", "max_cancels", mode="before")
+    @classmethod
+    def _limits(cls, value: object, info: ValidationInfo) -> int:
+        what = "MaxDeliveries" if info.field_name == "max_deliveries" else "MaxCancels"
+        return _bounded_int(value, what, 0, _MAX_COUNT)
+
+    @field_validator("filter", mode="before")
+    @classmethod
+    def _filter(cls, value: object) -> str | None:
+        return None if value is None else checked_expression(value, "Filter", predicate=True)
+
+    @field_validator("barrier_expression", mode="before")
+    @classmethod
+    def _barrier(cls, value: object) -> str | None:
+        if value is None:
+            return None
+        return checked_expression(value, "BarrierExpression", predicate=True)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: object) -> str | None:
+        return None if value is None else checked_expression(value, "Priority", predicate=False)
+
+    @field_validator("recovery_point", mode="before")
+    @classmethod
+    def _recovery_point(cls, value: object) -> str:
+        text = _text_value(value, "RecoveryPoint")
+        assert text is not None
+        word = text.lower()
+        if word in ("epoch", "now"):
+            return word
+        if word == "creation":
+            return "now"  # a queue's creation is the moment it is first recovered
+        try:
+            parse_timestamp(text, "RecoveryPoint")
+        except InvalidCommandError:
+            raise ValueError(
+                f"RecoveryPoint must be epoch, now, creation or a timestamp like "
+                f"20261123T080000 or 2026-11-23T08:00:00Z, got {text!r}"
+            ) from None
+        return text
+
+    @field_validator("file_backed_metadata", mode="before")
+    @classmethod
+    def _file_backed(cls, value: object) -> bool:
+        if value is True or (isinstance(value, str) and value.strip().lower() == "enabled"):
+            return True
+        if value is False or (isinstance(value, str) and value.strip().lower() == "disabled"):
+            return False
+        raise ValueError(f"FileBackedMetadata must be 'enabled' or left out, got {value!r}")
+
+    @field_validator("initial_owner", "group_local_queue_domain", mode="before")
+    @classmethod
+    def _owner(cls, value: object, info: ValidationInfo) -> str | None:
+        return _text_value(value, FIELD_ELEMENTS[str(info.field_name)])
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> QueueConfig:
+        if self.priority is not None and self.barrier_expression is not None:
+            raise FieldProblem(
+                "priority",
+                "Priority cannot be combined with BarrierExpression: a barrier waits for every "
+                "older message, which a priority order does not keep",
+            )
+        if self.target_queue_depth is not None:
+            other = "Priority" if self.priority is not None else "BarrierExpression"
+            if self.priority is not None or self.barrier_expression is not None:
+                raise FieldProblem(
+                    "target_queue_depth",
+                    f"TargetQueueDepth cannot be combined with {other}: both need every message "
+                    "of the queue in memory",
+                )
+        if self.semantics == "at-most-once" and self.fairness_model != "round-robin":
+            raise FieldProblem(
+                "fairness_model",
+                f"an at-most-once queue only supports FairnessModel round-robin, "
+                f"not {self.fairness_model}",
+            )
+        element = KIND_ELEMENTS[self.kind]
+        if self.kind == "group_local" and self.initial_owner is None:
+            # AMPS requires it, yet its own GroupQueue example leaves it out; on one Kafka
+            # cluster it would not change delivery, so a missing one is only reported.
+            log.warning(
+                "GroupLocalQueue %s has no InitialOwner: AMPS requires one; sowstream "
+                "delivers the same without it",
+                self.name,
+            )
+        if self.kind != "group_local":
+            for field in ("initial_owner", "group_local_queue_domain"):
+                if getattr(self, field) is not None:
+                    raise FieldProblem(
+                        field,
+                        f"{FIELD_ELEMENTS[field]} only applies to a GroupLocalQueue, not to a "
+                        f"{element}",
+                    )
+        return self._check_publish_target()
+
+    def _check_publish_target(self) -> QueueConfig:
+        target = self.default_publish_target
+        if self.underlying_is_pattern:
+            if target is None:
+                raise FieldProblem(
+                    "default_publish_target",
+                    f"is required because UnderlyingTopic {self.underlying_topic!r} is a regular "
+                    "expression: publishes to the queue need one topic to go to",
+                )
+            if not self.matches_topic(target):
+                raise FieldProblem(
+                    "default_publish_target",
+                    f"{target!r} is not matched by UnderlyingTopic {self.underlying_topic!r}; "
+                    "it must be one of the queue's underlying topics",
+                )
+        elif target != self.underlying_topic:
+            raise FieldProblem(
+                "default_publish_target",
+                f"{target!r} is not the underlying topic {self.underlying_topic!r}",
+            )
+        return self
+
+    @property
+    def element(self) -> str:
+        """The AMPS element that declares this kind of queue (``Queue``, ``LocalQueue``, ...)."""
+        return KIND_ELEMENTS[self.kind]
+
+    @property
+    def underlying_is_pattern(self) -> bool:
+        """Whether ``underlying_topic`` is a regular expression (see :func:`is_topic_pattern`)."""
+        return is_topic_pattern(self.underlying_topic)
+
+    def matches_topic(self, topic: str) -> bool:
+        """Whether publishes to ``topic`` feed this queue (a whole-name match for a pattern)."""
+        if not self.underlying_is_pattern:
+            return topic == self.underlying_topic
+        return re.fullmatch(self.underlying_topic, topic) is not None
+
+    def underlying_topics(self, names: Iterable[str]) -> list[str]:
+        """The names among ``names`` that feed this queue, in the given order."""
+        return [name for name in names if self.matches_topic(name)]
+
+    @property
+    def publish_target(self) -> str:
+        """Where a publish addressed to the queue's own name is stored."""
+        return self.default_publish_target or self.underlying_topic
+
+    @property
+    def recovery_point_ms(self) -> int | None:
+        """The RecoveryPoint timestamp as epoch milliseconds; None for ``epoch`` and ``now``."""
+        if self.recovery_point in ("epoch", "now"):
+            return None
+        return parse_timestamp(self.recovery_point, "RecoveryPoint")
+
+
+def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -> None:
+    """Check the queues against each other and the topics; QueueProblem names the first problem.
+
+    A queue may share its name only with its own underlying topic (the AMPS default, where the
+    queue reads the topic of the same name); any other clash with a topic or queue is refused.
+    """
+    by_name = {topic.name: topic for topic in topics}
+    seen: dict[str, int] = {}
+    for index, queue in enumerate(queues):
+        if queue.name in seen:
+            raise QueueProblem(index, "name", f"queue {queue.name!r} is defined twice")
+        seen[queue.name] = index
+        if queue.name in by_name and queue.underlying_topic != queue.name:
+            raise QueueProblem(
+                index,
+                "name",
+                f"{queue.name!r} is already a topic name; a queue may only share its name with "
+                "its own UnderlyingTopic",
+            )
+        fed_by = queue.underlying_topics(by_name)
+        if not fed_by:
+            raise QueueProblem(
+                index,
+                "underlying_topic",
+                f"{queue.underlying_topic!r} matches no topic of this configuration; declare the "
+                "topic (under sow or topics) so that its log exists",
+            )
+        for name in fed_by:
+            if by_name[name].message_type != queue.message_type:
+                raise QueueProblem(
+                    index,
+                    "underlying_topic",
+                    f"topic {name!r} carries {by_name[name].message_type}, the queue "
+                    f"{queue.message_type}",
+                )
+        if queue.publish_target not in by_name:
+            raise QueueProblem(
+                index,
+                "default_publish_target",
+                f"{queue.publish_target!r} is not a topic of this configuration",
+            )
