@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -23,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka import Message as KafkaMessage
 
 from sowstream.client.messages import Command, Message
+from sowstream.client.queue import QueueSubscription
 from sowstream.client.subscription import (
     MAX_BUFFERED,
     MessageHandler,
@@ -40,6 +41,7 @@ from sowstream.errors import (
     UnknownTopicError,
 )
 from sowstream.filters import compile_filter
+from sowstream.queues.machine import Bookmark as QueueBookmark
 from sowstream.sow.aggregate import Aggregation, merge_partials, parse_aggregation
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, message_bookmark, parse_bookmark
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
@@ -86,6 +88,12 @@ class TopicInfo:
     log_topic: str
     control_topic: str
     sow: bool = True
+    queue_of: tuple[str, ...] = ()  # a queue: the topics its messages come from
+
+    @property
+    def queue(self) -> bool:
+        """Whether this name is a queue (subscribe leases, sow browses)."""
+        return bool(self.queue_of)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> TopicInfo:
@@ -98,6 +106,7 @@ class TopicInfo:
             d["log_topic"],
             d["control_topic"],
             d.get("sow", True),
+            tuple(d.get("queue_of") or ()),
         )
 
 
@@ -137,7 +146,7 @@ class Client:
         self._waiting = 0
         self._reader: threading.Thread | None = None
         self._stop = threading.Event()
-        self._subscriptions: dict[str, Subscription] = {}
+        self._subscriptions: dict[str, Subscription | QueueSubscription] = {}
         self._bookmarks: dict[str, str] = {}  # sub_id -> last delivered, for MOST_RECENT
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -391,11 +400,17 @@ class Client:
         filter: str | None = None,
         keys: list[str] | tuple[str, ...] | None = None,
         data: bytes | str | dict[str, Any] | None = None,
+        bookmarks: str | list[str] | tuple[str, ...] | None = None,
+        options: str | None = None,
     ) -> int:
         """Delete records by content filter (``1=1`` = all), by SowKeys, or by message data.
 
-        Returns how many records were deleted, once every partition has answered.
+        Returns how many records were deleted, once every partition has answered. On a queue,
+        ``bookmarks`` acknowledges messages as AMPS does (``options`` ``cancel`` or ``expire``
+        return or expire them instead): the same as :meth:`ack`.
         """
+        if bookmarks is not None:
+            return self.ack(topic, bookmarks, action=options or "")
         given = [x is not None for x in (filter, keys, data)]
         if sum(given) != 1:
             raise InvalidCommandError("sow_delete takes exactly one of filter=, keys= or data=")
@@ -574,7 +589,11 @@ class Client:
         if grouping is not None or projection is not None:
             aggregation = parse_aggregation(grouping, projection)
             options.update(grouping=grouping or "", projection=projection or "")
-        infos = [info for info in self._resolve_topics(topic) if info.sow]
+        resolved = self._resolve_topics(topic)
+        if len(resolved) == 1 and resolved[0].queue:
+            # Browsing a queue: the messages available now, nothing leased or removed.
+            return self._queue_query(resolved[0].name, "sow", filter)
+        infos = [info for info in resolved if info.sow]
         if not infos:
             raise InvalidCommandError(
                 f"topic {topic!r} has no SOW: it can be subscribed to, not queried"
@@ -724,12 +743,27 @@ class Client:
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
-    ) -> Subscription:
+        auto_ack: bool = False,
+        ack_batch_size: int = 1,
+    ) -> Any:
         """Live messages for records of ``topic`` that match ``filter``, from now on.
 
         With ``bookmark`` (a timestamp, a message's ``bookmark``, ``EPOCH`` or ``MOST_RECENT``)
         the log's matching messages since then are replayed first, then live ones follow.
+
+        On a queue this leases messages instead (a :class:`QueueSubscription`; ``max_backlog=n``
+        in ``options``): acknowledge each with ``sub.ack(message)``, or pass ``auto_ack=True``.
+        A bookmark on a queue replays its topics' logs without leasing anything.
         """
+        info = (
+            self.topic_info(topic)
+            if topic in self._topics or not _REGEX_CHARS.search(topic)
+            else None
+        )
+        if info is not None and info.queue and bookmark is None:
+            return self._queue_subscribe(
+                info, filter, options, sub_id, on_message, auto_ack, ack_batch_size
+            )
         return self._subscribe(
             SUBSCRIBE, topic, filter, options, sub_id, on_message, bookmark=bookmark
         )
@@ -818,7 +852,7 @@ class Client:
             bookmark=bookmark,
         )
 
-    def unsubscribe(self, subscription: Subscription | str) -> None:
+    def unsubscribe(self, subscription: Subscription | QueueSubscription | str) -> None:
         """End a subscription (by object or SubId)."""
         sub = (
             self._subscriptions.get(subscription) if isinstance(subscription, str) else subscription
@@ -836,7 +870,7 @@ class Client:
         parse_bookmark(bookmark)
         return bookmark
 
-    def _drop_subscription(self, sub: Subscription) -> None:
+    def _drop_subscription(self, sub: Subscription | QueueSubscription) -> None:
         if sub.last_bookmark:
             self._bookmarks[sub.sub_id] = sub.last_bookmark
         self._subscriptions.pop(sub.sub_id, None)
@@ -871,7 +905,10 @@ class Client:
         if top_n is not None and command not in WITH_SOW:
             raise InvalidCommandError("top_n/skip_n need sow_and_subscribe: a window needs a SOW")
         user = replace(user, top_n=top_n, skip_n=skip_n)
-        existing = self._subscriptions.get(sub_id) if sub_id else None
+        found = self._subscriptions.get(sub_id) if sub_id else None
+        existing = found if isinstance(found, Subscription) else None
+        if found is not None and existing is None:
+            raise InvalidCommandError(f"subscription id {sub_id!r} is a queue subscription")
         if user.replace:
             return self._replace(existing, command, topic, filter, user, order_by, batch_size)
         if existing is not None:
@@ -882,6 +919,14 @@ class Client:
             bookmark = self._resolve_bookmark(bookmark, sub_id)
         sub_id = sub_id or uuid.uuid4().hex[:16]
         infos = self._resolve_topics(topic)
+        if any(info.queue for info in infos):
+            if (command != SUBSCRIBE and command != DELTA_SUBSCRIBE) or bookmark is None:
+                raise InvalidCommandError(
+                    f"{command} is not available on queue {topic!r}: subscribe leases its "
+                    "messages, sow browses them"
+                )
+            # A bookmark replays the queue's topics, without leases (AMPS does the same).
+            infos = [self.topic_info(u) for info in infos for u in (info.queue_of or [info.name])]
         # A window needs every change of the filtered set, whole, with the reason a record left.
         wire = replace(user, oof=True, select=None, no_empties=False) if top_n is not None else user
         specs = [
@@ -938,6 +983,166 @@ class Client:
                 pass
         sub.release()
         return sub
+
+    def _queue_subscribe(
+        self,
+        info: TopicInfo,
+        filter: str | None,
+        options: str | SubscriptionOptions | None,
+        sub_id: str | None,
+        on_message: MessageHandler | None,
+        auto_ack: bool,
+        ack_batch_size: int,
+    ) -> QueueSubscription:
+        user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
+        validate_query(filter=filter)
+        if sub_id is not None and sub_id in self._subscriptions and not user.replace:
+            raise InvalidCommandError(
+                f"subscription id {sub_id!r} is in use: pass options='replace' to change it"
+            )
+        sub_id = sub_id or uuid.uuid4().hex[:16]
+        spec = SubscriptionSpec(
+            sub_id=sub_id,
+            reply_to=self.reply_topic,
+            topic=info.name,
+            command=SUBSCRIBE,
+            filter=filter,
+            options=replace(user, replace=False),
+            identity=self.identity,
+        )
+        sub = QueueSubscription(
+            sub_id,
+            [spec],
+            lambda bookmarks, action: self._send_acks(info.name, bookmarks, action),
+            auto_ack=auto_ack,
+            ack_batch_size=ack_batch_size,
+            on_message=on_message,
+            unsubscribe=self._drop_subscription,
+        )
+        self._subscriptions[sub_id] = sub
+        self._register([spec])
+        return sub
+
+    def ack(
+        self,
+        queue: str,
+        bookmarks: str | list[str] | tuple[str, ...] | None = None,
+        *,
+        action: str = "",
+        filter: str | None = None,
+        wait: bool = True,
+    ) -> int:
+        """Acknowledge queue messages by bookmark (or every one matching ``filter``).
+
+        ``action='cancel'`` returns them to the queue, ``'expire'`` expires them. With ``wait``
+        the call returns how many messages it removed or returned once the engine answered.
+        """
+        info = self.topic_info(queue)
+        if not info.queue:
+            raise InvalidCommandError(f"topic {queue!r} is not a queue: only queues take acks")
+        if action not in ("", "cancel", "expire"):
+            raise InvalidCommandError(f"unknown ack action {action!r}: use cancel or expire")
+        targets: dict[tuple[str, int], list[str]] = defaultdict(list)
+        if filter is not None:
+            compile_filter(filter)
+            for topic in info.queue_of:
+                for partition in range(self.topic_info(topic).partitions):
+                    targets[(topic, partition)] = []
+        else:
+            if isinstance(bookmarks, str):
+                bookmarks = [b for b in bookmarks.split(",") if b.strip()]
+            if not bookmarks:
+                raise InvalidCommandError("ack needs bookmarks or a filter")
+            for text in bookmarks:
+                try:
+                    where = QueueBookmark.parse(text.strip())
+                except ValueError as exc:
+                    raise InvalidCommandError(str(exc)) from None
+                if where.topic not in info.queue_of:
+                    raise InvalidCommandError(
+                        f"bookmark {text!r} is not a message of queue {queue!r} (its topic "
+                        f"{where.topic!r} does not feed it)"
+                    )
+                targets[(where.topic, where.partition)].append(text.strip())
+        command_id = uuid.uuid4().hex
+        producer, _ = self._require()
+        for (topic, partition), group in targets.items():
+            command: dict[str, Any] = {
+                "command": "queue_ack",
+                "command_id": command_id,
+                "query_id": "",
+                "reply_to": self.reply_topic,
+                "topic": info.name,
+                "filter": filter,
+                "sow_keys": None,
+                "order_by": None,
+                "top_n": None,
+                "skip_n": None,
+                "batch_size": 1,
+                "after_offset": -1,
+                "options": {"bookmarks": ",".join(group), "action": action},
+                "sub_id": "",
+                "identity": self.identity,
+                "sub_options": "",
+                "previous_filter": None,
+            }
+            producer.produce(
+                self.names.control(topic), value=encode("Command", command), partition=partition
+            )
+        if not wait:
+            producer.poll(0)
+            return 0
+        producer.flush(self.timeout)
+        return self._await_acks(command_id, len(targets))
+
+    def _send_acks(self, queue: str, bookmarks: list[str], action: str) -> None:
+        self.ack(queue, bookmarks, action=action, wait=False)
+
+    def queue_status(self, queue: str) -> dict[str, int]:
+        """A queue's depth, leased messages and counters (delivered, acked, expiries by reason),
+        summed over its partitions."""
+        total: Counter[str] = Counter()
+        for msg in self._queue_query(queue, "queue_status", None):
+            if msg.command == "sow":
+                row = msg.json()
+                row.pop("topic", None)
+                total.update(row)
+        return {"depth": 0, "leased": 0, **total}
+
+    def _queue_query(self, queue: str, command: str, filter: str | None) -> Iterator[Message]:
+        """Send ``command`` about ``queue`` to every partition of its topics; read the answers."""
+        info = self.topic_info(queue)
+        command_id = uuid.uuid4().hex
+        query_id = uuid.uuid4().hex[:16]
+        producer, _ = self._require()
+        expected = 0
+        for topic in info.queue_of:
+            for partition in range(self.topic_info(topic).partitions):
+                body: dict[str, Any] = {
+                    "command": command,
+                    "command_id": command_id,
+                    "query_id": query_id,
+                    "reply_to": self.reply_topic,
+                    "topic": info.name,
+                    "filter": filter,
+                    "sow_keys": None,
+                    "order_by": None,
+                    "top_n": None,
+                    "skip_n": None,
+                    "batch_size": 500,
+                    "after_offset": -1,
+                    "options": {},
+                    "sub_id": "",
+                    "identity": self.identity,
+                    "sub_options": "",
+                    "previous_filter": None,
+                }
+                producer.produce(
+                    self.names.control(topic), value=encode("Command", body), partition=partition
+                )
+                expected += 1
+        producer.flush(self.timeout)
+        return self._collect(command_id, query_id, expected, validate_query())
 
     def _register(self, specs: list[SubscriptionSpec]) -> None:
         """Write the registrations to the registry topic (so any worker can serve them)."""

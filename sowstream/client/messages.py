@@ -32,6 +32,8 @@ class Message:
     sub_id: str = ""
     delta: bool = False
     bookmark: str = ""
+    deliveries: int = 0  # queue messages: leases so far, this one included
+    lease_expires: int | None = None  # queue messages: when the lease ends (epoch ms), None: never
 
     def json(self) -> Any:
         """The body parsed as JSON (None for an empty body)."""

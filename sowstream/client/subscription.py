@@ -59,6 +59,9 @@ class _Live:
     reason: str
     delta: bool
     seq: int = 0
+    bookmark: str = ""  # queue deliveries: what to acknowledge
+    deliveries: int = 0
+    lease_expires: int | None = None
 
     @classmethod
     def from_headers(cls, value: bytes | None, headers: dict[str, str]) -> _Live:
@@ -74,6 +77,9 @@ class _Live:
             headers.get(h.REASON, ""),
             headers.get(h.DELTA) == "1",
             int(headers.get(h.SEQ, "0")),
+            headers.get(h.BOOKMARK, ""),
+            int(headers.get(h.DELIVERIES, "0")),
+            int(headers[h.LEASE]) if headers.get(h.LEASE) else None,
         )
 
 

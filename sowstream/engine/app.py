@@ -12,11 +12,13 @@ import gc
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, cast
 
 import faust
+import orjson
 from aiokafka.errors import KafkaError
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from prometheus_client import start_http_server
@@ -24,10 +26,12 @@ from prometheus_client import start_http_server
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
+from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.wire import headers as h
@@ -393,9 +397,32 @@ class Engine:
             lambda: self.processors.values(),
             lambda spec: self.registry.write(spec, remove=True),
         )
+        # Plain topics feeding a queue keep a store too: the queue's messages and the position.
+        self._fed = {
+            t.name for t in config.topics if any(q.matches_topic(t.name) for q in config.queues)
+        }
         for topic in config.topics:
             self._wire(topic)
+        self.queues: dict[str, QueueRuntime] = {}
+        self._tasks: set[asyncio.Future[None]] = set()
+        for queue in config.queues:
+            runtime = QueueRuntime(queue, self.names, self.sender, self._store_queue_changes)
+            self.queues[queue.name] = runtime
+            for proc in self.processors.values():
+                if runtime.feeds_on(proc.topic.name):
+                    proc.queues.append(runtime)
         self._wire_lifecycle()
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` soon, keeping a reference so the task is not collected midway."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store_queue_changes(
+        self, topic: str, partition: int, changes: Mapping[bytes, bytes | None]
+    ) -> None:
+        await self.processors[topic].store_changes(partition, changes)
 
     def _wire(self, topic: TopicConfig) -> None:
         app = self.app
@@ -408,7 +435,7 @@ class Engine:
             value_serializer="raw",
         )
         table = None
-        if topic.sow and topic.durability == "persistent":
+        if topic.durability == "persistent" and (topic.sow or topic.name in self._fed):
             rocks = self.config.engine.rocksdb
             table = app.Table(
                 f"sow-{topic.name}",
@@ -445,6 +472,16 @@ class Engine:
     def _registration(self, key: str, spec: SubscriptionSpec | None) -> None:
         """A registry record arrived: start, change or stop a subscription."""
         topic = spec.topic if spec is not None else key.rsplit("|", 1)[-1]
+        queue = self.queues.get(topic)
+        if queue is not None:
+            if spec is None:
+                self._background(queue.unsubscribe(key))
+                return
+            try:
+                queue.subscribe(spec)
+            except (FilterError, ValueError) as exc:
+                log.warning("ignored queue subscription %s: %s", key, exc)
+            return
         proc = self.processors.get(topic)
         if proc is None:
             return
@@ -458,6 +495,8 @@ class Engine:
 
     def _client_gone(self, reply_to: str) -> None:
         """A client's reply topic vanished (it crashed or closed): end its subscriptions."""
+        for queue in self.queues.values():
+            self._background(queue.disconnect(reply_to))
         for proc in self.processors.values():
             for spec in proc.subs.remove_client(reply_to):
                 self.registry.write(spec, remove=True)
@@ -476,7 +515,10 @@ class Engine:
                 exc,
             )
             return
-        if cmd["command"] == "sow":
+        queue = self.queues.get(cmd["topic"])
+        if queue is not None:
+            await self._queue_command(proc, queue, cmd, msg.partition)
+        elif cmd["command"] == "sow":
             await proc.query(cmd, msg.partition)
         elif cmd["command"] in SUBSCRIBE_COMMANDS:
             await proc.subscribe(cmd, msg.partition)
@@ -494,6 +536,58 @@ class Engine:
                     "message": f"unknown command {cmd['command']!r}",
                 },
             )
+
+    async def _queue_command(
+        self, proc: TopicProcessor, queue: QueueRuntime, cmd: dict[str, Any], partition: int
+    ) -> None:
+        """A command on a queue, answered for the queue messages of one log partition."""
+        base = {
+            "command_id": cmd["command_id"],
+            "query_id": cmd.get("query_id") or "",
+            "topic": queue.name,
+            "partition": partition,
+        }
+        reply_to = cmd["reply_to"]
+        command = cmd["command"]
+        try:
+            if command == "queue_ack":
+                count, results = await queue.acknowledge(cmd)
+                await proc.reply(
+                    reply_to,
+                    {
+                        **base,
+                        "command": "ack",
+                        "count": count,
+                        "message": orjson.dumps(results).decode(),
+                    },
+                )
+                return
+            if command == "sow":
+                found = queue.browse(proc.topic.name, partition, cmd.get("filter"))
+            elif command == "queue_status":
+                status = queue.status(proc.topic.name, partition)
+                found = [("", orjson.dumps({"topic": proc.topic.name, **status}), 0)]
+            else:
+                raise InvalidCommandError(
+                    f"{command} is not available on queue {queue.name!r}: use subscribe to "
+                    "lease its messages and sow to browse them"
+                )
+        except (InvalidCommandError, FilterError) as exc:
+            failure = {**base, "status": "failure", "reason": "invalid", "message": str(exc)}
+            await proc.reply(
+                reply_to, {**failure, "command": "ack" if command == "queue_ack" else "part_end"}
+            )
+            return
+        records = [
+            {"sow_key": bookmark, "data": data, "timestamp": ts, "log_offset": -1}
+            for bookmark, data, ts in found
+        ]
+        answer = {**base, "answer_id": uuid.uuid4().hex[:12]}
+        for start in range(0, len(records), 500):
+            await proc.reply(
+                reply_to, {**answer, "command": "sow", "records": records[start : start + 500]}
+            )
+        await proc.reply(reply_to, {**answer, "command": "part_end", "count": len(records)})
 
     def _wire_lifecycle(self) -> None:
         app = self.app
@@ -519,6 +613,11 @@ class Engine:
                 proc.subs.sweep_orphans()  # conflation journals of subscriptions that are gone
             settle_garbage_collector()
             await asyncio.gather(*(pump.run() for pump in self.pumps))
+
+        @app.task
+        async def deliver_queues() -> None:
+            await self.registry.loaded.wait()  # leases only once every subscription is known
+            await asyncio.gather(*(queue.run() for queue in self.queues.values()))
 
         @app.task
         async def follow_registry() -> None:
@@ -564,6 +663,8 @@ class Engine:
                     self.names.control(t.name), t.partitions, {"retention.ms": str(3_600_000)}
                 )
             )
+        for queue in self.config.queues:
+            specs.append(TopicSpec(self.names.queue_expired(queue.name), 1, {"retention.ms": "-1"}))
         return specs
 
     def prepare(self) -> None:
@@ -576,12 +677,8 @@ class Engine:
             extra=extra,
         )
         producer = Producer(producer_config(self.bootstrap, extra))
-        for t in self.config.topics:
-            producer.produce(
-                self.names.meta,
-                key=t.name.encode(),
-                value=encode("TopicInfo", topic_info(t, self.names)),
-            )
+        for name, info in definitions(self.config, self.names).items():
+            producer.produce(self.names.meta, key=name.encode(), value=encode("TopicInfo", info))
         if producer.flush(30) != 0:
             raise RuntimeError("could not publish topic definitions to the meta topic")
 
@@ -603,6 +700,18 @@ class Engine:
             start_http_server(self.metrics_port, addr="127.0.0.1")
         worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True, override_logging=False)
         worker.execute_from_commandline()
+
+
+def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[str, Any]]:
+    """Every meta-topic record: topics, and queues (a queue named like one of its topics shares
+    that topic's record: publishes go to the topic, subscriptions lease from the queue)."""
+    infos = {t.name: topic_info(t, names) for t in config.topics}
+    for queue in config.queues:
+        underlying = queue.underlying_topics([t.name for t in config.topics])
+        target = config.topic(queue.publish_target)
+        info = infos.get(queue.name) or {**topic_info(target, names), "name": queue.name}
+        infos[queue.name] = {**info, "queue_of": underlying}
+    return infos
 
 
 def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:

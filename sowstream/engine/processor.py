@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -36,6 +36,7 @@ from sowstream.errors import (
     StateStoreError,
 )
 from sowstream.filters import Filter, FilterError, compile_filter
+from sowstream.queues.store import queue_prefix
 from sowstream.sow.aggregate import Aggregation, parse_aggregation
 from sowstream.sow.bookmarks import Bookmark, parse_bookmark
 from sowstream.sow.expiration import processes_expiration
@@ -82,6 +83,9 @@ from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.topics import TopicNames
+
+if TYPE_CHECKING:
+    from sowstream.engine.queues import QueueRuntime
 
 log = logging.getLogger("sowstream.engine")
 
@@ -146,7 +150,9 @@ class _Outcome:
     dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
     acks: list[tuple[RawRecord, int, str, str, str]] = field(default_factory=list)
     versions: list[Version] = field(default_factory=list)
-    journal: dict[bytes, bytes | None] = field(default_factory=dict)  # conflation journal
+    journal: dict[bytes, bytes | None] = field(default_factory=dict)  # conflation journal, queues
+    # Applied publishes for queues: (offset, timestamp, data, body, expiration ms or None).
+    enqueued: list[tuple[int, int, bytes, dict[str, Any], int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -199,6 +205,8 @@ class TopicProcessor:
         self.subs = TopicSubscriptions(
             topic, entitlement, current=self._current_record if topic.sow else None
         )
+        # Queues whose underlying topics include this one (set up by the engine).
+        self.queues: list[QueueRuntime] = []
         self.names = names
         self.log_topic = names.log(topic.name)
         self._sender = sender
@@ -231,9 +239,20 @@ class TopicProcessor:
         return ps
 
     async def _load(self, partition: int, ps: PartitionState) -> None:
+        await self._load_state(partition, ps)
+        for queue in self.queues:
+            entries = ps.store.scan(prefix=queue_prefix(queue.name))
+            queue.load(self.topic.name, partition, entries, ps.watermark)
+
+    async def _load_state(self, partition: int, ps: PartitionState) -> None:
         if not self.topic.sow:
-            # Nothing is stored, so nothing to rebuild: serve what is published from now on.
-            if self._log_reader is not None:
+            raw = ps.store.get(WATERMARK_KEY) if self._table is not None else None
+            if raw is not None:
+                ps.watermark = int(raw)  # a plain topic feeding queues goes on where it was
+            elif self._log_reader is not None and (
+                self._table is None or self.topic.recovery_point == "now"
+            ):
+                # Nothing is stored, so nothing to rebuild: serve what is published from now on.
                 ps.watermark = await self._log_reader.end_offset(partition)
             return
         raw = ps.store.get(WATERMARK_KEY)
@@ -283,6 +302,8 @@ class TopicProcessor:
         """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
         for p in partitions:
             self.subs.drop_partition(p)
+            for queue in self.queues:
+                queue.drop(self.topic.name, p)
             ps = self._parts.pop(p, None)
             if ps is not None:
                 await ps.wake()  # queries waiting on it give up
@@ -328,6 +349,10 @@ class TopicProcessor:
                 if outcome.events:
                     sent = await self.deliver(self.subs.dispatch(outcome.events, _now_ms()))
                     outcome.journal = self.subs.take_journal(partition)
+                for queue in self.queues if outcome.enqueued else ():
+                    outcome.journal.update(
+                        queue.append(self.topic.name, partition, outcome.enqueued)
+                    )
                 ps.folded = max(ps.folded, outcome.last)
                 self._enqueue(partition, ps, outcome, sent)
 
@@ -423,6 +448,13 @@ class TopicProcessor:
 
     def _commit(self, ps: PartitionState, outcome: _Outcome) -> None:
         if not self.topic.sow:
+            if self._table is not None and (outcome.last > ps.watermark or outcome.journal):
+                # A plain topic stores only what its queues hold, and its position.
+                changes = dict(outcome.journal)
+                if outcome.last > ps.watermark:
+                    changes[WATERMARK_KEY] = str(outcome.last).encode()
+                ps.store.write(changes)
+                outcome.changes = changes
             ps.watermark = max(ps.watermark, outcome.last)
             return
         if outcome.last > ps.watermark or outcome.journal:
@@ -477,6 +509,8 @@ class TopicProcessor:
                     before[key] = stored
                 new = apply_keyed(self.topic, stored, op)
                 overlay[key] = new
+                if self.queues and new is not None and op.command != h.SOW_DELETE:
+                    outcome.enqueued.append(self._queued(rec, new.data, new.parsed()))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
@@ -514,6 +548,9 @@ class TopicProcessor:
                     outcome.dead.append((rec, exc))
                     outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
                 continue
+            if self.queues and command != h.SOW_DELETE and rec.value is not None:
+                body = parse_body(self.topic.name, rec.value)
+                outcome.enqueued.append(self._queued(rec, rec.value, body))
             if sow_key is not None and events is not None:
                 assert rec.value is not None
                 after = SowRecord(sow_key, rec.value, rec.offset, rec.timestamp)
@@ -524,6 +561,27 @@ class TopicProcessor:
                 outcome.acks.append((rec, int(sow_key is not None), "success", "", ""))
         outcome.last = last
         return outcome
+
+    @staticmethod
+    def _queued(
+        rec: RawRecord, data: bytes, body: dict[str, Any]
+    ) -> tuple[int, int, bytes, dict[str, Any], int | None]:
+        """An applied publish as a queue takes it (a delta_publish as the merged record)."""
+        raw = rec.headers.get(h.EXPIRATION)
+        expiration = int(float(raw) * 1000) if raw else None
+        return rec.offset, rec.timestamp, data, body, expiration
+
+    async def store_changes(self, partition: int, changes: Mapping[bytes, bytes | None]) -> None:
+        """Write ``changes`` (queue entries) into ``partition``'s store after the batches before
+        them, and return once they are stored. Nothing happens for a partition not held."""
+        ps = self._parts.get(partition)
+        if ps is None or not ps.ready or not changes:
+            return
+        async with ps.lock:
+            if self._parts.get(partition) is not ps:
+                return
+            self._enqueue(partition, ps, _Outcome(journal=dict(changes)), [])
+            await self._settle(ps)
 
     def _plain_key(self, rec: RawRecord, command: str) -> str | None:
         """The message's key on a plain topic (None for a delete, which does nothing here)."""

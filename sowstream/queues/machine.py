@@ -363,6 +363,12 @@ class QueueMachine:
             number = int(number)
         return min(max(number, 0), U64_MAX)
 
+    def mark_appended(self, topic: str, partition: int, offset: int) -> None:
+        """Everything of ``(topic, partition)`` up to ``offset`` has been offered already (its
+        state was loaded from a store): a replay of those records is ignored."""
+        key = (topic, partition)
+        self._high[key] = max(self._high.get(key, -1), offset)
+
     # ------------------------------------------------------------------ acknowledgements
 
     def ack(

@@ -23,7 +23,7 @@ __all__ = ["MIN_CONFLATION_MS", "SUPPORTED_OPTIONS", "SubscriptionOptions", "par
 MIN_CONFLATION_MS = 100
 
 _FLAGS = ("oof", "no_empties", "no_sowkey", "send_keys", "replace")
-_VALUED = ("conflation", "conflation_key", "select", "top_n", "skip_n")
+_VALUED = ("conflation", "conflation_key", "select", "top_n", "skip_n", "max_backlog")
 SUPPORTED_OPTIONS: tuple[str, ...] = tuple(sorted(_FLAGS + _VALUED))
 
 # What each valued option looks like, quoted when a value is missing.
@@ -33,6 +33,7 @@ _EXAMPLES = {
     "select": "select=[/a,/b/c]",
     "top_n": "top_n=10",
     "skip_n": "skip_n=10",
+    "max_backlog": "max_backlog=10",
 }
 
 # A segment may not hold the characters that delimit the option string itself, so any valid path
@@ -65,6 +66,7 @@ class SubscriptionOptions:
     select: tuple[str, ...] | None = None
     top_n: int | None = None
     skip_n: int | None = None
+    max_backlog: int | None = None  # queues: messages the subscriber may hold unacknowledged
 
     def to_text(self) -> str:
         """The canonical option string: ``parse_options(self.to_text()) == self``.
@@ -91,6 +93,8 @@ class SubscriptionOptions:
             items.append(f"top_n={self.top_n}")
         if self.skip_n is not None:
             items.append(f"skip_n={self.skip_n}")
+        if self.max_backlog is not None:
+            items.append(f"max_backlog={self.max_backlog}")
         return ",".join(items)
 
     def with_(self, **changes: Any) -> SubscriptionOptions:
@@ -156,6 +160,11 @@ def parse_options(text: str | None) -> SubscriptionOptions:
         raise InvalidCommandError(
             f"conflation_key at position {at['conflation_key']} needs conflation: add "
             f"conflation=<interval> of at least {MIN_CONFLATION_MS}ms"
+        )
+    if values.get("max_backlog") == 0:
+        raise InvalidCommandError(
+            f"max_backlog at position {at['max_backlog']} must be at least 1: a subscriber "
+            "holding no message would never get one"
         )
     if "skip_n" in values and "top_n" not in values:
         raise InvalidCommandError(

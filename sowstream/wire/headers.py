@@ -25,6 +25,10 @@ OFFSET = "sow.offset"  # log offset of the change: with partition, the sequence 
 TIMESTAMP = "sow.timestamp"  # log timestamp (ms) of the change
 SEQ = "sow.seq"  # with sow.offset, orders messages one operation produced several of (default 0)
 DELTA = "sow.delta"  # "1" when the body holds only the changed fields
+# Queue deliveries (a leased message): what to acknowledge it with and how long the lease runs.
+BOOKMARK = "sow.bookmark"  # "topic|partition|offset" of the publish the message is
+DELIVERIES = "sow.deliveries"  # how many times the message has been leased, this one included
+LEASE = "sow.lease"  # when the lease ends (epoch ms); absent for a lease that never ends
 
 PUBLISH = "publish"
 DELTA_PUBLISH = "delta_publish"

@@ -36,6 +36,10 @@ class TopicNames:
         """Compacted registry of live subscriptions, read by every worker."""
         return f"{self.prefix}.subs"
 
+    def queue_expired(self, queue: str) -> str:
+        """Expiry events of a queue (time limit, forced, MaxCancels, MaxDeliveries) as JSON."""
+        return f"{self.prefix}.queue.{queue}.expired"
+
     def reply(self, client_id: str) -> str:
         """A client's private reply topic."""
         return f"{self.prefix}.reply.{client_id}"

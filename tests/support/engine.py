@@ -32,6 +32,7 @@ def write_config(
     engine_extra: dict[str, Any] | None = None,
     entitlements: dict[str, dict[str, str]] | None = None,
     plain_topics: list[dict[str, Any]] | None = None,
+    queues: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write a YAML config with an isolated app id and topic prefix."""
     engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix, **(engine_extra or {})}
@@ -42,6 +43,8 @@ def write_config(
         doc["entitlements"] = entitlements
     if plain_topics:
         doc["topics"] = plain_topics
+    if queues:
+        doc["queues"] = queues
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -59,6 +62,7 @@ class EngineProcesses:
         engine_extra: dict[str, Any] | None = None,
         entitlements: dict[str, dict[str, str]] | None = None,
         plain_topics: list[dict[str, Any]] | None = None,
+        queues: list[dict[str, Any]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
@@ -72,6 +76,7 @@ class EngineProcesses:
             engine_extra=engine_extra,
             entitlements=entitlements,
             plain_topics=plain_topics,
+            queues=queues,
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 

@@ -1,0 +1,176 @@
+"""A queue subscription: leased messages, and the acknowledgements that remove them.
+
+Each message delivered on a queue is leased to this subscription until it is acknowledged,
+returned (``cancel``), forced to expire (``expire``), or its lease ends. Acknowledgements go to
+the engine in batches: one command per log partition for every ``ack_batch_size`` messages, and
+whatever is left when the subscription is flushed or closed. With ``auto_ack`` the client
+acknowledges a message once the application is done with it: when it asks for the next one, or
+when ``on_message`` returns (a handler that raises returns the message to the queue instead).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+
+from sowstream.client.messages import Message
+from sowstream.client.subscription import MessageHandler, _Live
+from sowstream.subscriptions.model import SubscriptionSpec
+
+# Sends one batch of acknowledgements: (bookmarks, action "" | "cancel" | "expire").
+AckSender = Callable[[list[str], str], None]
+
+
+class QueueSubscription:
+    """Messages leased from a queue: ``for message in sub: ...; sub.ack(message)``."""
+
+    def __init__(
+        self,
+        sub_id: str,
+        specs: list[SubscriptionSpec],
+        send_acks: AckSender,
+        *,
+        auto_ack: bool = False,
+        ack_batch_size: int = 1,
+        on_message: MessageHandler | None = None,
+        unsubscribe: Callable[[QueueSubscription], None] | None = None,
+    ) -> None:
+        if ack_batch_size < 1:
+            raise ValueError(f"ack_batch_size must be at least 1, got {ack_batch_size}")
+        self.sub_id = sub_id
+        self.specs = specs
+        self.auto_ack = auto_ack
+        self.ack_batch_size = ack_batch_size
+        self._send_acks = send_acks
+        self._handler = on_message
+        self._unsubscribe = unsubscribe
+        self._queue: queue.Queue[Message | BaseException | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._batch: dict[str, list[str]] = {"": [], "cancel": [], "expire": []}
+        self._current: Message | None = None  # auto_ack: handed out, acknowledged on the next
+        self._closed = False
+
+    last_bookmark = ""  # a queue subscription never resumes from a bookmark
+
+    # -- reader-thread side ------------------------------------------------------------------------
+
+    def backlog(self) -> int:
+        """Messages waiting for the application."""
+        return self._queue.qsize()
+
+    def on_live(self, live: _Live) -> None:
+        """A leased message arrived."""
+        msg = Message(
+            "publish",
+            topic=live.topic,
+            data=live.data,
+            timestamp=live.timestamp,
+            sub_id=self.sub_id,
+            bookmark=live.bookmark,
+            deliveries=live.deliveries,
+            lease_expires=live.lease_expires,
+        )
+        if self._handler is None:
+            self._queue.put(msg)
+            return
+        try:
+            self._handler(msg)
+        except Exception:
+            if self.auto_ack:
+                self._add(msg, "cancel")
+            raise
+        if self.auto_ack:
+            self._add(msg, "")
+
+    def fail(self, error: BaseException) -> None:
+        """End the subscription with ``error`` (raised to the iterating application)."""
+        with self._lock:
+            self._closed = True
+        self._queue.put(error)
+
+    # -- acknowledgements --------------------------------------------------------------------------
+
+    def ack(self, message: Message) -> None:
+        """Done with ``message``: remove it from the queue."""
+        self._add(message, "")
+
+    def cancel(self, message: Message) -> None:
+        """Give ``message`` back to the queue now, for another delivery (counts as a cancel)."""
+        self._add(message, "cancel")
+
+    def expire(self, message: Message) -> None:
+        """Expire ``message`` now (reason ``forced_expire``): it is not delivered again."""
+        self._add(message, "expire")
+
+    def _add(self, message: Message, action: str) -> None:
+        with self._lock:
+            batch = self._batch[action]
+            batch.append(message.bookmark)
+            if len(batch) < self.ack_batch_size:
+                return
+            self._batch[action] = []
+        self._send_acks(batch, action)
+
+    def flush_acks(self) -> None:
+        """Send the acknowledgements still batched."""
+        with self._lock:
+            batches, self._batch = self._batch, {"": [], "cancel": [], "expire": []}
+        for action, bookmarks in batches.items():
+            if bookmarks:
+                self._send_acks(bookmarks, action)
+
+    # -- application side --------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        msg = self.next()
+        while msg is None:
+            msg = self.next(timeout=1.0)
+            if msg is None and self._closed:
+                raise StopIteration
+        return msg
+
+    def next(self, timeout: float | None = None) -> Message | None:
+        """The next leased message, or None if none arrives within ``timeout`` seconds."""
+        self._done_with_current()
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is None:
+            self._queue.put(None)  # keep reporting the end
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        if self.auto_ack:
+            self._current = item
+        return item
+
+    def _done_with_current(self) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            self._add(current, "")
+
+    def close(self) -> None:
+        """Unsubscribe: acknowledgements batched so far are sent, leases still held return."""
+        with self._lock:
+            if self._closed and self._unsubscribe is None:
+                return
+            self._closed = True
+        self._done_with_current()
+        self.flush_acks()
+        unsubscribe, self._unsubscribe = self._unsubscribe, None
+        if unsubscribe is not None:
+            unsubscribe(self)
+        self._queue.put(None)
+
+    unsubscribe = close
+
+    def __enter__(self) -> QueueSubscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

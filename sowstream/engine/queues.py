@@ -1,0 +1,283 @@
+"""Queues on a worker: the state machine of each queue, fed by the processors of its topics.
+
+The engine owns the lease state machine over the log (docs/architecture.md says why: priority,
+filters, barriers, fairness, sublet leasing, browsing and cancel counts have no counterpart in
+Kafka share groups). A queue message is a publish to an underlying topic; it lives in the store of
+its log partition (``sowstream.queues.store``), written in the batch that applies the publish, so
+the worker that owns the partition owns its queue messages too. This module connects that state
+to subscribers: it sends leased messages to reply topics, applies acknowledgements arriving on the
+control topic, raises expiry events on the queue's dead-letter topic and runs lease timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from sowstream.config.queues import QueueConfig
+from sowstream.engine.processor import Sender
+from sowstream.errors import InvalidCommandError
+from sowstream.filters import FilterError
+from sowstream.queues.machine import Bookmark, QueueMachine, Removed
+from sowstream.queues.store import StoredMessage, entry_key, offset_of
+from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.wire import headers as h
+from sowstream.wire.topics import TopicNames
+
+log = logging.getLogger("sowstream.engine.queues")
+
+# Removal reasons that are expiries: each raises an event on the queue's dead-letter topic.
+EXPIRY_REASONS = frozenset({"time_limit", "forced_expire", "max_cancels", "max_deliveries"})
+# The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
+IDLE_WAIT = 1.0
+
+
+# Writes queue store changes into a log partition's store, in order with its batches; returns
+# once they are stored.
+StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[None]]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class QueueRuntime:
+    """One queue on this worker: who is subscribed, what is leased, what is due."""
+
+    def __init__(
+        self,
+        config: QueueConfig,
+        names: TopicNames,
+        sender: Sender,
+        store: StoreChanges,
+    ) -> None:
+        self.config = config
+        self.names = names
+        self.machine = QueueMachine(config)
+        self._sender = sender
+        self._store = store
+        self._subs: dict[str, SubscriptionSpec] = {}
+        self._wake = asyncio.Event()
+        # Counters per log partition since this worker took it, for `sowstream queue status`.
+        self.counts: dict[tuple[str, int], Counter[str]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def feeds_on(self, topic: str) -> bool:
+        """Whether publishes to ``topic`` become messages of this queue."""
+        return self.config.matches_topic(topic)
+
+    # -- partitions (called by the topic's processor, under the partition's lock) ---------------
+
+    def load(
+        self, topic: str, partition: int, entries: Iterable[tuple[bytes, bytes]], watermark: int
+    ) -> None:
+        """Take a partition's stored queue messages; the log after ``watermark`` follows."""
+        for key, value in entries:
+            stored = StoredMessage.from_bytes(value)
+            self.machine.append(
+                Bookmark(topic, partition, offset_of(key)),
+                stored.data,
+                orjson.loads(stored.data),
+                stored.timestamp_ms,
+                expiration_ms=stored.expiration_ms,
+            )
+        self.machine.mark_appended(topic, partition, watermark)
+        self.counts[(topic, partition)] = Counter()
+        self.kick()
+
+    def drop(self, topic: str, partition: int) -> None:
+        """The partition moved away: its messages and leases are its next owner's."""
+        self.machine.drop_partition(topic, partition)
+        self.counts.pop((topic, partition), None)
+
+    def append(
+        self,
+        topic: str,
+        partition: int,
+        records: Iterable[tuple[int, int, bytes, dict[str, Any], int | None]],
+    ) -> dict[bytes, bytes | None]:
+        """Offer applied publishes ``(offset, timestamp, data, body, expiration_ms)``; returns the
+        store entries of those that became queue messages (written with their batch)."""
+        changes: dict[bytes, bytes | None] = {}
+        for offset, timestamp, data, body, expiration in records:
+            if self.machine.append(
+                Bookmark(topic, partition, offset), data, body, timestamp, expiration_ms=expiration
+            ):
+                changes[entry_key(self.name, offset)] = StoredMessage(
+                    data, timestamp, expiration
+                ).to_bytes()
+        if changes:
+            self.kick()
+        return changes
+
+    # -- subscriptions ----------------------------------------------------------------------------
+
+    def subscribe(self, spec: SubscriptionSpec) -> int:
+        """Register (or replace) a queue subscription; returns its effective backlog."""
+        backlog = self.machine.subscribe(
+            spec.key,
+            client=spec.reply_to,
+            identity=spec.identity,
+            filter=spec.filter,
+            max_backlog=spec.options.max_backlog,
+        )
+        self._subs[spec.key] = spec
+        self.kick()
+        return backlog
+
+    async def unsubscribe(self, key: str) -> None:
+        """The subscription ended: its leases go back to the queue (or expire)."""
+        if self._subs.pop(key, None) is not None:
+            await self._removed(self.machine.unsubscribe(key, _now_ms()))
+            self.kick()
+
+    async def disconnect(self, reply_to: str) -> None:
+        """The client vanished: every lease it held goes back at once."""
+        for key in [k for k, s in self._subs.items() if s.reply_to == reply_to]:
+            del self._subs[key]
+        await self._removed(self.machine.disconnect(reply_to, _now_ms()))
+        self.kick()
+
+    # -- acknowledgements -----------------------------------------------------------------------
+
+    async def acknowledge(self, cmd: dict[str, Any]) -> tuple[int, dict[str, int]]:
+        """Apply a ``queue_ack`` command; returns how many messages it removed or returned and
+        a count per result. Raises InvalidCommandError naming a malformed bookmark or action."""
+        options = cmd.get("options") or {}
+        action = (options.get("action") or "").strip().lower()
+        client = cmd["reply_to"]
+        now = _now_ms()
+        try:
+            if cmd.get("filter"):
+                outcome = self.machine.ack_filter(cmd["filter"], client=client, now_ms=now)
+            else:
+                bookmarks = [Bookmark.parse(b) for b in _split(options.get("bookmarks") or "")]
+                if not bookmarks:
+                    raise InvalidCommandError(
+                        f"queue {self.name!r}: an acknowledgement needs bookmarks or a filter"
+                    )
+                outcome = self.machine.ack(bookmarks, client=client, action=action, now_ms=now)
+        except (ValueError, FilterError) as exc:
+            raise InvalidCommandError(f"queue {self.name!r}: {exc}") from exc
+        await self._removed(outcome.removed)
+        self.kick()
+        results = Counter(str(r) for r in outcome.results.values())
+        done = results["removed"] + results["returned"] + results["expired"] + results["freed"]
+        return done, dict(results)
+
+    # -- delivery ---------------------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Something changed: run the delivery loop soon."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """The delivery loop: leases, lease timeouts and expiry, for as long as the worker runs."""
+        while True:
+            deadline = self.machine.next_deadline()
+            wait = IDLE_WAIT
+            if deadline is not None:
+                wait = min(wait, max(0.0, (deadline - _now_ms()) / 1000))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+            self._wake.clear()
+            try:
+                await self.deliver_once()
+            except Exception:
+                log.exception("queue %s: delivery failed; retrying", self.name)
+                await asyncio.sleep(0.5)
+
+    async def deliver_once(self) -> int:
+        """Run timeouts and the delivery loop once; returns how many messages were sent."""
+        now = _now_ms()
+        removed = self.machine.tick(now)
+        leases, gone = self.machine.dispatch(now)
+        for lease in leases:
+            spec = self._subs.get(lease.sub_key)
+            if spec is None:
+                continue
+            message = lease.message
+            b = message.bookmark
+            headers = {
+                h.COMMAND: h.PUBLISH,
+                h.SUB_ID: spec.sub_id,
+                h.TOPIC: self.name,
+                h.PARTITION: str(b.partition),
+                h.OFFSET: str(b.offset),
+                h.TIMESTAMP: str(message.timestamp_ms),
+                h.BOOKMARK: b.text(),
+                h.DELIVERIES: str(lease.deliveries),
+                h.LEASE: str(lease.lease_expires_ms) if lease.lease_expires_ms else None,
+            }
+            await self._sender.send_reply(spec.reply_to, message.data, h.to_kafka_headers(headers))
+            self._count(b, "delivered")
+        await self._removed([*removed, *gone])
+        return len(leases)
+
+    async def _removed(self, removed: list[Removed]) -> None:
+        """Delete what left the queue from its store; raise expiry events."""
+        by_partition: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
+        for item in removed:
+            b = item.message.bookmark
+            by_partition.setdefault((b.topic, b.partition), {})[entry_key(self.name, b.offset)] = (
+                None
+            )
+            self._count(b, item.reason or "acked")
+            if item.reason in EXPIRY_REASONS:
+                event = {
+                    "queue": self.name,
+                    "bookmark": b.text(),
+                    "reason": item.reason,
+                    "deliveries": item.message.deliveries,
+                    "cancels": item.message.cancels,
+                    "message": orjson.Fragment(item.message.data),
+                }
+                await self._sender.send(
+                    self.names.queue_expired(self.name),
+                    orjson.dumps(event),
+                    key=b.text().encode(),
+                )
+        for (topic, partition), changes in by_partition.items():
+            await self._store(topic, partition, changes)
+
+    def _count(self, bookmark: Bookmark, what: str) -> None:
+        counts = self.counts.get((bookmark.topic, bookmark.partition))
+        if counts is not None:
+            counts[what] += 1
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def status(self, topic: str, partition: int) -> dict[str, int]:
+        """Depth, leased and the counters of one log partition."""
+        here = [
+            m
+            for m in self.machine.browse() + self.machine.leases()
+            if m.bookmark.topic == topic and m.bookmark.partition == partition
+        ]
+        leased = sum(1 for m in here if m.leased_to is not None)
+        counts = self.counts.get((topic, partition), Counter())
+        return {"depth": len(here), "leased": leased, **counts}
+
+    def browse(
+        self, topic: str, partition: int, filter: str | None
+    ) -> list[tuple[str, bytes, int]]:
+        """Available messages of one log partition: ``(bookmark, data, timestamp)``."""
+        return [
+            (m.bookmark.text(), m.data, m.timestamp_ms)
+            for m in self.machine.browse(filter)
+            if m.bookmark.topic == topic and m.bookmark.partition == partition
+        ]
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]

@@ -1,0 +1,270 @@
+"""Queues end to end: leases, acknowledgements, expiry and browsing on a real broker.
+
+One worker unless a test says otherwise (so AMPS's single-instance numbers hold exactly); the
+worked examples of the queue chapter (section 15) are named Qn where they are followed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from sowstream.client import Client, Message, QueueSubscription
+from sowstream.errors import CommandFailedError, InvalidCommandError
+from sowstream.wire.avro import encode
+from tests.support.engine import EngineProcesses, running_engine
+
+pytestmark = pytest.mark.integration
+
+TOPICS: list[dict[str, Any]] = [
+    {"Name": "orders", "Key": ["/id"], "Partitions": 2},
+]
+PLAIN = [
+    {"Name": "work", "Partitions": 2},
+    {"Name": "jobs", "Partitions": 2},
+    {"Name": "tasks", "Partitions": 2},
+]
+QUEUES: list[dict[str, Any]] = [
+    {"Name": "WQ", "UnderlyingTopic": "work", "LeasePeriod": "1s", "MaxCancels": 2},
+    {
+        "Name": "JQ",
+        "UnderlyingTopic": "jobs",
+        "MaxPerSubscriptionBacklog": 5,
+        "FairnessModel": "round-robin",
+    },
+    {"Name": "AMO", "UnderlyingTopic": "tasks", "Semantics": "at-most-once"},
+    {
+        "Name": "OQ",
+        "UnderlyingTopic": "orders",
+        "Filter": "/status = 'new'",
+        "MaxPerSubscriptionBacklog": 10,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def engine(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcesses]:
+    with running_engine(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("queues"),
+        TOPICS,
+        workers=("w1",),
+        plain_topics=PLAIN,
+        queues=QUEUES,
+    ) as procs:
+        yield procs
+
+
+def take(sub: QueueSubscription, n: int, timeout: float = 20.0) -> list[Message]:
+    out: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"only {len(out)} of {n} messages arrived: {out}"
+        msg = sub.next(timeout=remaining)
+        if msg is not None:
+            out.append(msg)
+    return out
+
+
+def drain_queue(client: Client, queue: str) -> None:
+    """Acknowledge whatever an earlier test left available."""
+    left = [m.sow_key for m in client.sow(queue) if m.command == "sow"]
+    if left:
+        client.ack(queue, left)
+
+
+def test_default_backlog_is_one_and_an_ack_brings_the_next(
+    client: Client, publisher: Client
+) -> None:
+    """Q1: with both backlogs at their default of 1 a subscriber holds one message at a time."""
+    sub = client.subscribe("JQ")
+    publisher.publish("jobs", {"n": 1})
+    publisher.publish("jobs", {"n": 2})
+    first = take(sub, 1)[0]
+    assert first.json() == {"n": 1} and first.deliveries == 1 and first.lease_expires is None
+    assert sub.next(timeout=1.5) is None  # m2 waits: backlog 1
+    assert client.ack("JQ", first.bookmark) == 1
+    assert take(sub, 1)[0].json() == {"n": 2}
+    sub.close()
+
+
+def test_lease_timeout_redelivers_with_a_higher_count(client: Client, publisher: Client) -> None:
+    sub = client.subscribe("WQ")
+    publisher.publish("work", {"job": "a"})
+    first = take(sub, 1)[0]
+    assert first.deliveries == 1 and first.lease_expires is not None
+    again = take(sub, 1, timeout=10)[0]  # LeasePeriod 1s, not acknowledged
+    assert again.bookmark == first.bookmark and again.deliveries == 2
+    sub.ack(again)
+    sub.flush_acks()
+    assert sub.next(timeout=2.0) is None
+    sub.close()
+
+
+def test_cancel_returns_and_max_cancels_expires_to_the_dead_letter_topic(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """Q5: the second cancel expires the message (reason max_cancels)."""
+    sub = client.subscribe("WQ")
+    publisher.publish("work", {"job": "cancel-me"})
+    msg = take(sub, 1)[0]
+    sub.cancel(msg)
+    again = take(sub, 1)[0]
+    assert again.bookmark == msg.bookmark
+    sub.cancel(again)
+    assert sub.next(timeout=2.0) is None
+    consumer = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": "dlq-reader"})
+    topic = f"{engine.prefix}.queue.WQ.expired"
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    events: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not any(e["bookmark"] == msg.bookmark for e in events):
+        for m in consumer.consume(100, 0.5):
+            if not m.error():
+                events.append(orjson.loads(m.value()))
+    consumer.close()
+    event = next(e for e in events if e["bookmark"] == msg.bookmark)
+    assert event["reason"] == "max_cancels" and event["message"] == {"job": "cancel-me"}
+    sub.close()
+
+
+def test_round_robin_with_backlogs_clamped_by_the_queue(client: Client, publisher: Client) -> None:
+    """Q2: MaxPerSubscriptionBacklog 5 clamps max_backlog=10; round-robin spreads the rest."""
+    drain_queue(client, "JQ")
+    s1 = client.subscribe("JQ", options="max_backlog=10")
+    s2 = client.subscribe("JQ", options="max_backlog=2")
+    time.sleep(1.0)  # both registered before the first message
+    for n in range(1, 10):
+        publisher.publish("jobs", {"n": n}, sow_key=None)
+    publisher.flush()
+    got1 = take(s1, 5)
+    got2 = take(s2, 2)
+    assert s1.next(timeout=1.0) is None and s2.next(timeout=0.5) is None
+    # One publisher's messages share a partition, so they are offered in publish order.
+    assert [m.json()["n"] for m in got1] == [1, 3, 5, 6, 7]
+    assert [m.json()["n"] for m in got2] == [2, 4]
+    client.ack("JQ", [m.bookmark for m in got1 + got2])
+    rest = take(s1, 1) + take(s2, 1)
+    assert sorted(m.json()["n"] for m in rest) == [8, 9]
+    client.ack("JQ", [m.bookmark for m in rest])
+    s1.close()
+    s2.close()
+
+
+def test_at_most_once_removes_on_delivery(client: Client, publisher: Client) -> None:
+    """Q8: the message leaves the queue when sent; a subscriber that drops it loses it."""
+    sub = client.subscribe("AMO")
+    publisher.publish("tasks", {"t": 1})
+    msg = take(sub, 1)[0]
+    assert [m for m in client.sow("AMO") if m.command == "sow"] == []
+    sub.close()  # without an ack
+    other = client.subscribe("AMO")
+    assert other.next(timeout=2.0) is None
+    other.close()
+    assert msg.json() == {"t": 1}
+
+
+def test_sow_topic_underneath_each_publish_is_a_message_and_browse_shows_available(
+    client: Client, publisher: Client
+) -> None:
+    """Q20 and Q16: two publishes to one key are two messages, a delta enqueues the merged
+    record, the queue Filter applies, and sow on the queue browses what is available."""
+    publisher.publish("orders", {"id": 1, "status": "new", "v": 1})
+    publisher.publish("orders", {"id": 1, "status": "new", "v": 2})
+    publisher.publish("orders", {"id": 2, "status": "done"})  # filtered out
+    publisher.delta_publish("orders", {"id": 1, "v": 3})
+    publisher.flush()
+    deadline = time.monotonic() + 20
+    browsed: list[Any] = []
+    while time.monotonic() < deadline and len(browsed) < 3:
+        browsed = [m.json() for m in client.sow("OQ") if m.command == "sow"]
+        time.sleep(0.2)
+    assert sorted(b["v"] for b in browsed) == [1, 2, 3]
+    assert {"id": 1, "status": "new", "v": 3} in browsed
+    publisher.sow_delete("orders", filter="/id = 1")  # the SOW record goes, the messages stay
+    sub = client.subscribe("OQ", options="max_backlog=10")
+    got = take(sub, 3)
+    assert sorted(m.json()["v"] for m in got) == [1, 2, 3]
+    assert [m for m in client.sow("OQ") if m.command == "sow"] == []  # leased: not available
+    client.ack("OQ", [m.bookmark for m in got])
+    sub.close()
+
+
+def test_publishing_to_the_queue_name_goes_to_its_topic(client: Client, publisher: Client) -> None:
+    sub = client.subscribe("WQ")
+    publisher.publish("WQ", {"job": "direct"})
+    msg = take(sub, 1)[0]
+    assert msg.json() == {"job": "direct"} and msg.bookmark.startswith("work|")
+    sub.ack(msg)
+    sub.close()
+
+
+def test_bad_input_is_refused_and_nothing_is_lost(client: Client, publisher: Client) -> None:
+    with pytest.raises(InvalidCommandError, match="not available on queue"):
+        client.sow_and_subscribe("WQ")
+    with pytest.raises(InvalidCommandError, match="max_backlog"):
+        client.subscribe("WQ", options="max_backlog=0")
+    with pytest.raises(InvalidCommandError, match="not a message of queue"):
+        client.ack("WQ", "jobs|0|1")
+    with pytest.raises(InvalidCommandError):
+        client.ack("WQ", "nonsense")
+    with pytest.raises(InvalidCommandError, match="not a queue"):
+        client.ack("orders", "orders|0|1")
+    with pytest.raises(InvalidCommandError, match="unknown ack action"):
+        client.ack("WQ", "work|0|1", action="drop")
+    # An ack for a message the queue has not seen is remembered (deferred), not an error.
+    assert client.ack("WQ", "work|0|999999") == 0
+    # The engine keeps going: a message published now is delivered.
+    sub = client.subscribe("WQ")
+    publisher.publish("work", {"job": "after-bad-input"})
+    msg = take(sub, 1)[0]
+    assert msg.json() == {"job": "after-bad-input"}
+    sub.ack(msg)
+    sub.close()
+
+
+def test_engine_refuses_a_malformed_ack_with_the_reason(
+    engine: EngineProcesses, client: Client
+) -> None:
+    """A client that skips the checks gets the engine's answer naming the bookmark."""
+    info = client.topic_info("WQ")
+    assert info.queue_of == ("work",)
+    with pytest.raises(CommandFailedError, match="bad-bookmark"):
+        _raw_ack(client, "bad-bookmark")
+
+
+def _raw_ack(client: Client, bookmark: str) -> int:
+    """Send an ack command straight to the control topic, as a foreign client might."""
+    command_id = uuid.uuid4().hex
+    body = {
+        "command": "queue_ack",
+        "command_id": command_id,
+        "query_id": "",
+        "reply_to": client.reply_topic,
+        "topic": "WQ",
+        "filter": None,
+        "sow_keys": None,
+        "order_by": None,
+        "top_n": None,
+        "skip_n": None,
+        "batch_size": 1,
+        "after_offset": -1,
+        "options": {"bookmarks": bookmark, "action": ""},
+        "sub_id": "",
+        "identity": "",
+        "sub_options": "",
+        "previous_filter": None,
+    }
+    producer, _ = client._require()
+    producer.produce(client.names.control("work"), value=encode("Command", body), partition=0)
+    producer.flush(10)
+    return client._await_acks(command_id, 1)
