@@ -29,6 +29,11 @@ PLAIN = [
     {"Name": "work", "Partitions": 2},
     {"Name": "jobs", "Partitions": 2},
     {"Name": "tasks", "Partitions": 2},
+    {"Name": "prio", "Partitions": 1},
+    {"Name": "bar", "Partitions": 1},
+    {"Name": "strict", "Partitions": 1},
+    {"Name": "few", "Partitions": 1},
+    {"Name": "short", "Partitions": 1},
 ]
 QUEUES: list[dict[str, Any]] = [
     {"Name": "WQ", "UnderlyingTopic": "work", "LeasePeriod": "1s", "MaxCancels": 2},
@@ -45,6 +50,16 @@ QUEUES: list[dict[str, Any]] = [
         "Filter": "/status = 'new'",
         "MaxPerSubscriptionBacklog": 10,
     },
+    {"Name": "PQ", "UnderlyingTopic": "prio", "Priority": "/p"},
+    {
+        "Name": "BQ",
+        "UnderlyingTopic": "bar",
+        "BarrierExpression": "/sync IS NOT NULL",
+        "MaxPerSubscriptionBacklog": 5,
+    },
+    {"Name": "SQ", "UnderlyingTopic": "strict", "Leasing": "strict", "LeasePeriod": "1s"},
+    {"Name": "DQ", "UnderlyingTopic": "few", "MaxDeliveries": 1, "LeasePeriod": "60s"},
+    {"Name": "EQ", "UnderlyingTopic": "short", "Expiration": "2s"},
 ]
 
 
@@ -268,3 +283,107 @@ def _raw_ack(client: Client, bookmark: str) -> int:
     producer.produce(client.names.control("work"), value=encode("Command", body), partition=0)
     producer.flush(10)
     return client._await_acks(command_id, 1)
+
+
+def test_priority_orders_delivery(client: Client, publisher: Client) -> None:
+    """Q12: highest priority first, equal priorities oldest first, no priority last."""
+    for name, p in (("m1", 1), ("m2", 5), ("m3", 5), ("m4", None), ("m5", 9)):
+        publisher.publish("prio", {"name": name} if p is None else {"name": name, "p": p})
+    publisher.flush()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(list(client.sow("PQ"))) < 7:
+        time.sleep(0.2)
+    sub = client.subscribe("PQ")
+    order = []
+    for _ in range(5):
+        msg = take(sub, 1)[0]
+        order.append(msg.json()["name"])
+        sub.ack(msg)
+    assert order == ["m5", "m2", "m3", "m1", "m4"]
+    sub.close()
+
+
+def test_a_barrier_waits_for_everything_before_it_then_goes_to_every_subscriber(
+    client: Client, publisher: Client
+) -> None:
+    """Q13: B is held until m1 and m2 are acknowledged, then broadcast; m3 waits behind it."""
+    s1 = client.subscribe("BQ", options="max_backlog=5")
+    s2 = client.subscribe("BQ", options="max_backlog=5")
+    time.sleep(1.0)
+    for body in ({"n": 1}, {"n": 2}, {"n": "B", "sync": 1}, {"n": 3}):
+        publisher.publish("bar", body)
+    publisher.flush()
+    first = take(s1, 1) + take(s2, 1)
+    assert sorted(m.json()["n"] for m in first) == [1, 2]
+    assert s1.next(timeout=1.0) is None and s2.next(timeout=0.2) is None  # B and m3 held
+    client.ack("BQ", first[0].bookmark)
+    assert s1.next(timeout=1.0) is None and s2.next(timeout=0.2) is None  # m2 still out
+    client.ack("BQ", first[1].bookmark)
+    barrier1, barrier2 = take(s1, 1)[0], take(s2, 1)[0]
+    assert barrier1.json()["n"] == barrier2.json()["n"] == "B"
+    last = s1.next(timeout=5.0) or s2.next(timeout=5.0)
+    assert last is not None and last.json() == {"n": 3}
+    client.ack("BQ", last.bookmark)
+    s1.close()
+    s2.close()
+
+
+def test_strict_leasing_ignores_an_ack_from_another_client(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """Q3 (strict): after the lease moved to S2, S1's late ack does nothing; S2's removes it."""
+    s1 = client.subscribe("SQ")
+    publisher.publish("strict", {"job": 1})
+    m1 = take(s1, 1)[0]
+    s1.close()  # returns the lease at once
+    with engine.client() as other:
+        s2 = other.subscribe("SQ")
+        again = take(s2, 1)[0]
+        assert again.bookmark == m1.bookmark
+        assert client.ack("SQ", m1.bookmark) == 0  # leased to the other client: ignored
+        assert other.ack("SQ", again.bookmark) == 1
+        s2.close()
+
+
+def test_max_deliveries_expires_a_message_whose_holder_unsubscribes(
+    client: Client, publisher: Client
+) -> None:
+    """Q21: with MaxDeliveries 1 an unacknowledged message is expired, not returned."""
+    sub = client.subscribe("DQ")
+    publisher.publish("few", {"job": 1})
+    take(sub, 1)
+    sub.close()
+    other = client.subscribe("DQ")
+    assert other.next(timeout=2.0) is None
+    assert client.queue_status("DQ").get("max_deliveries") == 1
+    other.close()
+
+
+def test_time_expiration_removes_unconsumed_messages(client: Client, publisher: Client) -> None:
+    """Q15: Expiration 2s; a publish's own expiration (seconds) overrides it."""
+    publisher.publish("short", {"job": "queue-default"})
+    publisher.publish("short", {"job": "own"}, expiration=60)
+    publisher.flush()
+    time.sleep(3.5)
+    sub = client.subscribe("EQ")
+    msg = take(sub, 1)[0]
+    assert msg.json() == {"job": "own"}
+    sub.ack(msg)
+    assert client.queue_status("EQ").get("time_limit") == 1
+    sub.close()
+
+
+def test_a_client_that_goes_away_returns_its_leases_at_once(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """Q4: JQ's leases never time out, so only the departure can give the message back."""
+    drain_queue(client, "JQ")
+    with engine.client() as leaving:
+        sub = leaving.subscribe("JQ")
+        publisher.publish("jobs", {"job": "abandoned"})
+        held = take(sub, 1)[0]
+    other = client.subscribe("JQ")
+    again = take(other, 1, timeout=10)[0]
+    assert again.bookmark == held.bookmark and again.deliveries == 2
+    other.ack(again)
+    other.close()

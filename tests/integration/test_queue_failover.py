@@ -1,0 +1,136 @@
+"""A queue under load loses nothing and delivers nothing acknowledged when a worker is killed.
+
+Two workers, four partitions, three subscribers that acknowledge, cancel or ignore messages at
+random (ignored ones come back when their lease ends). One worker is killed with SIGKILL in the
+middle and started again. At the end every published message was acknowledged exactly once, and
+no message was delivered again after its acknowledgement was confirmed.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sowstream.client import Client
+from sowstream.errors import CommandTimeoutError
+from tests.support.engine import EngineProcesses
+
+pytestmark = pytest.mark.integration
+
+# Keyed by /n, so the jobs spread over the four partitions (and so over both workers).
+PLAIN: list[dict[str, Any]] = [{"Name": "jobs", "Key": ["/n"], "Partitions": 4}]
+QUEUES: list[dict[str, Any]] = [
+    {"Name": "JQ", "UnderlyingTopic": "jobs", "LeasePeriod": "2s", "MaxPerSubscriptionBacklog": 5}
+]
+MESSAGES = 400
+
+
+@pytest.fixture
+def engine(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcesses]:
+    procs = EngineProcesses(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("queue-failover"),
+        [],
+        plain_topics=PLAIN,
+        queues=QUEUES,
+    )
+    procs.start("w1")
+    procs.start("w2")
+    try:
+        procs.wait_ready(["JQ"])  # a browse answered by every partition
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+class Ledger:
+    """What the subscribers saw and confirmed, shared by their threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.delivered: Counter[int] = Counter()
+        self.confirmed: Counter[int] = Counter()  # acks the engine answered with "removed"
+        self.after_ack: list[int] = []  # deliveries of a message whose ack was confirmed
+
+    def done(self) -> int:
+        with self.lock:
+            return len(self.confirmed)
+
+
+def consume(client: Client, ledger: Ledger, rng: random.Random, stop: threading.Event) -> None:
+    sub = client.subscribe("JQ", options="max_backlog=5")
+    while not stop.is_set():
+        msg = sub.next(timeout=0.5)
+        if msg is None:
+            continue
+        n = msg.json()["n"]
+        with ledger.lock:
+            ledger.delivered[n] += 1
+            if ledger.confirmed[n]:
+                ledger.after_ack.append(n)
+        roll = rng.random()
+        if roll < 0.1:
+            continue  # ignored: its lease ends and it comes back
+        if roll < 0.2:
+            client.ack("JQ", msg.bookmark, action="cancel", wait=False)
+            continue
+        try:
+            removed = client.ack("JQ", msg.bookmark)
+        except CommandTimeoutError:
+            continue  # its partition is changing hands: the message may come again
+        if removed:
+            with ledger.lock:
+                ledger.confirmed[n] += 1
+    sub.close()
+
+
+def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
+    engine: EngineProcesses,
+) -> None:
+    seed = random.randrange(1 << 30)
+    ledger = Ledger()
+    stop = threading.Event()
+    clients = [engine.client(timeout=15) for _ in range(4)]
+    for c in clients:
+        c.connect()
+    consumers = [
+        threading.Thread(target=consume, args=(c, ledger, random.Random(seed + i), stop))
+        for i, c in enumerate(clients[:3])
+    ]
+    try:
+        for t in consumers:
+            t.start()
+        publisher = clients[3]
+        for n in range(MESSAGES):
+            publisher.publish("jobs", {"n": n})
+            if n == MESSAGES // 3:
+                engine.stop("w1", kill=True)
+            if n == 2 * MESSAGES // 3:
+                engine.start("w1")
+            time.sleep(0.02)
+        publisher.flush()
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and ledger.done() < MESSAGES:
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in consumers:
+            t.join(30)
+        for c in clients:
+            c.close()
+    missing = sorted(set(range(MESSAGES)) - set(ledger.confirmed))
+    logs = "\n".join(f"--- {w}\n{engine.log_tail(w, 60)}" for w in ("w1", "w2"))
+    assert not missing, f"seed {seed}: never acknowledged: {missing[:20]}\n{logs}"
+    twice = {n: c for n, c in ledger.confirmed.items() if c > 1}
+    assert not twice, f"seed {seed}: acknowledged more than once: {twice}"
+    assert not ledger.after_ack, f"seed {seed}: delivered after its ack: {ledger.after_ack[:20]}"
+    redelivered = sum(1 for c in ledger.delivered.values() if c > 1)
+    assert redelivered > 0, "the kill, cancels and ignored leases should cause redeliveries"
