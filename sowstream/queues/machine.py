@@ -173,6 +173,7 @@ class QueueStats:
     expired_leases: int
     deferred_acks: int
     backlog: dict[str, int]  # per subscription: units it holds
+    inactive: int = 0  # beyond TargetQueueDepth: stored, not yet deliverable or browsable
 
 
 @dataclass(slots=True)
@@ -231,6 +232,8 @@ class QueueMachine:
         self._outstanding = 0
         self._max_cursor: Key | None = None
         self._deferred: dict[Bookmark, int] = {}  # bookmark -> when to forget the ack
+        # TargetQueueDepth: messages beyond it wait here, in arrival order, not yet deliverable.
+        self._inactive: dict[Bookmark, QueueMessage] = {}
         self._high: dict[tuple[str, int], int] = {}  # highest offset appended per partition
         self._deadlines: list[tuple[int, int, int, Bookmark, int]] = []
         self._deadline_seq = 0
@@ -336,6 +339,16 @@ class QueueMachine:
             barrier=self._barrier is not None and self._barrier.matches(body),
             expires_at_ms=timestamp_ms + lifetime if lifetime else None,
         )
+        target = self.config.target_queue_depth
+        if target is not None and (self._inactive or len(self._messages) >= target):
+            self._inactive[bookmark] = message
+            return True
+        self._admit(message)
+        return True
+
+    def _admit(self, message: QueueMessage) -> None:
+        """Make ``message`` part of the active queue."""
+        bookmark = message.bookmark
         self._messages[bookmark] = message
         key = message.key
         self._live.add(key)
@@ -346,7 +359,6 @@ class QueueMachine:
         if message.expires_at_ms is not None:
             self._push(message.expires_at_ms, _EXPIRY, bookmark, 0)
         self._dirty = True
-        return True
 
     def _priority_of(self, body: dict[str, Any]) -> int | None:
         if self._priority is None:
@@ -404,6 +416,11 @@ class QueueMachine:
         self, bookmark: Bookmark, client: str, action: str, out: list[Removed]
     ) -> AckResult:
         message = self._messages.get(bookmark)
+        if message is None and bookmark in self._inactive:
+            # Beyond TargetQueueDepth: acknowledged before it ever became deliverable.
+            self._acked += 1
+            out.append(Removed(self._inactive.pop(bookmark), ""))
+            return AckResult.REMOVED
         if message is None:
             sent = self._sent.get(bookmark)
             if sent is not None:
@@ -688,6 +705,10 @@ class QueueMachine:
     def _forget(self, message: QueueMessage) -> None:
         del self._messages[message.bookmark]
         self._live.remove(message.key)
+        target = self.config.target_queue_depth
+        while self._inactive and target is not None and len(self._messages) < target:
+            waiting = next(iter(self._inactive))
+            self._admit(self._inactive.pop(waiting))
 
     def _free_sent(self, bookmark: Bookmark) -> None:
         sent = self._sent.pop(bookmark)
@@ -747,6 +768,8 @@ class QueueMachine:
             self._free_sent(bookmark)
         for bookmark in [b for b in self._deferred if here(b)]:
             del self._deferred[bookmark]
+        for bookmark in [b for b in self._inactive if here(b)]:
+            del self._inactive[bookmark]
         self._high.pop((topic, partition), None)
         self._dirty = True
 
@@ -803,4 +826,5 @@ class QueueMachine:
             expired_leases=self._expired_leases,
             deferred_acks=len(self._deferred),
             backlog={key: sub.held for key, sub in self._subs.items()},
+            inactive=len(self._inactive),
         )

@@ -949,3 +949,19 @@ def test_replaying_the_log_changes_nothing(
     assert q.dispatch(2) == ([], [])
     after = (q.stats(), [msg.bookmark for msg in q.browse()], [msg.bookmark for msg in q.leases()])
     assert after == before
+
+
+def test_target_queue_depth_keeps_later_messages_inactive_until_room() -> None:
+    """Beyond TargetQueueDepth messages wait, undeliverable and unbrowsable, in arrival order;
+    each removal activates the next; an ack of an inactive one removes it before delivery."""
+    q = QueueMachine(QueueConfig(name="TQ", underlying_topic="work", target_queue_depth=1000))
+    for offset in range(1003):
+        assert q.append(Bookmark("work", 0, offset), b"{}", {}, 1)
+    assert q.stats().depth == 1000 and q.stats().inactive == 3
+    assert len(q.browse()) == 1000
+    outcome = q.ack([Bookmark("work", 0, 1001)], client="c", now_ms=2)
+    assert [r.message.bookmark.offset for r in outcome.removed] == [1001]
+    q.ack([Bookmark("work", 0, 0), Bookmark("work", 0, 1)], client="c", now_ms=3)
+    assert q.stats().inactive == 0 and q.stats().depth == 1000
+    offsets = [m.bookmark.offset for m in q.browse()]
+    assert offsets[-2:] == [1000, 1002]
