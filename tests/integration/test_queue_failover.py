@@ -1,9 +1,11 @@
-"""A queue under load loses nothing and delivers nothing acknowledged when a worker is killed.
+"""Queues over two workers and four partitions: fairness, and a worker killed under load.
 
-Two workers, four partitions, three subscribers that acknowledge, cancel or ignore messages at
-random (ignored ones come back when their lease ends). One worker is killed with SIGKILL in the
-middle and started again. At the end every published message was acknowledged exactly once, and
-no message was delivered again after its acknowledgement was confirmed.
+Each worker runs the queue for the partitions it owns, like one AMPS instance each: fairness is
+the queue's model applied by every worker to its own messages. Under a SIGKILL, three subscribers
+acknowledge, cancel or ignore messages at random (ignored ones come back when their lease ends);
+one worker is killed in the middle and started again. At the end every published message was
+acknowledged exactly once, and no message was delivered again after its acknowledgement was
+confirmed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ pytestmark = pytest.mark.integration
 # Keyed by /n, so the jobs spread over the four partitions (and so over both workers).
 PLAIN: list[dict[str, Any]] = [{"Name": "jobs", "Key": ["/n"], "Partitions": 4}]
 QUEUES: list[dict[str, Any]] = [
-    {"Name": "JQ", "UnderlyingTopic": "jobs", "LeasePeriod": "2s", "MaxPerSubscriptionBacklog": 5}
+    {"Name": "JQ", "UnderlyingTopic": "jobs", "LeasePeriod": "2s", "MaxPerSubscriptionBacklog": 5},
+    {
+        "Name": "RR",
+        "UnderlyingTopic": "jobs",
+        "FairnessModel": "round-robin",
+        "MaxPerSubscriptionBacklog": 100,
+    },
 ]
 MESSAGES = 400
 
@@ -134,3 +142,27 @@ def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
     assert not ledger.after_ack, f"seed {seed}: delivered after its ack: {ledger.after_ack[:20]}"
     redelivered = sum(1 for c in ledger.delivered.values() if c > 1)
     assert redelivered > 0, "the kill, cancels and ignored leases should cause redeliveries"
+
+
+def test_round_robin_across_workers_shares_evenly(engine: EngineProcesses) -> None:
+    """Two workers each deal their own partitions' messages out in turn: two subscribers with
+    room for everything end up with half each, give or take one message per worker."""
+    with engine.client() as a, engine.client() as b, engine.client() as publisher:
+        sa = a.subscribe("RR", options="max_backlog=100")
+        sb = b.subscribe("RR", options="max_backlog=100")
+        time.sleep(1.5)  # both registered on both workers before the first message
+        for n in range(1000, 1040):
+            publisher.publish("jobs", {"n": n})
+        publisher.flush()
+        got: dict[str, list[int]] = {"a": [], "b": []}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(got["a"]) + len(got["b"]) < 40:
+            for name, sub in (("a", sa), ("b", sb)):
+                msg = sub.next(timeout=0.2)
+                if msg is not None:
+                    got[name].append(msg.json()["n"])
+        assert sorted(got["a"] + got["b"]) == list(range(1000, 1040))
+        assert abs(len(got["a"]) - len(got["b"])) <= 4, got  # one per partition at most
+        a.ack("RR", filter="1=1")
+        sa.close()
+        sb.close()

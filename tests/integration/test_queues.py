@@ -387,3 +387,23 @@ def test_a_client_that_goes_away_returns_its_leases_at_once(
     assert again.bookmark == held.bookmark and again.deliveries == 2
     other.ack(again)
     other.close()
+
+
+def test_an_ack_that_arrives_before_its_message_is_remembered(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """Q19: an acknowledgement for a bookmark not in the queue yet (DeferredAckExpiration, 1 day
+    by default) makes that message count as acknowledged when it arrives: never delivered."""
+    info = publisher.topic_info("work")
+    partition = publisher._plain_partition(info)  # where this publisher's messages go
+    consumer = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": uuid.uuid4().hex})
+    _, end = consumer.get_watermark_offsets(TopicPartition(info.log_topic, partition), timeout=10)
+    consumer.close()
+    assert client.ack("WQ", f"work|{partition}|{end}") == 0  # deferred: nothing removed yet
+    sub = client.subscribe("WQ")
+    publisher.publish("work", {"job": "pre-acknowledged"})
+    publisher.publish("work", {"job": "normal"})
+    msg = take(sub, 1)[0]
+    assert msg.json() == {"job": "normal"}
+    sub.ack(msg)
+    sub.close()
