@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 
-.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs bench-pipeline clean
+.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs bench-pipeline bench-queues clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ bench-subs: $(STAMP)
 
 bench-pipeline: $(STAMP)
 	$(BIN)/python -m bench.pipeline_bench
+
+bench-queues: $(STAMP)
+	$(BIN)/python -m bench.queue_bench
 
 clean:
 	rm -rf $(VENV) .sowstream build *.egg-info

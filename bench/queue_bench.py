@@ -1,0 +1,314 @@
+"""Queue benchmark: messages leased and acknowledged per second against a bare consumer group.
+
+Run with ``make bench-queues`` (or ``python -m bench.queue_bench --messages 3000``). It uses
+$SOWSTREAM_BOOTSTRAP or starts the embedded local broker, and one worker. For 1, 4 and 16
+subscribers at backlog 1, 10 and 100 it publishes the same number of messages, lets the
+subscribers lease and acknowledge every one, and compares the rate with a bare confluent-kafka
+consumer group of as many members reading (and committing) the same number of records. Then, at
+half the measured maximum rate, it reports publish→delivery latency and the ack round trip against
+bare Kafka's produce→consume latency in the same run. Everything printed is measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+import orjson
+import yaml
+from confluent_kafka import Consumer, Producer
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import bench_bootstrap, stop_process, wait_queryable, worker_command, workspace
+from sowstream.client import Client, Message
+from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
+
+console = Console(stderr=True)
+PARTITIONS = 4
+
+
+def write_config(work: Path, prefix: str) -> Path:
+    config = {
+        "engine": {"app_id": prefix, "topic_prefix": prefix},
+        "topics": [{"Name": "jobs", "Key": "/n", "Partitions": PARTITIONS}],
+        "queues": [{"Name": "BQ", "UnderlyingTopic": "jobs", "MaxPerSubscriptionBacklog": 100}],
+    }
+    path = work / "queues.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def leased_rate(
+    bootstrap: str, prefix: str, run: int, messages: int, subs: int, backlog: int
+) -> float:
+    """Messages/s leased and acknowledged by ``subs`` subscribers until ``messages`` are done."""
+    clients = [Client(bootstrap, prefix=prefix, timeout=30) for _ in range(subs + 1)]
+    for c in clients:
+        c.connect()
+    done = threading.Semaphore(0)
+    counted = [0]
+    lock = threading.Lock()
+    first = run * messages
+    try:
+        batch = max(1, min(backlog // 2, 50))
+
+        def handle(msg: Message) -> None:
+            with lock:
+                counted[0] += 1
+                if counted[0] >= messages:
+                    done.release()
+
+        subscriptions = [
+            c.subscribe(
+                "BQ",
+                options=f"max_backlog={backlog}",
+                auto_ack=True,
+                ack_batch_size=batch,
+                on_message=handle,
+            )
+            for c in clients[:subs]
+        ]
+        time.sleep(1.0)  # registered on the worker before the messages come
+        publisher = clients[subs]
+        started = time.perf_counter()
+        for n in range(first, first + messages):
+            publisher.publish("jobs", {"n": n, "pad": "x" * 64})
+        publisher.flush()
+        # Batched acks: flush what is left now and then, so the last messages free their units.
+        while not done.acquire(timeout=0.2):
+            for sub in subscriptions:
+                sub.flush_acks()
+        elapsed = time.perf_counter() - started
+        for sub in subscriptions:
+            sub.close()
+        return messages / elapsed
+    finally:
+        for c in clients:
+            c.close()
+
+
+def consumer_group_rate(bootstrap: str, topic: str, messages: int, members: int) -> float:
+    """Records/s read by a bare consumer group of ``members`` (committing as it goes)."""
+    group = f"bench-{uuid.uuid4().hex[:8]}"
+    count = [0]
+    lock = threading.Lock()
+    finished = threading.Event()
+
+    def member() -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+            }
+        )
+        consumer.subscribe([topic])
+        while not finished.is_set():
+            for msg in consumer.consume(500, 0.2):
+                if msg.error():
+                    continue
+                with lock:
+                    count[0] += 1
+                    if count[0] >= messages:
+                        finished.set()
+        consumer.close()
+
+    threads = [threading.Thread(target=member) for _ in range(members)]
+    producer = Producer(producer_config(bootstrap, {}))
+    for t in threads:
+        t.start()
+    time.sleep(3.0)  # the group has formed
+    started = time.perf_counter()
+    for n in range(messages):
+        producer.produce(topic, orjson.dumps({"n": n, "pad": "x" * 64}), key=str(n).encode())
+        producer.poll(0)
+    producer.flush()
+    finished.wait(120)
+    elapsed = time.perf_counter() - started
+    for t in threads:
+        t.join()
+    return messages / elapsed
+
+
+def queue_latency(
+    bootstrap: str, prefix: str, rate: float, seconds: float
+) -> tuple[list[float], list[float]]:
+    """Publish→delivery latencies (ms) at ``rate`` and ack round trips (ms), one subscriber."""
+    latencies: list[float] = []
+    acks: list[float] = []
+    with Client(bootstrap, prefix=prefix) as sub_client, Client(bootstrap, prefix=prefix) as pub:
+        sub = sub_client.subscribe("BQ", options="max_backlog=100")
+        time.sleep(1.0)
+        stop = threading.Event()
+
+        def consume() -> None:
+            while not stop.is_set():
+                msg = sub.next(timeout=0.2)
+                if msg is None:
+                    continue
+                latencies.append((time.time() - msg.json()["sent"]) * 1000)
+                if len(latencies) % 20:
+                    sub.ack(msg)  # sent without waiting, as applications do
+                    continue
+                t0 = time.perf_counter()  # one in twenty waits for the engine's answer
+                sub_client.ack("BQ", msg.bookmark)
+                acks.append((time.perf_counter() - t0) * 1000)
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        gap = 1.0 / rate
+        end = time.perf_counter() + seconds
+        next_at = time.perf_counter()
+        n = 10**9
+        while time.perf_counter() < end:
+            pub.publish("jobs", {"n": n, "sent": time.time()})
+            pub.flush()
+            n += 1
+            next_at += gap
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+        time.sleep(2.0)
+        stop.set()
+        reader.join()
+        sub.close()
+    return latencies, acks
+
+
+def kafka_latency(bootstrap: str, topic: str, rate: float, seconds: float) -> list[float]:
+    """Bare produce→consume latencies (ms) at ``rate``."""
+    latencies: list[float] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "latest",
+        }
+    )
+    consumer.subscribe([topic])
+    consumer.consume(1, 3.0)  # joined
+    producer = Producer(producer_config(bootstrap, {"linger.ms": "0"}))
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            for msg in consumer.consume(100, 0.2):
+                if not msg.error():
+                    sent = orjson.loads(msg.value() or b"{}")["sent"]
+                    latencies.append((time.time() - sent) * 1000)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    gap = 1.0 / rate
+    end = time.perf_counter() + seconds
+    next_at = time.perf_counter()
+    while time.perf_counter() < end:
+        producer.produce(topic, orjson.dumps({"sent": time.time()}))
+        producer.flush()
+        next_at += gap
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    time.sleep(2.0)
+    stop.set()
+    reader.join()
+    consumer.close()
+    return latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=3000, help="messages per measurement")
+    parser.add_argument("--subscribers", default="1,4,16")
+    parser.add_argument("--backlogs", default="1,10,100")
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    subscribers = [int(s) for s in args.subscribers.split(",")]
+    backlogs = [int(b) for b in args.backlogs.split(",")]
+    rows: list[tuple[int, int, float, float]] = []
+    with ExitStack() as stack:
+        bootstrap = bench_bootstrap(stack)
+        work, prefix = workspace(stack, "queuebench")
+        config = write_config(work, prefix)
+        log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
+        stack.callback(log.close)
+        worker = subprocess.Popen(
+            worker_command(config, bootstrap, work), stdout=log, stderr=subprocess.STDOUT
+        )
+        stack.callback(stop_process, worker)
+        ready = wait_queryable(bootstrap, prefix, ["BQ"], 120)
+        if ready is None:
+            raise SystemExit(f"worker did not start; see {work / 'worker.log'}")
+        bare_topic = f"{prefix}.bare"
+        ensure_topics(bootstrap, [TopicSpec(bare_topic, PARTITIONS, {})], replication_factor=1)
+        run = 0
+        for subs in subscribers:
+            group = consumer_group_rate(bootstrap, bare_topic, args.messages, subs)
+            for backlog in backlogs:
+                rate = leased_rate(bootstrap, prefix, run, args.messages, subs, backlog)
+                run += 1
+                rows.append((subs, backlog, rate, group))
+                console.print(
+                    f"{subs} subscribers, backlog {backlog}: {rate:,.0f} msg/s "
+                    f"(consumer group {group:,.0f}/s)"
+                )
+        # The latency run has one subscriber: half of the best one-subscriber rate.
+        best = max(r[2] for r in rows if r[0] == min(subscribers))
+        half = best / 2
+        latencies, acks = queue_latency(bootstrap, prefix, half, args.latency_seconds)
+        bare = kafka_latency(bootstrap, bare_topic, half, args.latency_seconds)
+
+    table = Table(title=f"sowstream queue benchmark: {args.messages:,} messages per row, 1 worker")
+    table.add_column("subscribers", justify="right")
+    table.add_column("backlog", justify="right")
+    table.add_column("leased+acked", justify="right")
+    table.add_column("bare consumer group", justify="right")
+    table.add_column("ratio", justify="right")
+    for subs, backlog, rate, group in rows:
+        table.add_row(
+            str(subs), str(backlog), f"{rate:,.0f}/s", f"{group:,.0f}/s", f"{rate / group:.2f}x"
+        )
+    Console().print(table)
+    lat = Table(title=f"latency at half the best rate ({half:,.0f} msg/s), same run")
+    lat.add_column("measure")
+    lat.add_column("p50", justify="right")
+    lat.add_column("p99", justify="right")
+    lat.add_column("p99 ratio", justify="right")
+    lat.add_row(
+        "bare Kafka produce→consume",
+        f"{pct(bare, 0.5):.1f} ms",
+        f"{pct(bare, 0.99):.1f} ms",
+        "1.00",
+    )
+    lat.add_row(
+        "queue publish→lease delivered",
+        f"{pct(latencies, 0.5):.1f} ms",
+        f"{pct(latencies, 0.99):.1f} ms",
+        f"{pct(latencies, 0.99) / pct(bare, 0.99):.2f}x",
+    )
+    lat.add_row(
+        "ack round trip (ack sent → engine's answer)",
+        f"{pct(acks, 0.5):.1f} ms",
+        f"{pct(acks, 0.99):.1f} ms",
+        "",
+    )
+    Console().print(lat)
+    middle = statistics.median(latencies or [0])
+    console.print(
+        f"samples: queue {len(latencies)}, bare {len(bare)}; queue median {middle:.1f} ms"
+    )
+
+
+if __name__ == "__main__":
+    main()
