@@ -745,6 +745,7 @@ class Client:
         bookmark: str | None = None,
         auto_ack: bool = False,
         ack_batch_size: int = 1,
+        ack_interval: float = 1.0,
     ) -> Any:
         """Live messages for records of ``topic`` that match ``filter``, from now on.
 
@@ -752,7 +753,8 @@ class Client:
         the log's matching messages since then are replayed first, then live ones follow.
 
         On a queue this leases messages instead (a :class:`QueueSubscription`; ``max_backlog=n``
-        in ``options``): acknowledge each with ``sub.ack(message)``, or pass ``auto_ack=True``.
+        in ``options``): acknowledge each with ``sub.ack(message)``, or pass ``auto_ack=True``;
+        acks go out per ``ack_batch_size`` messages or ``ack_interval`` seconds, whichever first.
         A bookmark on a queue replays its topics' logs without leasing anything.
         """
         info = (
@@ -762,7 +764,7 @@ class Client:
         )
         if info is not None and info.queue and bookmark is None:
             return self._queue_subscribe(
-                info, filter, options, sub_id, on_message, auto_ack, ack_batch_size
+                info, filter, options, sub_id, on_message, auto_ack, ack_batch_size, ack_interval
             )
         return self._subscribe(
             SUBSCRIBE, topic, filter, options, sub_id, on_message, bookmark=bookmark
@@ -993,6 +995,7 @@ class Client:
         on_message: MessageHandler | None,
         auto_ack: bool,
         ack_batch_size: int,
+        ack_interval: float,
     ) -> QueueSubscription:
         user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
         validate_query(filter=filter)
@@ -1016,6 +1019,7 @@ class Client:
             lambda bookmarks, action: self._send_acks(info.name, bookmarks, action),
             auto_ack=auto_ack,
             ack_batch_size=ack_batch_size,
+            ack_interval=ack_interval,
             on_message=on_message,
             unsubscribe=self._drop_subscription,
         )

@@ -2,8 +2,9 @@
 
 Each message delivered on a queue is leased to this subscription until it is acknowledged,
 returned (``cancel``), forced to expire (``expire``), or its lease ends. Acknowledgements go to
-the engine in batches: one command per log partition for every ``ack_batch_size`` messages, and
-whatever is left when the subscription is flushed or closed. With ``auto_ack`` the client
+the engine in batches: one command per log partition for every ``ack_batch_size`` messages, or
+``ack_interval`` seconds after the first one batched, and whatever is left when the subscription
+is flushed or closed. With ``auto_ack`` the client
 acknowledges a message once the application is done with it: when it asks for the next one, or
 when ``on_message`` returns (a handler that raises returns the message to the queue instead).
 """
@@ -33,6 +34,7 @@ class QueueSubscription:
         *,
         auto_ack: bool = False,
         ack_batch_size: int = 1,
+        ack_interval: float = 1.0,
         on_message: MessageHandler | None = None,
         unsubscribe: Callable[[QueueSubscription], None] | None = None,
     ) -> None:
@@ -42,6 +44,8 @@ class QueueSubscription:
         self.specs = specs
         self.auto_ack = auto_ack
         self.ack_batch_size = ack_batch_size
+        self.ack_interval = ack_interval
+        self._timer: threading.Timer | None = None
         self._send_acks = send_acks
         self._handler = on_message
         self._unsubscribe = unsubscribe
@@ -108,6 +112,11 @@ class QueueSubscription:
             batch = self._batch[action]
             batch.append(message.bookmark)
             if len(batch) < self.ack_batch_size:
+                if self._timer is None:
+                    # The first one batched: a partial batch goes out after ack_interval anyway.
+                    self._timer = threading.Timer(self.ack_interval, self.flush_acks)
+                    self._timer.daemon = True
+                    self._timer.start()
                 return
             self._batch[action] = []
         self._send_acks(batch, action)
@@ -116,6 +125,9 @@ class QueueSubscription:
         """Send the acknowledgements still batched."""
         with self._lock:
             batches, self._batch = self._batch, {"": [], "cancel": [], "expire": []}
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
         for action, bookmarks in batches.items():
             if bookmarks:
                 self._send_acks(bookmarks, action)

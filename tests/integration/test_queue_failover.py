@@ -29,12 +29,15 @@ pytestmark = pytest.mark.integration
 PLAIN: list[dict[str, Any]] = [{"Name": "jobs", "Key": ["/n"], "Partitions": 4}]
 QUEUES: list[dict[str, Any]] = [
     {"Name": "JQ", "UnderlyingTopic": "jobs", "LeasePeriod": "2s", "MaxPerSubscriptionBacklog": 5},
-    {
-        "Name": "RR",
-        "UnderlyingTopic": "jobs",
-        "FairnessModel": "round-robin",
-        "MaxPerSubscriptionBacklog": 100,
-    },
+    *(
+        {
+            "Name": name,
+            "UnderlyingTopic": "jobs",
+            "FairnessModel": model,
+            "MaxPerSubscriptionBacklog": 100,
+        }
+        for name, model in (("RR", "round-robin"), ("PR", "proportional"), ("FA", "fast"))
+    ),
 ]
 MESSAGES = 400
 
@@ -144,13 +147,20 @@ def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
     assert redelivered > 0, "the kill, cancels and ignored leases should cause redeliveries"
 
 
-def test_round_robin_across_workers_shares_evenly(engine: EngineProcesses) -> None:
-    """Two workers each deal their own partitions' messages out in turn: two subscribers with
-    room for everything end up with half each, give or take one message per worker."""
+@pytest.mark.parametrize(
+    ("queue", "even"),
+    [("RR", True), ("PR", True), ("FA", False)],
+    ids=["round-robin", "proportional", "fast"],
+)
+def test_fairness_across_workers(engine: EngineProcesses, queue: str, even: bool) -> None:
+    """Each worker applies the model to its own partitions' messages. Two subscribers with room
+    for everything: round-robin and proportional (ties go to the first registered) end up with
+    half each, give or take one per partition; fast gives everything to the first registered."""
     with engine.client() as a, engine.client() as b, engine.client() as publisher:
-        sa = a.subscribe("RR", options="max_backlog=100")
-        sb = b.subscribe("RR", options="max_backlog=100")
-        time.sleep(1.5)  # both registered on both workers before the first message
+        sa = a.subscribe(queue, options="max_backlog=100")
+        time.sleep(1.0)  # registered first on both workers
+        sb = b.subscribe(queue, options="max_backlog=100")
+        time.sleep(1.5)  # both registered before the first message
         for n in range(1000, 1040):
             publisher.publish("jobs", {"n": n})
         publisher.flush()
@@ -162,7 +172,10 @@ def test_round_robin_across_workers_shares_evenly(engine: EngineProcesses) -> No
                 if msg is not None:
                     got[name].append(msg.json()["n"])
         assert sorted(got["a"] + got["b"]) == list(range(1000, 1040))
-        assert abs(len(got["a"]) - len(got["b"])) <= 4, got  # one per partition at most
-        a.ack("RR", filter="1=1")
+        if even:
+            assert abs(len(got["a"]) - len(got["b"])) <= 4, got
+        else:
+            assert len(got["a"]) == 40, got
+        a.ack(queue, filter="1=1")
         sa.close()
         sb.close()

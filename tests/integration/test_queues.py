@@ -34,6 +34,7 @@ PLAIN = [
     {"Name": "strict", "Partitions": 1},
     {"Name": "few", "Partitions": 1},
     {"Name": "short", "Partitions": 1},
+    {"Name": "capped", "Partitions": 1},
 ]
 QUEUES: list[dict[str, Any]] = [
     {"Name": "WQ", "UnderlyingTopic": "work", "LeasePeriod": "1s", "MaxCancels": 2},
@@ -60,6 +61,7 @@ QUEUES: list[dict[str, Any]] = [
     {"Name": "SQ", "UnderlyingTopic": "strict", "Leasing": "strict", "LeasePeriod": "1s"},
     {"Name": "DQ", "UnderlyingTopic": "few", "MaxDeliveries": 1, "LeasePeriod": "60s"},
     {"Name": "EQ", "UnderlyingTopic": "short", "Expiration": "2s"},
+    {"Name": "MB", "UnderlyingTopic": "capped", "MaxBacklog": 2, "MaxPerSubscriptionBacklog": 5},
 ]
 
 
@@ -407,3 +409,24 @@ def test_an_ack_that_arrives_before_its_message_is_remembered(
     assert msg.json() == {"job": "normal"}
     sub.ack(msg)
     sub.close()
+
+
+def test_max_backlog_caps_leases_across_the_queue(
+    engine: EngineProcesses, publisher: Client
+) -> None:
+    """Q14: MaxBacklog 2, three subscribers with backlog 5: two leased in all; an ack frees one."""
+    with engine.client() as a, engine.client() as b, engine.client() as c:
+        subs = [x.subscribe("MB", options="max_backlog=5") for x in (a, b, c)]
+        time.sleep(1.0)
+        for n in range(5):
+            publisher.publish("capped", {"n": n})
+        publisher.flush()
+        time.sleep(2.0)
+        held = [m for s in subs for m in iter(lambda s=s: s.next(timeout=0.2), None)]
+        assert len(held) == 2
+        a.ack("MB", held[0].bookmark)
+        more = [m for s in subs for m in iter(lambda s=s: s.next(timeout=1.0), None)]
+        assert len(more) == 1
+        a.ack("MB", [m.bookmark for m in held[1:] + more])
+        for s in subs:
+            s.close()
