@@ -430,3 +430,23 @@ def test_max_backlog_caps_leases_across_the_queue(
         a.ack("MB", [m.bookmark for m in held[1:] + more])
         for s in subs:
             s.close()
+
+
+def test_a_bookmark_subscription_on_a_queue_replays_without_leasing(
+    client: Client, publisher: Client
+) -> None:
+    """Q22: with a bookmark, subscribe replays the underlying topic; nothing is leased."""
+    publisher.publish("work", {"job": "replayed"})
+    publisher.flush()
+    time.sleep(1.0)
+    before = client.queue_status("WQ")
+    replay = client.subscribe("WQ", bookmark="EPOCH")
+    jobs = [m.json()["job"] for m in iter(lambda: replay.next(timeout=2.0), None)]
+    assert "replayed" in jobs and "pre-acknowledged" in jobs  # acknowledged ones too
+    replay.close()
+    assert client.queue_status("WQ")["depth"] == before["depth"]
+    sub = client.subscribe("WQ")
+    msg = take(sub, 1)[0]  # still in the queue, for a consumer
+    assert msg.json() == {"job": "replayed"}
+    sub.ack(msg)
+    sub.close()
