@@ -1071,27 +1071,15 @@ class Client:
         command_id = uuid.uuid4().hex
         producer, _ = self._require()
         for (topic, partition), group in targets.items():
-            command: dict[str, Any] = {
-                "command": "queue_ack",
-                "command_id": command_id,
-                "query_id": "",
-                "reply_to": self.reply_topic,
-                "topic": info.name,
-                "filter": filter,
-                "sow_keys": None,
-                "order_by": None,
-                "top_n": None,
-                "skip_n": None,
-                "batch_size": 1,
-                "after_offset": -1,
-                "options": {"bookmarks": ",".join(group), "action": action},
-                "sub_id": "",
-                "identity": self.identity,
-                "sub_options": "",
-                "previous_filter": None,
-            }
+            body = self._command_body(
+                "queue_ack",
+                command_id,
+                info.name,
+                filter=filter,
+                options={"bookmarks": ",".join(group), "action": action},
+            )
             producer.produce(
-                self.names.control(topic), value=encode("Command", command), partition=partition
+                self.names.control(topic), value=encode("Command", body), partition=partition
             )
         if not wait:
             producer.poll(0)
@@ -1101,6 +1089,32 @@ class Client:
 
     def _send_acks(self, queue: str, bookmarks: list[str], action: str) -> None:
         self.ack(queue, bookmarks, action=action, wait=False)
+
+    def _command_body(
+        self, command: str, command_id: str, topic: str, **fields: Any
+    ) -> dict[str, Any]:
+        """A Command record for ``topic`` from this client, ``fields`` over the defaults."""
+        body: dict[str, Any] = {
+            "command": command,
+            "command_id": command_id,
+            "query_id": "",
+            "reply_to": self.reply_topic,
+            "topic": topic,
+            "filter": None,
+            "sow_keys": None,
+            "order_by": None,
+            "top_n": None,
+            "skip_n": None,
+            "batch_size": 1,
+            "after_offset": -1,
+            "options": {},
+            "sub_id": "",
+            "identity": self.identity,
+            "sub_options": "",
+            "previous_filter": None,
+        }
+        body.update(fields)
+        return body
 
     def queue_status(self, queue: str) -> dict[str, int]:
         """A queue's depth, leased messages and counters (delivered, acked, expiries by reason),
@@ -1122,25 +1136,9 @@ class Client:
         expected = 0
         for topic in info.queue_of:
             for partition in range(self.topic_info(topic).partitions):
-                body: dict[str, Any] = {
-                    "command": command,
-                    "command_id": command_id,
-                    "query_id": query_id,
-                    "reply_to": self.reply_topic,
-                    "topic": info.name,
-                    "filter": filter,
-                    "sow_keys": None,
-                    "order_by": None,
-                    "top_n": None,
-                    "skip_n": None,
-                    "batch_size": 500,
-                    "after_offset": -1,
-                    "options": {},
-                    "sub_id": "",
-                    "identity": self.identity,
-                    "sub_options": "",
-                    "previous_filter": None,
-                }
+                body = self._command_body(
+                    command, command_id, info.name, query_id=query_id, filter=filter, batch_size=500
+                )
                 producer.produce(
                     self.names.control(topic), value=encode("Command", body), partition=partition
                 )

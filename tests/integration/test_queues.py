@@ -15,10 +15,11 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from sowstream.client import Client, Message, QueueSubscription
+from sowstream.client import Client
 from sowstream.errors import CommandFailedError, InvalidCommandError
 from sowstream.wire.avro import encode
 from tests.support.engine import EngineProcesses, running_engine
+from tests.support.messages import take
 
 pytestmark = pytest.mark.integration
 
@@ -78,18 +79,6 @@ def engine(
         queues=QUEUES,
     ) as procs:
         yield procs
-
-
-def take(sub: QueueSubscription, n: int, timeout: float = 20.0) -> list[Message]:
-    out: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"only {len(out)} of {n} messages arrived: {out}"
-        msg = sub.next(timeout=remaining)
-        if msg is not None:
-            out.append(msg)
-    return out
 
 
 def drain_queue(client: Client, queue: str) -> None:

@@ -28,6 +28,7 @@ from sowstream.filters import FilterError
 from sowstream.sow.merge import merge_delta
 from sowstream.wire import headers as h
 from tests.support.engine import EngineProcesses, running_engine
+from tests.support.messages import take
 
 pytestmark = pytest.mark.integration
 
@@ -60,19 +61,6 @@ def engine(
         plain_topics=PLAIN,
     ) as procs:
         yield procs
-
-
-def take(sub: Subscription, n: int, timeout: float = 20.0) -> list[Message]:
-    """The next ``n`` messages, failing if they do not come in time."""
-    out: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"only {len(out)} of {n} messages arrived: {out}"
-        msg = sub.next(timeout=remaining)
-        if msg is not None:
-            out.append(msg)
-    return out
 
 
 def quiet(sub: Subscription, wait: float = 1.5) -> list[Message]:
