@@ -20,6 +20,7 @@ from rich.table import Table
 from sowstream.cli.broker import broker_app
 from sowstream.cli.common import Bootstrap, err, friendly_errors, out, print_records
 from sowstream.cli.pipeline import pipeline_app
+from sowstream.cli.queue import queue_app
 from sowstream.client import Client, Message
 from sowstream.config import load_config
 from sowstream.sow.merge import merge_delta
@@ -31,6 +32,7 @@ app = typer.Typer(
 )
 app.add_typer(broker_app, name="broker", help="Run the embedded local Kafka broker.")
 app.add_typer(pipeline_app, name="pipeline", help="Spark jobs over the transaction log.")
+app.add_typer(queue_app, name="queue", help="Lease, acknowledge and inspect queue messages.")
 
 Prefix = Annotated[str, typer.Option(help="Topic prefix of the engine.")]
 

@@ -527,14 +527,14 @@ class Client:
     def _await_acks(self, command_id: str, expected: int) -> int:
         deadline = time.monotonic() + self.timeout
         total = 0
-        answered: set[tuple[int, int]] = set()
+        answered: set[tuple[str, int, int]] = set()
         while len(answered) < expected:
             reply = self._next_reply(command_id, deadline)
-            # a log record replayed after a rebalance is acked twice: count it once
-            origin = (reply["partition"], reply["log_offset"])
-            if origin[1] >= 0 and origin in answered:
+            # a log record (or a command) replayed after a rebalance is acked twice: count it once
+            origin = (reply["topic"], reply["partition"], reply["log_offset"])
+            if origin[2] >= 0 and origin in answered:
                 continue
-            answered.add(origin if origin[1] >= 0 else (-1, len(answered)))
+            answered.add(origin if origin[2] >= 0 else ("", -1, len(answered)))
             if reply["status"] != "success":
                 raise CommandFailedError(
                     reply["message"] or reply["reason"],
@@ -592,7 +592,11 @@ class Client:
         resolved = self._resolve_topics(topic)
         if len(resolved) == 1 and resolved[0].queue:
             # Browsing a queue: the messages available now, nothing leased or removed.
-            return self._queue_query(resolved[0].name, "sow", filter)
+            if bookmark or aggregation is not None or sow_keys is not None:
+                raise InvalidCommandError(
+                    f"queue {topic!r} can be browsed with a filter, OrderBy and top_n only"
+                )
+            return self._queue_query(resolved[0].name, "sow", filter, opts)
         infos = [info for info in resolved if info.sow]
         if not infos:
             raise InvalidCommandError(
@@ -757,12 +761,8 @@ class Client:
         acks go out per ``ack_batch_size`` messages or ``ack_interval`` seconds, whichever first.
         A bookmark on a queue replays its topics' logs without leasing anything.
         """
-        info = (
-            self.topic_info(topic)
-            if topic in self._topics or not _REGEX_CHARS.search(topic)
-            else None
-        )
-        if info is not None and info.queue and bookmark is None:
+        if bookmark is None and self._is_queue(topic):
+            info = self.topic_info(topic)
             return self._queue_subscribe(
                 info, filter, options, sub_id, on_message, auto_ack, ack_batch_size, ack_interval
             )
@@ -780,7 +780,14 @@ class Client:
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
     ) -> Subscription:
-        """Like :meth:`subscribe`, but updates to known records carry only what changed."""
+        """Like :meth:`subscribe`, but updates to known records carry only what changed.
+
+        On a queue it leases whole messages, as :meth:`subscribe` does (AMPS accepts it too).
+        """
+        if bookmark is None and self._is_queue(topic):
+            return self.subscribe(
+                topic, filter, options=options, sub_id=sub_id, on_message=on_message
+            )
         return self._subscribe(
             DELTA_SUBSCRIBE, topic, filter, options, sub_id, on_message, bookmark=bookmark
         )
@@ -986,6 +993,11 @@ class Client:
         sub.release()
         return sub
 
+    def _is_queue(self, topic: str) -> bool:
+        if topic not in self._topics and _REGEX_CHARS.search(topic):
+            return False
+        return self.topic_info(topic).queue
+
     def _queue_subscribe(
         self,
         info: TopicInfo,
@@ -1119,15 +1131,19 @@ class Client:
     def queue_status(self, queue: str) -> dict[str, int]:
         """A queue's depth, leased messages and counters (delivered, acked, expiries by reason),
         summed over its partitions."""
+        if not self.topic_info(queue).queue:
+            raise InvalidCommandError(f"topic {queue!r} is not a queue")
         total: Counter[str] = Counter()
-        for msg in self._queue_query(queue, "queue_status", None):
+        for msg in self._queue_query(queue, "queue_status", None, validate_query()):
             if msg.command == "sow":
                 row = msg.json()
                 row.pop("topic", None)
                 total.update(row)
         return {"depth": 0, "leased": 0, **total}
 
-    def _queue_query(self, queue: str, command: str, filter: str | None) -> Iterator[Message]:
+    def _queue_query(
+        self, queue: str, command: str, filter: str | None, opts: QueryOptions
+    ) -> Iterator[Message]:
         """Send ``command`` about ``queue`` to every partition of its topics; read the answers."""
         info = self.topic_info(queue)
         command_id = uuid.uuid4().hex
@@ -1144,7 +1160,9 @@ class Client:
                 )
                 expected += 1
         producer.flush(self.timeout)
-        return self._collect(command_id, query_id, expected, validate_query())
+        for msg in self._collect(command_id, query_id, expected, opts):
+            # A queue message is acknowledged by its bookmark, which the engine puts in sow_key.
+            yield replace(msg, bookmark=msg.sow_key) if msg.command == "sow" else msg
 
     def _register(self, specs: list[SubscriptionSpec]) -> None:
         """Write the registrations to the registry topic (so any worker can serve them)."""

@@ -551,11 +551,15 @@ class Engine:
         command = cmd["command"]
         try:
             if command == "queue_ack":
-                count, results = await queue.acknowledge(cmd)
+                count, results = await queue.acknowledge(cmd, proc.topic.name, partition)
                 await proc.reply(
                     reply_to,
                     {
                         **base,
+                        # One answer per log partition: a command read twice after a rebalance
+                        # is answered twice, and the client counts (topic, partition) once.
+                        "topic": proc.topic.name,
+                        "log_offset": 0,
                         "command": "ack",
                         "count": count,
                         "message": orjson.dumps(results).decode(),

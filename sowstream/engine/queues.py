@@ -24,7 +24,7 @@ import orjson
 from sowstream.config.queues import QueueConfig
 from sowstream.engine.processor import Sender
 from sowstream.errors import InvalidCommandError
-from sowstream.filters import FilterError
+from sowstream.filters import FilterError, compile_filter
 from sowstream.queues.machine import Bookmark, QueueMachine, Removed
 from sowstream.queues.store import StoredMessage, entry_key, offset_of
 from sowstream.subscriptions.model import SubscriptionSpec
@@ -150,16 +150,28 @@ class QueueRuntime:
 
     # -- acknowledgements -----------------------------------------------------------------------
 
-    async def acknowledge(self, cmd: dict[str, Any]) -> tuple[int, dict[str, int]]:
-        """Apply a ``queue_ack`` command; returns how many messages it removed or returned and
-        a count per result. Raises InvalidCommandError naming a malformed bookmark or action."""
+    async def acknowledge(
+        self, cmd: dict[str, Any], topic: str, partition: int
+    ) -> tuple[int, dict[str, int]]:
+        """Apply a ``queue_ack`` command sent to ``topic``'s control partition ``partition``;
+        returns how many messages it removed or returned and a count per result. Raises
+        InvalidCommandError naming a malformed bookmark or action."""
         options = cmd.get("options") or {}
         action = (options.get("action") or "").strip().lower()
         client = cmd["reply_to"]
         now = _now_ms()
         try:
             if cmd.get("filter"):
-                outcome = self.machine.ack_filter(cmd["filter"], client=client, now_ms=now)
+                # Every matching message of the partition the command went to, leased or not
+                # (the command goes to every partition; each answers for its own).
+                matching = compile_filter(cmd["filter"])
+                bookmarks = [
+                    m.bookmark
+                    for m in self.machine.browse() + self.machine.leases()
+                    if (m.bookmark.topic, m.bookmark.partition) == (topic, partition)
+                    and matching.matches(m.body)
+                ]
+                outcome = self.machine.ack(bookmarks, client=client, action=action, now_ms=now)
             else:
                 bookmarks = [Bookmark.parse(b) for b in _split(options.get("bookmarks") or "")]
                 if not bookmarks:

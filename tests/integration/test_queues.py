@@ -439,3 +439,40 @@ def test_a_bookmark_subscription_on_a_queue_replays_without_leasing(
     assert msg.json() == {"job": "replayed"}
     sub.ack(msg)
     sub.close()
+
+
+def test_browse_orders_and_pages_and_acks_by_the_bookmarks_it_shows(
+    client: Client, publisher: Client
+) -> None:
+    """sow on a queue takes a filter, OrderBy and top_n; each message's bookmark acks it."""
+    drain_queue(client, "JQ")
+    for n in (5, 3, 9, 1):
+        publisher.publish("jobs", {"n": n})
+    publisher.flush()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(list(client.sow("JQ"))) < 6:
+        time.sleep(0.2)
+    page = [
+        m for m in client.sow("JQ", "/n > 1", order_by="/n DESC", top_n=2) if m.command == "sow"
+    ]
+    assert [m.json()["n"] for m in page] == [9, 5]
+    assert all(m.bookmark.startswith("jobs|") for m in page)
+    assert client.ack("JQ", [m.bookmark for m in page]) == 2
+    with pytest.raises(InvalidCommandError, match="browsed with a filter"):
+        list(client.sow("JQ", bookmark="EPOCH"))
+    with pytest.raises(InvalidCommandError, match="not a queue"):
+        client.queue_status("orders")
+    drain_queue(client, "JQ")
+
+
+def test_cancel_by_filter_returns_instead_of_removing(client: Client, publisher: Client) -> None:
+    drain_queue(client, "JQ")
+    sub = client.delta_subscribe("JQ")  # accepted on a queue: whole messages, as AMPS does
+    publisher.publish("jobs", {"kind": "retry"})
+    held = take(sub, 1)[0]
+    assert not held.delta
+    assert client.ack("JQ", filter="/kind = 'retry'", action="cancel") == 1
+    again = take(sub, 1)[0]
+    assert again.bookmark == held.bookmark and again.deliveries == 2
+    sub.ack(again)
+    sub.close()
