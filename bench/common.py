@@ -50,7 +50,7 @@ def worker_command(config: Path, bootstrap: str, work: Path, *extra: str) -> lis
         "--data-dir",
         str(work / "data"),
         "--log-level",
-        "warning",
+        os.environ.get("SOWSTREAM_BENCH_LOG_LEVEL", "warning"),
         *extra,
     ]
 

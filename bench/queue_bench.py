@@ -189,6 +189,7 @@ def kafka_latency(bootstrap: str, topic: str, rate: float, seconds: float) -> li
             "bootstrap.servers": bootstrap,
             "group.id": uuid.uuid4().hex,
             "auto.offset.reset": "latest",
+            "fetch.wait.max.ms": 10,  # as the sowstream client's reply reader
         }
     )
     consumer.subscribe([topic])

@@ -75,6 +75,8 @@ from sowstream.wire.kafka import (
 from sowstream.wire.topics import DEFAULT_PREFIX, TopicNames
 
 _REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
+# How often the reply reader tells the engine the client is alive (slow_consumer.client_timeout).
+HEARTBEAT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -449,6 +451,16 @@ class Client:
         last_commit = 0.0
         position = -1
         while not self._stop.is_set():
+            now = time.monotonic()
+            if (position >= 0 and now - last_commit > 0.5) or now - last_commit > HEARTBEAT_SECONDS:
+                last_commit = now
+                # The position informs the slow-consumer policy; the time in the metadata tells
+                # the engine this client is alive (a killed one stops, and its leases go back).
+                tp = TopicPartition(
+                    self.reply_topic, 0, max(position + 1, 0), str(int(time.time() * 1000))
+                )
+                with contextlib.suppress(KafkaException):
+                    replies.commit(offsets=[tp], asynchronous=True)
             if self._waiting == 0 and any(
                 s.backlog() >= MAX_BUFFERED for s in self._subscriptions.values()
             ):
@@ -468,13 +480,6 @@ class Client:
                     continue
                 position = max(position, msg.offset() or 0)
                 self._route(msg)
-            now = time.monotonic()
-            if position >= 0 and now - last_commit > 0.5:
-                last_commit = now
-                tp = TopicPartition(self.reply_topic, 0, position + 1)
-                # only informs the slow-consumer policy; the next commit catches up
-                with contextlib.suppress(KafkaException):
-                    replies.commit(offsets=[tp], asynchronous=True)
 
     def _route(self, msg: KafkaMessage) -> None:
         value = msg.value()

@@ -366,13 +366,15 @@ class SlowConsumerConfig(_Frozen):
     drop_after: int = 100_000
     conflation_interval: int = 1_000
     check_interval: int = 2_000
+    # A client whose reader has not shown a sign of life for this long is taken for dead.
+    client_timeout: int = 30_000
 
     @field_validator("conflate_after", "drop_after", mode="before")
     @classmethod
     def _messages(cls, value: object, info: ValidationInfo) -> int:
         return _bounded_int(value, str(info.field_name), 1, 2**62)
 
-    @field_validator("conflation_interval", "check_interval", mode="before")
+    @field_validator("conflation_interval", "check_interval", "client_timeout", mode="before")
     @classmethod
     def _interval(cls, value: object, info: ValidationInfo) -> int:
         ms = parse_interval(value) if isinstance(value, str) else value

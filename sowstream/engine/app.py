@@ -20,7 +20,8 @@ from typing import Any, cast
 import faust
 import orjson
 from aiokafka.errors import KafkaError
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
@@ -72,6 +73,10 @@ class FaustSender(Sender):
         fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
         return cast("asyncio.Future[Any]", fut)
 
+    def forget_gone(self, topic: str) -> None:
+        """``topic`` turned out to exist: send replies to it again."""
+        self._gone.discard(topic)
+
     async def send_reply(
         self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
     ) -> asyncio.Future[Any] | None:
@@ -118,6 +123,9 @@ class _GoneTopics:
 
     def add(self, topic: str) -> None:
         self._until[topic] = time.monotonic() + self._ttl
+
+    def discard(self, topic: str) -> None:
+        self._until.pop(topic, None)
 
 
 def _record(msg: Any) -> RawRecord:
@@ -384,7 +392,7 @@ class Engine:
             broker_credentials=faust_credentials(config.engine.kafka),
         )
         self.sender = FaustSender(self.app)
-        self.sender.on_gone = self._client_gone
+        self.sender.on_gone = self._reply_topic_missing
         self.processors: dict[str, TopicProcessor] = {}
         self.pumps: list[LogPump] = []
         self.registry = SubscriptionRegistry(
@@ -396,6 +404,8 @@ class Engine:
             config.engine.slow_consumer,
             lambda: self.processors.values(),
             lambda spec: self.registry.write(spec, remove=True),
+            lambda: {c for q in self.queues.values() for c in q.clients()},
+            self._client_gone,
         )
         # Plain topics feeding a queue keep a store too: the queue's messages and the position.
         self._fed = {
@@ -405,6 +415,7 @@ class Engine:
             self._wire(topic)
         self.queues: dict[str, QueueRuntime] = {}
         self._tasks: set[asyncio.Future[None]] = set()
+        self._admin: AdminClient | None = None
         for queue in config.queues:
             runtime = QueueRuntime(queue, self.names, self.sender, self._store_queue_changes)
             self.queues[queue.name] = runtime
@@ -493,9 +504,39 @@ class Engine:
         except FilterError as exc:
             log.warning("ignored registration %s with a bad filter: %s", key, exc)
 
+    def _reply_topic_missing(self, reply_to: str) -> None:
+        """A reply could not be sent: make sure the client is really gone before acting."""
+        self._background(self._confirm_gone(reply_to))
+
+    async def _confirm_gone(self, reply_to: str) -> None:
+        loop = asyncio.get_running_loop()
+        exists = await loop.run_in_executor(None, self._topic_exists, reply_to)
+        if not exists:
+            self._client_gone(reply_to)
+            return
+        # Only its metadata was slow to come: replies flow again, and queue messages whose
+        # delivery was dropped meanwhile go back to the queue for another one.
+        log.info("reply topic %s is there after all: keeping its client", reply_to)
+        self.sender.forget_gone(reply_to)
+        for queue in self.queues.values():
+            await queue.redeliver(reply_to)
+
+    def _topic_exists(self, topic: str) -> bool:
+        if self._admin is None:
+            self._admin = AdminClient(
+                {"bootstrap.servers": self.bootstrap, "log_level": 3, **self.config.engine.kafka}
+            )
+        try:
+            found = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        except KafkaException:
+            return True  # cannot tell: do not drop a client on a broker hiccup
+        return found is not None and found.error is None
+
     def _client_gone(self, reply_to: str) -> None:
         """A client's reply topic vanished (it crashed or closed): end its subscriptions."""
         for queue in self.queues.values():
+            for spec in queue.specs(reply_to):
+                self.registry.write(spec, remove=True)
             self._background(queue.disconnect(reply_to))
         for proc in self.processors.values():
             for spec in proc.subs.remove_client(reply_to):

@@ -135,11 +135,29 @@ class QueueRuntime:
         self.kick()
         return backlog
 
+    def specs(self, reply_to: str) -> list[SubscriptionSpec]:
+        """The subscriptions of the client behind ``reply_to``."""
+        return [spec for spec in self._subs.values() if spec.reply_to == reply_to]
+
+    def clients(self) -> set[str]:
+        """Reply topics of the clients subscribed to this queue."""
+        return {spec.reply_to for spec in self._subs.values()}
+
     async def unsubscribe(self, key: str) -> None:
         """The subscription ended: its leases go back to the queue (or expire)."""
         if self._subs.pop(key, None) is not None:
             await self._removed(self.machine.unsubscribe(key, _now_ms()))
             self.kick()
+
+    async def redeliver(self, reply_to: str) -> None:
+        """Give back every lease of the client behind ``reply_to`` and keep its subscriptions:
+        deliveries to it were dropped while its reply topic looked gone."""
+        specs = self.specs(reply_to)
+        if not specs:
+            return
+        await self._removed(self.machine.disconnect(reply_to, _now_ms()))
+        for spec in specs:
+            self.subscribe(spec)
 
     async def disconnect(self, reply_to: str) -> None:
         """The client vanished: every lease it held goes back at once."""

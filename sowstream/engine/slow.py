@@ -9,12 +9,17 @@ the engine: its backlog piles up in Kafka. The client commits how far it has rea
   lifts once the backlog is below half the threshold;
 * backlog at or above ``drop_after``: its subscriptions end, the registry forgets them and the
   client receives a ``failure`` message with reason ``slow_consumer`` (raised by the iterator).
+
+The same commits carry the client's clock as metadata, every few seconds even when it reads
+nothing: a client silent for ``client_timeout`` (killed, or cut off) is taken for gone, so its
+subscriptions end and the queue messages it held return to their queues at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaException, TopicPartition
@@ -40,12 +45,17 @@ class SlowConsumerWatch:
         policy: SlowConsumerConfig,
         processors: Callable[[], Iterable[TopicProcessor]],
         forget: Callable[[SubscriptionSpec], None],
+        queue_clients: Callable[[], Iterable[str]] = lambda: (),
+        gone: Callable[[str], None] = lambda reply: None,
     ) -> None:
         self._bootstrap = bootstrap
         self._extra = dict(extra)
         self.policy = policy
         self._processors = processors
         self._forget = forget
+        self._queue_clients = queue_clients
+        self._gone = gone
+        self.last_seen: dict[str, int] = {}  # reply topic -> the client's last heartbeat (ms)
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
         self.conflated: set[str] = set()
@@ -72,21 +82,32 @@ class SlowConsumerWatch:
                 )
                 result = futures[reply].result(timeout=5)
                 committed = result.topic_partitions[0].offset
+                beat = result.topic_partitions[0].metadata
             except KafkaException:
                 continue  # gone or unreachable: the reply path handles vanished clients
             out[reply] = end - max(committed, 0)
+            if beat and beat.isdigit():
+                self.last_seen[reply] = int(beat)
         return out
 
     async def check(self) -> None:
         """One round: measure every subscribed client and act on its backlog."""
         procs = list(self._processors())
-        clients = sorted({c for p in procs for c in p.subs.clients()})
+        clients = sorted({c for p in procs for c in p.subs.clients()} | set(self._queue_clients()))
         if not clients:
             return
         loop = asyncio.get_running_loop()
         backlogs = await loop.run_in_executor(None, self._backlogs, clients)
+        now = int(time.time() * 1000)
         for reply, backlog in backlogs.items():
-            if backlog >= self.policy.drop_after:
+            seen = self.last_seen.get(reply)
+            if seen is not None and now - seen > self.policy.client_timeout:
+                log.warning(
+                    "client %s silent for %.0fs: taking it for gone", reply, (now - seen) / 1000
+                )
+                self.last_seen.pop(reply, None)
+                self._gone(reply)
+            elif backlog >= self.policy.drop_after:
                 await self._drop(reply, backlog, procs)
             elif backlog >= self.policy.conflate_after and reply not in self.conflated:
                 log.warning("client %s is %d messages behind: conflating", reply, backlog)

@@ -6,6 +6,8 @@ worked examples of the queue chapter (section 15) are named Qn where they are fo
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -77,6 +79,7 @@ def engine(
         workers=("w1",),
         plain_topics=PLAIN,
         queues=QUEUES,
+        engine_extra={"slow_consumer": {"client_timeout": "4s", "check_interval": "500ms"}},
     ) as procs:
         yield procs
 
@@ -476,3 +479,43 @@ def test_cancel_by_filter_returns_instead_of_removing(client: Client, publisher:
     assert again.bookmark == held.bookmark and again.deliveries == 2
     sub.ack(again)
     sub.close()
+
+
+KILLED_CONSUMER = """
+import sys, time
+from sowstream.client import Client
+with Client(sys.argv[1], prefix=sys.argv[2]) as client:
+    sub = client.subscribe("JQ")
+    msg = sub.next(timeout=30)
+    print(msg.bookmark if msg else "", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_consumer_process_gives_its_leases_back(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """A consumer killed with SIGKILL leaves its reply topic behind; once it has missed its
+    heartbeats for client_timeout (4s here) its lease returns, though JQ's never times out."""
+    drain_queue(client, "JQ")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CONSUMER, engine.bootstrap, engine.prefix],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(3.0)  # subscribed
+        publisher.publish("jobs", {"job": "orphaned"})
+        assert proc.stdout is not None
+        held = proc.stdout.readline().strip()
+        assert held, "the consumer got nothing"
+        proc.kill()
+        proc.wait(10)
+        sub = client.subscribe("JQ")
+        again = take(sub, 1, timeout=30)[0]
+        assert again.bookmark == held and again.deliveries == 2
+        sub.ack(again)
+        sub.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
