@@ -927,17 +927,20 @@ class TopicProcessor:
             check_window(self.topic.name, self._history, max(bookmark.at_ms, 0), _now_ms())
         return bookmark
 
-    def _replay_base(self, ps: PartitionState, bookmark: Bookmark) -> dict[str, SowRecord]:
-        """The state a replay starts from: History's when it covers the bookmark, else empty
-        (then the first message of each record comes whole, as published)."""
+    def _replay_base(
+        self, ps: PartitionState, bookmark: Bookmark
+    ) -> tuple[dict[str, SowRecord], int | None]:
+        """The state a replay starts from and the time it reflects: History's when it covers the
+        bookmark (as of the bookmark rounded down to the Granularity), else empty and None (the
+        replay starts at the bookmark and each record's first message comes whole)."""
         assert bookmark.at_ms is not None
         if (
             self._history is None
             or bookmark.at_ms < 0
             or not covers(self._history, bookmark.at_ms, _now_ms())
         ):
-            return {}
-        return self._as_of(ps, bookmark)
+            return {}, None
+        return self._as_of(ps, bookmark), as_of_bound(self._history, bookmark.at_ms)
 
     async def _replay(
         self,
@@ -945,19 +948,20 @@ class TopicProcessor:
         state: dict[str, SowRecord],
         bookmark: Bookmark,
         until: int,
+        state_ms: int | None = None,
     ) -> tuple[int, list[Change]]:
         """Fold the log after ``bookmark`` up to ``until`` from ``state``: (first offset, changes).
 
         The changes are what live traffic had at the time, so the subscription rules turn them
-        into the messages a subscriber placed at the bookmark received (oof included).
+        into the messages a subscriber placed at the bookmark received (oof included). A state
+        read from History reflects ``state_ms`` (the bookmark rounded down to the Granularity):
+        the replay starts right after it, or the changes in between would be lost.
         """
         assert self._log_reader is not None and bookmark.at_ms is not None
-        by_time = (
-            await self._log_reader.offset_for_time(partition, bookmark.at_ms + 1)
-            if bookmark.at_ms >= 0
-            else 0
-        )
-        start = bookmark.start_offset(partition, by_time)
+        since = bookmark.at_ms if state_ms is None else state_ms
+        by_time = await self._log_reader.offset_for_time(partition, since + 1) if since >= 0 else 0
+        rounded = state_ms is not None and state_ms < bookmark.at_ms
+        start = by_time if rounded else bookmark.start_offset(partition, by_time)
         changes: list[Change] = []
         async for batch in self._log_reader.batches(partition, until, start):
             for rec in batch:
@@ -1203,13 +1207,13 @@ class TopicProcessor:
             if bookmark is not None:
                 # History: the SOW part as it was at the bookmark, then the log from there, so
                 # the subscriber sees what one placed at that moment saw, up to now.
-                past = self._replay_base(ps, bookmark)
+                past, past_ms = self._replay_base(ps, bookmark)
                 if spec.command in WITH_SOW:
                     scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
                     matched = await self._matching(
                         ps, FullScan(), scope, view.entitled, list(past.values())
                     )
-                start, replayed = await self._replay(partition, past, bookmark, watermark)
+                start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
                 await self.deliver(self.subs.replay(spec.key, replayed), wait=True)
                 watermark = start - 1  # the client keeps messages after this: the replay on
             elif replace or spec.command in WITH_SOW:

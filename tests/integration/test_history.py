@@ -272,6 +272,38 @@ def test_granularity_answers_as_of_the_interval_boundary(client: Client, publish
             assert got == ([expected(at)] if expected(at) is not None else []), at
 
 
+def test_historical_sow_and_subscribe_replays_from_the_granularity_boundary(
+    client: Client, publisher: Client
+) -> None:
+    """Granularity 1s, a bookmark some way into an interval: the SOW part is the state at the
+    interval's start, so the replay starts there too; a delete and an update made between the
+    boundary and the bookmark reach the subscriber."""
+    with client.subscribe("coarse", "/id IN (10, 11)") as live:
+        publisher.publish("coarse", {"id": 10, "v": 1})
+        publisher.publish("coarse", {"id": 11, "v": 1})
+        publisher.flush()
+        first = [m.timestamp for m in quiet(live)]
+        while int(time.time() * 1000) // 1000 == max(first) // 1000:
+            time.sleep(0.02)  # the next interval has begun
+        publisher.sow_delete("coarse", filter="/id = 10")
+        publisher.publish("coarse", {"id": 11, "v": 2})
+        publisher.flush()
+        changes = [m.timestamp for m in quiet(live)]
+    at = max(changes) + 1
+    assert at // 1000 == min(changes) // 1000 > max(first) // 1000, "not one interval: retry"
+    sub = client.sow_and_subscribe(
+        "coarse", "/id IN (10, 11)", options="oof", bookmark=format_timestamp(at)
+    )
+    held: dict[int, Any] = {}
+    for msg in quiet(sub):
+        if msg.command in ("sow", "publish"):
+            held[msg.json()["id"]] = msg.json()
+        elif msg.command == "oof":
+            held.pop(msg.json()["id"], None)
+    sub.close()
+    assert held == {11: {"id": 11, "v": 2}}
+
+
 def test_history_survives_a_restart(
     engine: EngineProcesses, client: Client, publisher: Client
 ) -> None:
