@@ -1226,7 +1226,9 @@ class Client:
                 )
         producer.flush(self.timeout)
         expected = sum(info.partitions for info in infos)
-        opts = validate_query(batch_size=batch_size)
+        # OrderBy sorts the SOW part of a plain sow_and_subscribe (a window keeps its own order).
+        order = order_by if options.top_n is None and previous_filter is None else None
+        opts = validate_query(batch_size=batch_size, order_by=order)
         if on_part_end is None and previous_filter is None:
             on_part_end = sub.set_cut
         # Read the whole answer now: the subscription must be in place when this returns.

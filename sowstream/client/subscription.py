@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -218,6 +218,8 @@ class Subscription:
         if self._window is not None:
             messages = self._windowed_group(messages)
         for msg in messages:
+            if self.options.no_sowkey and msg.sow_key:
+                msg = replace(msg, sow_key="")  # the SOW part as live messages: no SowKey
             self._emit(msg)
 
     # -- rules -------------------------------------------------------------------------------------

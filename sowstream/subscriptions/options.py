@@ -22,7 +22,7 @@ __all__ = ["MIN_CONFLATION_MS", "SUPPORTED_OPTIONS", "SubscriptionOptions", "par
 
 MIN_CONFLATION_MS = 100
 
-_FLAGS = ("oof", "no_empties", "no_sowkey", "send_keys", "replace")
+_FLAGS = ("oof", "no_empties", "no_sowkey", "send_keys", "replace", "timestamp")
 _VALUED = ("conflation", "conflation_key", "select", "top_n", "skip_n", "max_backlog")
 SUPPORTED_OPTIONS: tuple[str, ...] = tuple(sorted(_FLAGS + _VALUED))
 
@@ -61,6 +61,9 @@ class SubscriptionOptions:
     no_sowkey: bool = False
     send_keys: bool = True
     replace: bool = False
+    # AMPS adds the processing time on request; every sowstream message carries its log time
+    # (Message.timestamp), so the flag is accepted and changes nothing.
+    timestamp: bool = False
     conflation_ms: int | None = None
     conflation_key: str | None = None
     select: tuple[str, ...] | None = None
@@ -81,7 +84,9 @@ class SubscriptionOptions:
                 "sent on delta subscriptions"
             )
         items = [
-            name for name in ("oof", "no_empties", "no_sowkey", "replace") if getattr(self, name)
+            name
+            for name in ("oof", "no_empties", "no_sowkey", "replace", "timestamp")
+            if getattr(self, name)
         ]
         if self.conflation_ms is not None:
             items.append(f"conflation={self.conflation_ms}ms")

@@ -250,6 +250,25 @@ def test_plain_topic_keeps_one_publishers_order(client: Client, publisher: Clien
     sub.close()
 
 
+def test_order_by_sorts_the_sow_part_and_no_sowkey_and_select_shape_it(
+    client: Client, publisher: Client
+) -> None:
+    """OrderBy orders a (non-paginated) sow_and_subscribe's SOW part; no_sowkey and select
+    apply to it as to live messages (issue 12)."""
+    reset(publisher, "records")
+    for i in (3, 1, 2):
+        publisher.publish("records", {"id": i, "v": i * 10, "extra": "x"})
+    settle(publisher, "records")
+    sub = client.sow_and_subscribe(
+        "records", order_by="/id DESC", options="no_sowkey,select=[/id,/v]"
+    )
+    part = take(sub, 5)
+    assert [m.command for m in part] == ["group_begin", "sow", "sow", "sow", "group_end"]
+    assert records(part) == [{"id": 3, "v": 30}, {"id": 2, "v": 20}, {"id": 1, "v": 10}]
+    assert all(m.sow_key == "" for m in part)
+    sub.close()
+
+
 def test_sow_and_subscribe_on_an_unknown_topic_is_an_error(client: Client) -> None:
     with pytest.raises(UnknownTopicError):
         client.sow_and_subscribe("nope")
@@ -656,6 +675,7 @@ class raw_options:
     def __init__(self, text: str) -> None:
         self.text = text
         self.replace = False
+        self.top_n = None
 
     def to_text(self) -> str:
         return self.text

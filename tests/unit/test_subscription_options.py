@@ -55,7 +55,7 @@ def test_every_option() -> None:
     )
 
 
-@pytest.mark.parametrize("flag", ["oof", "no_empties", "no_sowkey", "replace"])
+@pytest.mark.parametrize("flag", ["oof", "no_empties", "no_sowkey", "replace", "timestamp"])
 def test_each_flag(flag: str) -> None:
     options = parse_options(flag)
     assert getattr(options, flag) is True
@@ -261,3 +261,8 @@ def test_round_trip_in_any_order_with_spaces(
             whole.append(item)
     rng.shuffle(whole)
     assert parse_options(" , ".join(whole)) == options
+
+
+def test_timestamp_is_accepted_and_round_trips() -> None:
+    options = parse_options("oof,timestamp")
+    assert options.timestamp and parse_options(options.to_text()) == options
