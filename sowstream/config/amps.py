@@ -47,6 +47,8 @@ IGNORED_TOPIC_ELEMENTS: dict[str, str] = {
     "ExpectedKeyCountHint": "RocksDB sizes its own key structures, so no hint is needed",
 }
 _SIZE_ELEMENTS = ("SlabSize", "RecordSize")
+# The limits AMPS documents for ignored elements: a file AMPS refuses is refused here too.
+_IGNORED_LIMITS: dict[str, tuple[int, int]] = {"InitialSlabCount": (1, 1024)}
 
 # AMPS element -> TopicConfig field, for the elements that carry one value.
 _SCALARS: dict[str, str] = {
@@ -407,4 +409,11 @@ def _check_ignored(element: ET.Element, where: str, source: str) -> None:
             source=source,
             element=where,
             problem=f"<{element.tag}> must be a whole number, got {text!r}",
+        )
+    limit = _IGNORED_LIMITS.get(element.tag)
+    if limit is not None and not limit[0] <= int(text) <= limit[1]:
+        raise ConfigError(
+            source=source,
+            element=where,
+            problem=f"<{element.tag}> must be between {limit[0]} and {limit[1]}, got {text}",
         )

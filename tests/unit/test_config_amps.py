@@ -651,6 +651,12 @@ def test_durability_and_duration_together() -> None:
         ),
         ("<SlabSize>lots</SlabSize>", "SOW/Topic[t]/SlabSize", "'lots'"),
         ("<InitialSlabCount>x</InitialSlabCount>", "SOW/Topic[t]/InitialSlabCount", "whole number"),
+        (
+            "<InitialSlabCount>1025</InitialSlabCount>",
+            "SOW/Topic[t]/InitialSlabCount",
+            "between 1 and 1024",
+        ),
+        ("<InitialSlabCount>0</InitialSlabCount>", "SOW/Topic[t]/InitialSlabCount", "between 1"),
     ],
 )
 def test_bad_values_name_the_element(body: str, element: str, problem: str) -> None:
