@@ -17,6 +17,7 @@ from sowstream.config.errors import FieldProblem
 from sowstream.config.units import parse_interval, parse_size
 from sowstream.errors import InvalidCommandError, UnknownTopicError
 from sowstream.filters import Filter, FilterError, compile_filter
+from sowstream.wire.topics import kafka_part
 
 # Grow these Literals as message types and modes are implemented; validation follows them.
 MessageType = Literal["json"]
@@ -62,6 +63,26 @@ def _kafka_name(value: object, what: str, limit: int) -> str:
         raise ValueError(
             f"{what} {value[:20]!r}... is {len(value)} characters; the limit is {limit} so the "
             "Kafka topic names derived from it stay within Kafka's 249"
+        )
+    return value
+
+
+def _topic_name(value: object, what: str) -> str:
+    """An AMPS topic name: any text without spaces or control characters (``/ett/order`` too);
+    names Kafka cannot hold are encoded inside Kafka's names (``wire.topics.kafka_part``)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string, got {value!r} (quote it in YAML)")
+    if not value:
+        raise ValueError(f"{what} is empty")
+    bad = sorted({c for c in value if c.isspace() or not c.isprintable()})
+    if bad:
+        raise ValueError(
+            f"{what} {value!r} contains {''.join(bad)!r}: no spaces or control characters"
+        )
+    if len(kafka_part(value)) > MAX_TOPIC_NAME:
+        raise ValueError(
+            f"{what} {value[:20]!r}... is too long: {len(kafka_part(value))} characters in Kafka "
+            f"names, the limit is {MAX_TOPIC_NAME} so the names derived from it stay within 249"
         )
     return value
 
@@ -218,7 +239,7 @@ class TopicConfig(_Frozen):
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: object) -> str:
-        return _kafka_name(value, "topic name", MAX_TOPIC_NAME)
+        return _topic_name(value, "topic name")
 
     @field_validator("message_type", mode="before")
     @classmethod
@@ -532,11 +553,18 @@ class SowstreamConfig(_Frozen):
 
     @model_validator(mode="after")
     def _unique_names(self) -> SowstreamConfig:
-        seen: set[str] = set()
+        seen: dict[str, str] = {}
         for topic in self.topics:
-            if topic.name in seen:
+            if topic.name in seen.values():
                 raise FieldProblem("topics", f"topic {topic.name!r} is defined more than once")
-            seen.add(topic.name)
+            other = seen.get(kafka_part(topic.name))
+            if other is not None:
+                raise FieldProblem(
+                    "topics",
+                    f"topics {other!r} and {topic.name!r} would share the Kafka topic names "
+                    f"{kafka_part(topic.name)!r}: rename one",
+                )
+            seen[kafka_part(topic.name)] = topic.name
         check_queues(self.queues, self.topics)
         return self
 

@@ -18,14 +18,13 @@ from pydantic import ValidationInfo, field_validator, model_validator
 from sowstream.config.errors import FieldProblem
 from sowstream.config.models import (
     _KAFKA_NAME,
-    MAX_TOPIC_NAME,
     SUPPORTED_MESSAGE_TYPES,
     MessageType,
     _bounded_int,
     _choice,
     _Frozen,
     _interval_ms,
-    _kafka_name,
+    _topic_name,
 )
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError, ast, parse_filter
@@ -210,7 +209,7 @@ class QueueConfig(_Frozen):
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: object) -> str:
-        return _kafka_name(value, "queue name", MAX_TOPIC_NAME)
+        return _topic_name(value, "queue name")
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -248,7 +247,7 @@ class QueueConfig(_Frozen):
     @classmethod
     def _publish_target(cls, value: object) -> str | None:
         text = _text_value(value, "DefaultPublishTarget")
-        return None if text is None else _kafka_name(text, "DefaultPublishTarget", MAX_TOPIC_NAME)
+        return None if text is None else _topic_name(text, "DefaultPublishTarget")
 
     @field_validator("lease_period_ms", mode="before")
     @classmethod

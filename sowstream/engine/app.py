@@ -38,7 +38,7 @@ from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
-from sowstream.wire.topics import TopicNames
+from sowstream.wire.topics import TopicNames, kafka_part
 
 log = logging.getLogger("sowstream.engine")
 
@@ -449,7 +449,7 @@ class Engine:
         if topic.durability == "persistent" and (topic.sow or topic.name in self._fed):
             rocks = self.config.engine.rocksdb
             table = app.Table(
-                f"sow-{topic.name}",
+                f"sow-{kafka_part(topic.name)}",
                 partitions=topic.partitions,
                 default=None,
                 options={
@@ -732,7 +732,9 @@ class Engine:
         seeded = {}
         for name, table in self.tables.items():
             changelog = table.changelog_topic.get_topic_name()
-            seeded[name] = ingest_seed(root / name, self.config.engine.app_id, changelog, table)
+            seeded[name] = ingest_seed(
+                root / kafka_part(name), self.config.engine.app_id, changelog, table
+            )
         return seeded
 
     def run(self) -> None:

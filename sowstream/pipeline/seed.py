@@ -36,6 +36,7 @@ from sowstream.sow.layout import (
 )
 from sowstream.sow.record import SowRecord
 from sowstream.wire.kafka import TopicSpec, ensure_topics
+from sowstream.wire.topics import kafka_part
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,12 +47,12 @@ ENTRY_SCHEMA = "partition int, key binary, value binary"
 
 def changelog_topic(config: SowstreamConfig, topic: TopicConfig) -> str:
     """The faust changelog topic of a persistent SOW topic's table."""
-    return f"{config.engine.app_id}-sow-{topic.name}-changelog"
+    return f"{config.engine.app_id}-sow-{kafka_part(topic.name)}-changelog"
 
 
 def seed_dir_for(root: Path, topic: str) -> Path:
     """Where the seed of ``topic`` lives under a seed root."""
-    return root / topic
+    return root / kafka_part(topic)
 
 
 def _check_workers_stopped(bootstrap: str, app_id: str, kafka: dict[str, str]) -> None:

@@ -2,9 +2,63 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "sowstream"
+
+_KAFKA_SAFE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def kafka_part(name: str) -> str:
+    """The form of an AMPS topic name inside Kafka topic names (and file names).
+
+    A name Kafka accepts (letters, digits, ``.``, ``_``, ``-``) is used as it is. Any other, such
+    as ``/ett/order``, is written with ``_`` in front and each character Kafka refuses escaped:
+    ``_`` as ``__``, ``/`` as ``_-``, anything else as ``_x`` and the two hex digits of each of its
+    UTF-8 bytes, so ``/ett/order`` becomes ``__-ett_-order``. :func:`name_of_kafka_part` reverses
+    it; the configuration refuses two topics whose forms would be the same.
+    """
+    if _KAFKA_SAFE.fullmatch(name):
+        return name
+    out = ["_"]
+    for char in name:
+        if char == "_":
+            out.append("__")
+        elif char == "/":
+            out.append("_-")
+        elif _KAFKA_SAFE.fullmatch(char):
+            out.append(char)
+        else:
+            out.extend(f"_x{byte:02X}" for byte in char.encode())
+    return "".join(out)
+
+
+def name_of_kafka_part(part: str) -> str:
+    """The topic name ``part`` stands for (the inverse of :func:`kafka_part`)."""
+    if not part.startswith("_"):
+        return part
+    raw = bytearray()
+    i = 1
+    while i < len(part):
+        char = part[i]
+        if char != "_":
+            raw += char.encode()
+            i += 1
+            continue
+        mark = part[i + 1 : i + 2]
+        if mark == "_":
+            raw += b"_"
+            i += 2
+        elif mark == "-":
+            raw += b"/"
+            i += 2
+        elif mark == "x" and len(part) >= i + 4:
+            raw.append(int(part[i + 2 : i + 4], 16))
+            i += 4
+        else:
+            raise ValueError(f"{part!r} is not an encoded topic name (at position {i})")
+    return raw.decode()
 
 
 @dataclass(frozen=True)
@@ -15,11 +69,11 @@ class TopicNames:
 
     def log(self, sow_topic: str) -> str:
         """The transaction log of a SOW topic: every publish, delta and delete, keyed by SowKey."""
-        return f"{self.prefix}.log.{sow_topic}"
+        return f"{self.prefix}.log.{kafka_part(sow_topic)}"
 
     def control(self, sow_topic: str) -> str:
         """Commands that read a SOW topic (queries); co-partitioned with its log."""
-        return f"{self.prefix}.ctl.{sow_topic}"
+        return f"{self.prefix}.ctl.{kafka_part(sow_topic)}"
 
     @property
     def meta(self) -> str:
@@ -38,7 +92,7 @@ class TopicNames:
 
     def queue_expired(self, queue: str) -> str:
         """Expiry events of a queue (time limit, forced, MaxCancels, MaxDeliveries) as JSON."""
-        return f"{self.prefix}.queue.{queue}.expired"
+        return f"{self.prefix}.queue.{kafka_part(queue)}.expired"
 
     def reply(self, client_id: str) -> str:
         """A client's private reply topic."""

@@ -41,6 +41,7 @@ TOPICS: list[dict[str, Any]] = [
     {"Name": "secure", "Key": ["/id"], "Partitions": 4},
     {"Name": "load", "Key": ["/id"], "Partitions": 4},
     {"Name": "flood", "Key": ["/id"], "Partitions": 4},
+    {"Name": "/ett/order", "Key": ["/id"], "Partitions": 2},  # an AMPS-style name
 ]
 PLAIN = [{"Name": "ticks", "Partitions": 4}]
 NAMES = [t["Name"] for t in TOPICS]
@@ -746,3 +747,17 @@ def test_cli_subscribe_prints_json_lines(engine: EngineProcesses, publisher: Cli
 def test_cli_subscribe_errors_are_one_line(engine: EngineProcesses) -> None:
     bad = _cli(engine, "subscribe", "orders", "--options", "conflation=10ms", "--idle", "1")
     assert bad.returncode == 1 and "100ms" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_amps_style_topic_name_works_end_to_end(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """``/ett/order`` is not a legal Kafka name: its log is ``<prefix>.log.__-ett_-order``."""
+    assert publisher.topic_info("/ett/order").log_topic == f"{engine.prefix}.log.__-ett_-order"
+    sub = client.sow_and_subscribe("/ett/order")
+    assert [m.command for m in take(sub, 2)] == ["group_begin", "group_end"]
+    publisher.publish("/ett/order", {"id": 1, "qty": 5})
+    live = take(sub, 1)[0]
+    assert live.topic == "/ett/order" and live.json() == {"id": 1, "qty": 5}
+    assert publisher.sow_records("/ett/order") == [{"id": 1, "qty": 5}]
+    sub.close()

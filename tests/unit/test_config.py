@@ -404,7 +404,12 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         ("sow:\n  - Key: /a\n", "sow[0].Name", "is required"),
         ("sow:\n  - Name: ''\n", "sow[0].Name", "topic name is empty"),
         ("sow:\n  - Name: 0123\n", "sow[0].Name", "quote it"),
-        ("sow:\n  - Name: orders/us\n", "sow[0].Name", "(for example 'orders_us')"),
+        ("sow:\n  - Name: orders us\n", "sow[0].Name", "no spaces or control characters"),
+        (
+            "sow:\n  - Name: /a/b\n  - Name: __-a_-b\n",
+            "sow",
+            "would share the Kafka topic names",
+        ),
         ("sow:\n  - Name: '" + "a" * 181 + "'\n", "sow[0].Name", "the limit is 180"),
         (
             "sow:\n  - Name: a\n  - Name: b\n  - Name: a\n",
