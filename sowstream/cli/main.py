@@ -21,7 +21,7 @@ from sowstream.cli.broker import broker_app
 from sowstream.cli.common import Bootstrap, err, friendly_errors, out, print_records
 from sowstream.cli.pipeline import pipeline_app
 from sowstream.cli.queue import queue_app
-from sowstream.client import Client, Message
+from sowstream.client import Client, Message, QueueSubscription, Subscription
 from sowstream.config import load_config
 from sowstream.sow.merge import merge_delta
 
@@ -233,6 +233,7 @@ def subscribe(
     """Subscribe: live messages (with --sow, the matching records first), until Ctrl-C."""
     opts = ",".join(o for o in ("oof" if oof else "", options or "") if o)
     with Client(bootstrap, prefix=prefix, identity=identity) as client:
+        sub: Subscription | QueueSubscription
         if sow:
             place = client.sow_and_delta_subscribe if delta else client.sow_and_subscribe
             sub = place(

@@ -613,22 +613,20 @@ class Client:
         producer, _ = self._require()
         for info in infos:
             for partition in range(info.partitions):
-                command: dict[str, Any] = {
-                    "command": "sow",
-                    "command_id": command_id,
-                    "query_id": query_id,
-                    "reply_to": self.reply_topic,
-                    "topic": info.name,
-                    "filter": filter,
-                    "sow_keys": list(sow_keys) if sow_keys is not None else None,
-                    "order_by": order_by,
-                    "top_n": top_n,
-                    "skip_n": skip_n,
-                    "batch_size": batch_size,
-                    "after_offset": self._written.get((info.log_topic, partition), -1),
-                    "options": options,
-                    "identity": self.identity,
-                }
+                command = self._command_body(
+                    "sow",
+                    command_id,
+                    info.name,
+                    query_id=query_id,
+                    filter=filter,
+                    sow_keys=list(sow_keys) if sow_keys is not None else None,
+                    order_by=order_by,
+                    top_n=top_n,
+                    skip_n=skip_n,
+                    batch_size=batch_size,
+                    after_offset=self._written.get((info.log_topic, partition), -1),
+                    options=options,
+                )
                 producer.produce(
                     info.control_topic, value=encode("Command", command), partition=partition
                 )
@@ -755,7 +753,7 @@ class Client:
         auto_ack: bool = False,
         ack_batch_size: int = 1,
         ack_interval: float = 1.0,
-    ) -> Any:
+    ) -> Subscription | QueueSubscription:
         """Live messages for records of ``topic`` that match ``filter``, from now on.
 
         With ``bookmark`` (a timestamp, a message's ``bookmark``, ``EPOCH`` or ``MOST_RECENT``)
@@ -784,7 +782,7 @@ class Client:
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
-    ) -> Subscription:
+    ) -> Subscription | QueueSubscription:
         """Like :meth:`subscribe`, but updates to known records carry only what changed.
 
         On a queue it leases whole messages, as :meth:`subscribe` does (AMPS accepts it too).
@@ -1202,25 +1200,20 @@ class Client:
         producer, _ = self._require()
         for info in infos:
             for partition in range(info.partitions):
-                body: dict[str, Any] = {
-                    "command": command,
-                    "command_id": command_id,
-                    "query_id": query_id,
-                    "reply_to": self.reply_topic,
-                    "topic": info.name,
-                    "filter": filter,
-                    "sow_keys": None,
-                    "order_by": order_by,
-                    "top_n": None,
-                    "skip_n": None,
-                    "batch_size": batch_size,
-                    "after_offset": self._written.get((info.log_topic, partition), -1),
-                    "options": {"bookmark": bookmark} if bookmark else {},
-                    "sub_id": sub.sub_id,
-                    "identity": self.identity,
-                    "sub_options": options.to_text(),
-                    "previous_filter": previous_filter,
-                }
+                body = self._command_body(
+                    command,
+                    command_id,
+                    info.name,
+                    query_id=query_id,
+                    filter=filter,
+                    order_by=order_by,
+                    batch_size=batch_size,
+                    after_offset=self._written.get((info.log_topic, partition), -1),
+                    options={"bookmark": bookmark} if bookmark else {},
+                    sub_id=sub.sub_id,
+                    sub_options=options.to_text(),
+                    previous_filter=previous_filter,
+                )
                 producer.produce(
                     info.control_topic, value=encode("Command", body), partition=partition
                 )

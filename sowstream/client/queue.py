@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from sowstream.client.messages import Message
-from sowstream.client.subscription import MessageHandler, _Live
+from sowstream.client.subscription import MessageHandler, _Live, next_message
 from sowstream.subscriptions.model import SubscriptionSpec
 
 # Sends one batch of acknowledgements: (bookmarks, action "" | "cancel" | "expire").
@@ -148,16 +148,8 @@ class QueueSubscription:
     def next(self, timeout: float | None = None) -> Message | None:
         """The next leased message, or None if none arrives within ``timeout`` seconds."""
         self._done_with_current()
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is None:
-            self._queue.put(None)  # keep reporting the end
-            return None
-        if isinstance(item, BaseException):
-            raise item
-        if self.auto_ack:
+        item = next_message(self._queue, timeout)
+        if item is not None and self.auto_ack:
             self._current = item
         return item
 

@@ -349,16 +349,7 @@ class Subscription:
 
     def next(self, timeout: float | None = None) -> Message | None:
         """The next message, or None if none arrives within ``timeout`` seconds."""
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item is None:
-            self._queue.put(None)  # keep reporting the end
-            return None
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return next_message(self._queue, timeout)
 
     def close(self) -> None:
         """Unsubscribe; iteration ends after the messages already received."""
@@ -377,6 +368,23 @@ class Subscription:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def next_message(
+    pending: queue.Queue[Message | BaseException | None], timeout: float | None
+) -> Message | None:
+    """The next message handed to the application: None when none comes within ``timeout`` or
+    the subscription has ended (the end mark stays for later calls); a failure is raised."""
+    try:
+        item = pending.get(timeout=timeout)
+    except queue.Empty:
+        return None
+    if item is None:
+        pending.put(None)
+        return None
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 __all__ = ["MAX_BUFFERED", "ResultSet", "Subscription", "SubscriptionDroppedError"]

@@ -165,15 +165,7 @@ def load_yaml_text(
     _check_keys(document, ("engine", "sow", "topics", "queues", "entitlements"), "", source)
     engine = _engine(document.get("engine"), source)
 
-    sow = document.get("sow")
-    if sow is None:
-        sow = []
-    if not isinstance(sow, list):
-        raise ConfigError(
-            source=source,
-            element="sow",
-            problem=f"must be a list of topics ('- Name: orders' items), got {_kind(sow)}",
-        )
+    sow = _items(document.get("sow"), "sow", "topics ('- Name: orders' items)", source)
     topics: list[TopicConfig] = []
     defined_at: dict[str, str] = {}
     for number, item in enumerate(sow):
@@ -189,13 +181,10 @@ def load_yaml_text(
             )
         defined_at[topic.name] = element
         topics.append(topic)
-    plain = document.get("topics") or []
-    if not isinstance(plain, list):
-        raise ConfigError(
-            source=source,
-            element="topics",
-            problem=f"must be a list of topics ('- Name: trades' items), got {_kind(plain)}",
-        )
+    # An empty `topics:` mapping has always been taken as no topics.
+    plain = _items(
+        document.get("topics") or None, "topics", "topics ('- Name: trades' items)", source
+    )
     for number, item in enumerate(plain):
         element = f"topics[{number}]"
         if isinstance(item, dict):
@@ -316,17 +305,9 @@ def _queues(
     raw: Any, topics: list[TopicConfig], source: str, skip: bool
 ) -> tuple[QueueConfig, ...]:
     """The ``queues:`` list, checked against ``topics``; unsupported ones skipped with ``skip``."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConfigError(
-            source=source,
-            element="queues",
-            problem=f"must be a list of queues ('- Name: work' items), got {_kind(raw)}",
-        )
     queues: list[QueueConfig] = []
     elements: list[str] = []
-    for number, item in enumerate(raw):
+    for number, item in enumerate(_items(raw, "queues", "queues ('- Name: work' items)", source)):
         element = f"queues[{number}]"
         queue = _queue(item, element, source, skip)
         if queue is not None:
@@ -442,6 +423,17 @@ def _check_keys(mapping: dict[Any, Any], allowed: Iterable[str], prefix: str, so
             element=f"{prefix}{key}",
             problem=f"unknown key; {hint}expected one of: {', '.join(allowed)}",
         )
+
+
+def _items(value: Any, element: str, what: str, source: str) -> list[Any]:
+    """A top-level list of the document (absent: empty), or the error that says what it holds."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(
+            source=source, element=element, problem=f"must be a list of {what}, got {_kind(value)}"
+        )
+    return value
 
 
 def _kind(value: Any) -> str:
