@@ -334,7 +334,7 @@ def delete(
 ) -> None:
     """Delete records from the SOW (sow_delete) by filter, SowKeys or data."""
     with Client(bootstrap, prefix=prefix) as client:
-        count = client.sow_delete(topic, filter=filter, keys=key, data=data)
+        count = client.sow_delete(topic, filter=filter, sow_keys=key, data=data)
     out.print(f"deleted {count} record(s) from {topic}")
 
 

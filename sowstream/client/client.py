@@ -400,7 +400,7 @@ class Client:
         topic: str,
         *,
         filter: str | None = None,
-        keys: list[str] | tuple[str, ...] | None = None,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
         data: bytes | str | dict[str, Any] | None = None,
         bookmarks: str | list[str] | tuple[str, ...] | None = None,
         options: str | None = None,
@@ -413,9 +413,9 @@ class Client:
         """
         if bookmarks is not None:
             return self.ack(topic, bookmarks, action=options or "")
-        given = [x is not None for x in (filter, keys, data)]
+        given = [x is not None for x in (filter, sow_keys, data)]
         if sum(given) != 1:
-            raise InvalidCommandError("sow_delete takes exactly one of filter=, keys= or data=")
+            raise InvalidCommandError("sow_delete takes exactly one of filter=, sow_keys= or data=")
         info = self.topic_info(topic)
         command_id = uuid.uuid4().hex
         base: dict[str, str | None] = {
@@ -430,10 +430,10 @@ class Client:
                     info.log_topic, None, partition=partition, headers={**base, h.FILTER: filter}
                 )
             expected = info.partitions
-        elif keys is not None:
-            for sow_key in keys:
+        elif sow_keys is not None:
+            for sow_key in sow_keys:
                 self._produce(info.log_topic, None, key=sow_key, headers=base)
-            expected = len(keys)
+            expected = len(sow_keys)
         else:
             raw, parsed = self._body(topic, data)
             self._produce(info.log_topic, raw, key=self._sow_key(info, parsed, None), headers=base)
@@ -746,6 +746,7 @@ class Client:
         topic: str,
         filter: str | None = None,
         *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
@@ -758,6 +759,7 @@ class Client:
 
         With ``bookmark`` (a timestamp, a message's ``bookmark``, ``EPOCH`` or ``MOST_RECENT``)
         the log's matching messages since then are replayed first, then live ones follow.
+        With ``sow_keys`` only messages for those SowKeys are delivered.
 
         On a queue this leases messages instead (a :class:`QueueSubscription`; ``max_backlog=n``
         in ``options``): acknowledge each with ``sub.ack(message)``, or pass ``auto_ack=True``;
@@ -765,12 +767,23 @@ class Client:
         A bookmark on a queue replays its topics' logs without leasing anything.
         """
         if bookmark is None and self._is_queue(topic):
+            if sow_keys is not None:
+                raise InvalidCommandError(
+                    f"queue {topic!r} leases messages, not records: SowKeys do not apply"
+                )
             info = self.topic_info(topic)
             return self._queue_subscribe(
                 info, filter, options, sub_id, on_message, auto_ack, ack_batch_size, ack_interval
             )
         return self._subscribe(
-            SUBSCRIBE, topic, filter, options, sub_id, on_message, bookmark=bookmark
+            SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            bookmark=bookmark,
+            sow_keys=sow_keys,
         )
 
     def delta_subscribe(
@@ -778,6 +791,7 @@ class Client:
         topic: str,
         filter: str | None = None,
         *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
@@ -792,7 +806,14 @@ class Client:
                 topic, filter, options=options, sub_id=sub_id, on_message=on_message
             )
         return self._subscribe(
-            DELTA_SUBSCRIBE, topic, filter, options, sub_id, on_message, bookmark=bookmark
+            DELTA_SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            bookmark=bookmark,
+            sow_keys=sow_keys,
         )
 
     def sow_and_subscribe(
@@ -800,6 +821,7 @@ class Client:
         topic: str,
         filter: str | None = None,
         *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
         order_by: str | None = None,
         top_n: int | None = None,
@@ -817,6 +839,7 @@ class Client:
         ``order_by``) the window stays live. With ``options='replace'`` and an existing
         ``sub_id`` the subscription's filter changes in place. With ``bookmark`` on a topic with
         History: the SOW as it was then, the log replayed from there, then live messages.
+        With ``sow_keys`` only those records take part, in the SOW part and live.
         """
         return self._subscribe(
             SOW_AND_SUBSCRIBE,
@@ -831,6 +854,7 @@ class Client:
             batch_size=batch_size,
             query_id=query_id,
             bookmark=bookmark,
+            sow_keys=sow_keys,
         )
 
     def sow_and_delta_subscribe(
@@ -838,6 +862,7 @@ class Client:
         topic: str,
         filter: str | None = None,
         *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
         order_by: str | None = None,
         top_n: int | None = None,
@@ -862,6 +887,7 @@ class Client:
             batch_size=batch_size,
             query_id=query_id,
             bookmark=bookmark,
+            sow_keys=sow_keys,
         )
 
     def unsubscribe(self, subscription: Subscription | QueueSubscription | str) -> None:
@@ -907,6 +933,7 @@ class Client:
         batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
         query_id: str | None = None,
         bookmark: str | None = None,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
     ) -> Subscription:
         user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
         top_n = top_n if top_n is not None else user.top_n
@@ -951,6 +978,7 @@ class Client:
                 options=wire,
                 identity=self.identity,
                 order_by=order_by,
+                sow_keys=frozenset(sow_keys) if sow_keys is not None else None,
             )
             for info in infos
         ]
@@ -1196,6 +1224,8 @@ class Client:
         """Send the subscription to every partition and read the answers (as a SOW group)."""
         query_id = query_id or uuid.uuid4().hex[:16]
         command_id = uuid.uuid4().hex
+        held = sub.specs[0].sow_keys if sub.specs else None
+        keys = sorted(held) if held is not None else None
         self.flush()  # read-your-writes, as for sow
         producer, _ = self._require()
         for info in infos:
@@ -1213,6 +1243,7 @@ class Client:
                     sub_id=sub.sub_id,
                     sub_options=options.to_text(),
                     previous_filter=previous_filter,
+                    sow_keys=keys,
                 )
                 producer.produce(
                     info.control_topic, value=encode("Command", body), partition=partition
@@ -1313,7 +1344,7 @@ class Client:
             count = self.sow_delete(
                 command.topic,
                 filter=command.filter,
-                keys=list(command.sow_keys) if command.sow_keys is not None else None,
+                sow_keys=list(command.sow_keys) if command.sow_keys is not None else None,
                 data=command.data,
             )
             return iter([Message("ack", topic=command.topic, count=count)])

@@ -1211,7 +1211,11 @@ class TopicProcessor:
                 if spec.command in WITH_SOW:
                     scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
                     matched = await self._matching(
-                        ps, FullScan(), scope, view.entitled, list(past.values())
+                        ps,
+                        FullScan(),
+                        scope,
+                        view.entitled,
+                        [r for r in past.values() if spec.covers(r.sow_key)],
                     )
                 start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
                 await self.deliver(self.subs.replay(spec.key, replayed), wait=True)
@@ -1220,8 +1224,9 @@ class TopicProcessor:
                 scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
                 everything = QueryOptions(None, (), None, 0, opts.batch_size)
                 if not replace:
+                    keys = sorted(spec.sow_keys) if spec.sow_keys is not None else None
                     matched = await self._matching(
-                        ps, plan(self.topic, view.filter), scope, view.entitled
+                        ps, plan(self.topic, view.filter, keys), scope, view.entitled
                     )
                 else:
                     # Entering scope: the new SOW part; leaving scope: out of focus.
@@ -1359,6 +1364,7 @@ def spec_from_command(cmd: dict[str, Any]) -> SubscriptionSpec:
         options=parse_options(cmd.get("sub_options") or ""),
         identity=cmd.get("identity") or "",
         order_by=cmd.get("order_by"),
+        sow_keys=frozenset(cmd["sow_keys"]) if cmd.get("sow_keys") is not None else None,
     )
 
 

@@ -253,6 +253,8 @@ class TopicSubscriptions:
         out: list[Delivery],
     ) -> None:
         view = active.on(change.partition)
+        if not view.spec.covers(change.sow_key):
+            return
         was = view.in_focus(before)
         now = view.in_focus(after)
         if not was and not now:
@@ -296,6 +298,8 @@ class TopicSubscriptions:
         out: list[Delivery] = []
         for change in changes:
             view = active.on(change.partition)
+            if not view.spec.covers(change.sow_key):
+                continue
             before = change.before_body()
             after = change.after_body()
             was = view.in_focus(before)

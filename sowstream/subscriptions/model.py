@@ -54,6 +54,8 @@ class SubscriptionSpec:
     options: SubscriptionOptions = field(default_factory=SubscriptionOptions)
     identity: str = ""
     order_by: str | None = None
+    # SowKeys: only these records (the SOW part and live messages); None means every record.
+    sow_keys: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.command not in SUBSCRIBE_COMMANDS:
@@ -88,6 +90,7 @@ class SubscriptionSpec:
             "options": self.options.to_text(),
             "identity": self.identity,
             "order_by": self.order_by,
+            "sow_keys": sorted(self.sow_keys) if self.sow_keys is not None else None,
         }
 
     @classmethod
@@ -102,7 +105,12 @@ class SubscriptionSpec:
             options=parse_options(d.get("options") or ""),
             identity=d.get("identity") or "",
             order_by=d.get("order_by"),
+            sow_keys=frozenset(d["sow_keys"]) if d.get("sow_keys") is not None else None,
         )
+
+    def covers(self, sow_key: str) -> bool:
+        """Whether the subscription's SowKeys (if it has any) include ``sow_key``."""
+        return self.sow_keys is None or sow_key in self.sow_keys
 
 
 @dataclass(slots=True)

@@ -241,7 +241,7 @@ def test_sow_delete_forms_return_counts(client: Client) -> None:
         for i in range(12)
     ]
     assert client.sow_delete("orders", filter="/customer = 'd' AND /orderId < 3") == 3
-    assert client.sow_delete("orders", keys=[keys[3], keys[4], keys[0]]) == 2
+    assert client.sow_delete("orders", sow_keys=[keys[3], keys[4], keys[0]]) == 2
     assert client.sow_delete("orders", data={"orderId": 5, "customer": "ignored"}) == 1
     assert client.sow_delete("orders", data={"orderId": 5}) == 0
     assert len(bodies(client, "orders")) == 6

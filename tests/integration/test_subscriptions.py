@@ -270,6 +270,33 @@ def test_order_by_sorts_the_sow_part_and_no_sowkey_and_select_shape_it(
     sub.close()
 
 
+def test_sow_keys_limit_the_sow_part_and_the_live_messages(
+    client: Client, publisher: Client
+) -> None:
+    """SowKeys on sow_and_delta_subscribe and subscribe: only those records, in the SOW part
+    and live (issue 12)."""
+    reset(publisher, "records")
+    for i in range(1, 7):
+        publisher.publish("records", {"id": i, "v": 0})
+    settle(publisher, "records")
+    key_of = {m.json()["id"]: m.sow_key for m in client.sow("records") if m.command == "sow"}
+    chosen = [key_of[2], key_of[4]]
+    sub = client.sow_and_delta_subscribe("records", sow_keys=chosen, options="oof")
+    live_only = client.subscribe("records", sow_keys=[key_of[3]])
+    part = take(sub, 4)
+    assert sorted(r["id"] for r in records(part)) == [2, 4]
+    publisher.publish("records", {"id": 2, "v": 1})
+    publisher.publish("records", {"id": 3, "v": 1})  # not among the delta subscription's keys
+    publisher.sow_delete("records", sow_keys=[key_of[4]])
+    publisher.publish("records", {"id": 5, "v": 1})
+    got = quiet(sub)
+    assert [(m.command, m.sow_key) for m in got] == [("publish", key_of[2]), ("oof", key_of[4])]
+    assert got[0].json() == {"id": 2, "v": 1}
+    assert [(m.sow_key, m.json()["v"]) for m in quiet(live_only)] == [(key_of[3], 1)]
+    sub.close()
+    live_only.close()
+
+
 def test_sow_and_subscribe_on_an_unknown_topic_is_an_error(client: Client) -> None:
     with pytest.raises(UnknownTopicError):
         client.sow_and_subscribe("nope")

@@ -75,7 +75,7 @@ def load_orders(client: Client) -> None:
     client.sow_delete("orders", data={"id": 5})
     seven = [m.sow_key for m in client.sow("orders", "/id = 9") if m.command == "sow"]
     assert len(seven) == 1
-    client.sow_delete("orders", keys=seven)
+    client.sow_delete("orders", sow_keys=seven)
 
 
 def test_rebuild_equals_the_engine(

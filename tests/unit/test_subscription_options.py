@@ -266,3 +266,19 @@ def test_round_trip_in_any_order_with_spaces(
 def test_timestamp_is_accepted_and_round_trips() -> None:
     options = parse_options("oof,timestamp")
     assert options.timestamp and parse_options(options.to_text()) == options
+
+
+def test_subscription_sow_keys_survive_the_registry_encoding() -> None:
+    from sowstream.subscriptions.model import SubscriptionSpec
+    from sowstream.wire.avro import decode, encode
+
+    spec = SubscriptionSpec("s", "r", "orders", "sow_and_subscribe", sow_keys=frozenset({"b", "a"}))
+    back = SubscriptionSpec.from_wire(
+        decode("Subscription", encode("Subscription", spec.to_wire()))
+    )
+    assert back == spec and back.covers("a") and not back.covers("c")
+    every = SubscriptionSpec("s", "r", "orders", "subscribe")
+    assert SubscriptionSpec.from_wire(
+        decode("Subscription", encode("Subscription", every.to_wire()))
+    )
+    assert every.covers("anything")
