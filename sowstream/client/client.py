@@ -44,6 +44,7 @@ from sowstream.filters import compile_filter
 from sowstream.queues.machine import Bookmark as QueueBookmark
 from sowstream.sow.aggregate import Aggregation, merge_partials, parse_aggregation
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, message_bookmark, parse_bookmark
+from sowstream.sow.keygen import KeyGeneratorError, generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
 from sowstream.sow.ops import parse_body
 from sowstream.sow.query import (
@@ -91,6 +92,8 @@ class TopicInfo:
     control_topic: str
     sow: bool = True
     queue_of: tuple[str, ...] = ()  # a queue: the topics its messages come from
+    key_generator: str | None = None
+    key_generator_options: tuple[tuple[str, str], ...] = ()
 
     @property
     def queue(self) -> bool:
@@ -109,6 +112,8 @@ class TopicInfo:
             d["control_topic"],
             d.get("sow", True),
             tuple(d.get("queue_of") or ()),
+            d.get("key_generator"),
+            tuple(sorted((d.get("key_generator_options") or {}).items())),
         )
 
 
@@ -297,6 +302,16 @@ class Client:
         return raw, parse_body(topic, raw)
 
     def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str | None:
+        if info.key_generator is not None:
+            # The engine recomputes it; the same generator here routes the publish right.
+            try:
+                function = load_key_generator(info.key_generator, dict(info.key_generator_options))
+            except KeyGeneratorError as exc:
+                raise InvalidCommandError(
+                    f"topic {info.name!r}: its KeyGenerator must be importable by publishers "
+                    f"too: {exc}"
+                ) from exc
+            return generate_sow_key(info.name, info.key_generator, function, parsed)
         if not info.keys:
             if not info.sow and sow_key is None:
                 return None  # a plain topic needs no key: Kafka spreads the messages

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -33,7 +34,7 @@ ROOTS = ("AMPSConfig", "SOW", "TopicMetaData")
 SOW_SECTIONS = ("SOW", "TopicMetaData")
 TOPIC_ELEMENTS = ("Topic", "TopicDefinition")
 UNSUPPORTED_DEFINITIONS = ("View", "ConflatedTopic")
-UNSUPPORTED_TOPIC_ELEMENTS = ("KeyGenerator", "Preprocessing", "Enrichment", "Pattern")
+UNSUPPORTED_TOPIC_ELEMENTS = ("Preprocessing", "Enrichment", "Pattern")
 
 _STORAGE_FILE = "sowstream keeps SOW state in RocksDB under engine.data_dir, not in a SOW file"
 _STORAGE_SIZE = "RocksDB manages storage growth itself, so AMPS slab and record sizing do not apply"
@@ -63,7 +64,7 @@ _SCALARS: dict[str, str] = {
 _NAME_TAGS = ("Name", "Topic")
 _REPEATABLE = ("Key", "HashIndex", "Index")
 _KNOWN_TOPIC_ELEMENTS = frozenset(
-    [*_SCALARS, *_NAME_TAGS, *_REPEATABLE, "History", *IGNORED_TOPIC_ELEMENTS]
+    [*_SCALARS, *_NAME_TAGS, *_REPEATABLE, "History", "KeyGenerator", *IGNORED_TOPIC_ELEMENTS]
 )
 _HISTORY_FIELDS = {"Window": "window_ms", "Granularity": "granularity_ms"}
 _HISTORY_TAGS = {field: tag for tag, field in _HISTORY_FIELDS.items()}
@@ -75,6 +76,7 @@ _DEFAULT_TAGS = {
     "hash_indexes": "HashIndex",
     "indexes": "Index",
     "history": "History",
+    "key_generator": "KeyGenerator",
 }
 
 
@@ -108,6 +110,12 @@ def load_amps_xml(
             "as the top element",
         )
     sections = [root] if root.tag in SOW_SECTIONS else [s for s in root if s.tag in SOW_SECTIONS]
+    # <Modules><Module> Name -> Library (pkg.mod:factory): a KeyGenerator may name one.
+    modules = {
+        _child_text(m, "Name") or "": _child_text(m, "Library") or ""
+        for section in root.iter("Modules")
+        for m in section.iter("Module")
+    }
     topics: list[TopicConfig] = []
     defined_at: dict[str, str] = {}
     queues: list[tuple[QueueConfig, str, dict[str, str]]] = []
@@ -122,7 +130,7 @@ def load_amps_xml(
                     queues.append(queue)
             elif child.tag in TOPIC_ELEMENTS:
                 position += 1
-                found = _topic(child, section.tag, position, source, skip_unsupported)
+                found = _topic(child, section.tag, position, source, skip_unsupported, modules)
                 if found is None:
                     continue
                 topic, path = found
@@ -180,7 +188,12 @@ def _not_a_topic(element: ET.Element, section: str, source: str, skip: bool) -> 
 
 
 def _topic(
-    element: ET.Element, section: str, position: int, source: str, skip: bool
+    element: ET.Element,
+    section: str,
+    position: int,
+    source: str,
+    skip: bool,
+    modules: Mapping[str, str],
 ) -> tuple[TopicConfig, str] | None:
     """One ``<Topic>`` as a TopicConfig and its element path, or None when skipped."""
     name = _child_text(element, "Name") or _child_text(element, "Topic")
@@ -249,6 +262,8 @@ def _topic(
         elif tag == "History":
             fields["history"] = _history(child, where, source)
             tag_of["history"] = "History"
+        elif tag == "KeyGenerator":
+            fields["key_generator"] = _key_generator(child, where, source, modules)
         else:
             field = _SCALARS[tag]
             if field in tag_of and tag_of[field] != tag:
@@ -273,12 +288,38 @@ def _topic(
         tag = tag_of.get(field, _DEFAULT_TAGS.get(field, field))
         if field == "history" and len(loc) > 1:
             return f"{path}/{tag}/{_HISTORY_TAGS.get(str(loc[1]), str(loc[1]))}"
+        if field == "key_generator" and len(loc) > 1:
+            return f"{path}/{tag}/{'Options' if str(loc[1]) == 'options' else 'Module'}"
         return f"{path}/{tag}"
 
     try:
         return TopicConfig(**fields), path
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=element_of) from None
+
+
+def _key_generator(
+    element: ET.Element, where: str, source: str, modules: Mapping[str, str]
+) -> dict[str, Any]:
+    """``<KeyGenerator><Module>…</Module><Options><Name>value</Name>…</Options>``: each child of
+    Options becomes one option, named by its tag. A Module named in ``<Modules>`` stands for its
+    ``<Library>``, which must be a Python ``package.module:callable`` here."""
+    fields: dict[str, Any] = {}
+    for child in element:
+        if child.tag == "Module":
+            name = _text(child, f"{where}/Module", source)
+            fields["module"] = modules.get(name) or name
+        elif child.tag == "Options":
+            fields["options"] = {o.tag: (o.text or "").strip() for o in child}
+        else:
+            raise ConfigError(
+                source=source,
+                element=f"{where}/{child.tag}",
+                problem=f"unknown element <{child.tag}> in a KeyGenerator (Module, Options)",
+            )
+    if "module" not in fields:
+        raise ConfigError(source=source, element=where, problem="a KeyGenerator needs a <Module>")
+    return fields
 
 
 def _queue(

@@ -49,6 +49,7 @@ TOPIC_KEYS: dict[str, str] = {
     "MessageType": "message_type",
     "Key": "keys",
     "KeyDomain": "key_domain",
+    "KeyGenerator": "key_generator",
     "Durability": "durability",
     "RecoveryPoint": "recovery_point",
     "Expiration": "expiration",
@@ -60,6 +61,7 @@ TOPIC_KEYS: dict[str, str] = {
 # What a plain (non-SOW) topic under ``topics:`` may set.
 PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions"})
 HISTORY_KEYS: dict[str, str] = {"Window": "window_ms", "Granularity": "granularity_ms"}
+KEY_GENERATOR_KEYS: dict[str, str] = {"Module": "module", "Options": "options"}
 _TOPIC_FIELD_KEYS = {field: key for key, field in TOPIC_KEYS.items()}
 _HISTORY_FIELD_KEYS = {field: key for key, field in HISTORY_KEYS.items()}
 # YAML keys of a queue: the AMPS elements, plus Kind for the element that declares it.
@@ -284,6 +286,8 @@ def _topic(item: Any, element: str, source: str, skip: bool) -> TopicConfig | No
             value = _hash_indexes(value, f"{element}.HashIndex", source)
         elif key == "History":
             value = _history(value, f"{element}.History", source)
+        elif key == "KeyGenerator":
+            value = _key_generator(value, f"{element}.KeyGenerator", source)
         fields[TOPIC_KEYS[key]] = value
 
     def element_of(loc: Loc) -> str:
@@ -293,6 +297,8 @@ def _topic(item: Any, element: str, source: str, skip: bool) -> TopicConfig | No
         path = f"{element}.{_TOPIC_FIELD_KEYS.get(field, field)}"
         if field == "history" and len(loc) > 1:
             path += f".{_HISTORY_FIELD_KEYS.get(str(loc[1]), str(loc[1]))}"
+        if field == "key_generator" and len(loc) > 1:
+            path += ".Options" if str(loc[1]) == "options" else ".Module"
         return path
 
     try:
@@ -408,6 +414,21 @@ def _history(value: Any, element: str, source: str) -> dict[str, Any]:
             item = str(item)  # a bare number is seconds, as in AMPS
         history[HISTORY_KEYS[key]] = item
     return history
+
+
+def _key_generator(value: Any, element: str, source: str) -> dict[str, Any]:
+    """``KeyGenerator: {Module: pkg.mod:factory, Options: {...}}`` as KeyGeneratorConfig fields."""
+    if isinstance(value, str):
+        value = {"Module": value}
+    if not isinstance(value, dict):
+        raise ConfigError(
+            source=source,
+            element=element,
+            problem="must be a mapping like {Module: package.module:callable, Options: {...}}, "
+            f"got {_kind(value)}",
+        )
+    _check_keys(value, KEY_GENERATOR_KEYS, f"{element}.", source)
+    return {KEY_GENERATOR_KEYS[k]: v for k, v in value.items() if v is not None}
 
 
 def _check_keys(mapping: dict[Any, Any], allowed: Iterable[str], prefix: str, source: str) -> None:

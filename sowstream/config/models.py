@@ -17,6 +17,7 @@ from sowstream.config.errors import FieldProblem
 from sowstream.config.units import parse_interval, parse_size
 from sowstream.errors import InvalidCommandError, UnknownTopicError
 from sowstream.filters import Filter, FilterError, compile_filter
+from sowstream.sow.keygen import KeyGeneratorError, load_key_generator
 from sowstream.wire.topics import kafka_part
 
 # Grow these Literals as message types and modes are implemented; validation follows them.
@@ -216,6 +217,48 @@ class HistoryConfig(_Frozen):
         return self
 
 
+class KeyGeneratorConfig(_Frozen):
+    """A topic's SowKey generator: a ``package.module:callable`` factory and its Options."""
+
+    module: str
+    options: tuple[tuple[str, str], ...] = ()
+
+    @field_validator("module", mode="before")
+    @classmethod
+    def _module(cls, value: object) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"Module must name 'package.module:callable', got {value!r}")
+        return value.strip()
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _options(cls, value: object) -> tuple[tuple[str, str], ...]:
+        if value is None:
+            return ()
+        if isinstance(value, Mapping):
+            return tuple(sorted((str(k), _option_text(v)) for k, v in value.items()))
+        if isinstance(value, list | tuple):
+            return tuple(value)  # already pairs (a frozen copy)
+        raise ValueError(f"Options must be a mapping of names to values, got {value!r}")
+
+    @model_validator(mode="after")
+    def _loads(self) -> KeyGeneratorConfig:
+        # Load it now: a typo in the module or a refused option fails at start, not per message.
+        try:
+            load_key_generator(self.module, dict(self.options))
+        except KeyGeneratorError as exc:
+            raise FieldProblem("module", str(exc)) from exc
+        return self
+
+
+def _option_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise ValueError(f"an Option value must be a string or a number, got {value!r}")
+
+
 class TopicConfig(_Frozen):
     """One topic: how records are identified, indexed, stored, expired and partitioned.
 
@@ -227,6 +270,7 @@ class TopicConfig(_Frozen):
     message_type: MessageType = "json"
     keys: tuple[str, ...] = ()
     key_domain: str | None = None
+    key_generator: KeyGeneratorConfig | None = None
     durability: Durability = "persistent"
     recovery_point: RecoveryPoint = "epoch"
     expiration: ExpirationPolicy = ExpirationPolicy()
@@ -325,6 +369,11 @@ class TopicConfig(_Frozen):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TopicConfig:
+        if self.key_domain is not None and self.key_generator is not None:
+            raise FieldProblem(
+                "key_domain",
+                "KeyDomain is not valid with a KeyGenerator: the generator makes the SowKeys",
+            )
         if self.key_domain is not None and not self.keys:
             raise FieldProblem(
                 "key_domain",
@@ -346,8 +395,9 @@ class TopicConfig(_Frozen):
 
     @property
     def user_supplied_keys(self) -> bool:
-        """True when no Key fields are configured, so each publish must carry its SowKey."""
-        return not self.keys
+        """True when neither Key fields nor a KeyGenerator are configured, so each publish must
+        carry its SowKey."""
+        return not self.keys and self.key_generator is None
 
     @property
     def all_hash_indexes(self) -> tuple[tuple[str, ...], ...]:

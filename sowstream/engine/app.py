@@ -777,4 +777,6 @@ def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:
         "expiration": expiration,
         "durability": topic.durability,
         "sow": topic.sow,
+        "key_generator": topic.key_generator.module if topic.key_generator else None,
+        "key_generator_options": dict(topic.key_generator.options) if topic.key_generator else {},
     }

@@ -51,7 +51,6 @@ from sowstream.sow.history import (
     states_as_of,
     version_changes,
 )
-from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.layout import index_entries
 from sowstream.sow.ops import (
     LogOp,
@@ -60,6 +59,7 @@ from sowstream.sow.ops import (
     decode_log_record,
     deleted_by_filter,
     parse_body,
+    resolve_sow_key,
 )
 from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, plan
 from sowstream.sow.query import QueryOptions, result_order, validate_query
@@ -594,10 +594,8 @@ class TopicProcessor:
         if command == h.SOW_DELETE:
             return None
         body = parse_body(self.topic.name, rec.value)
-        if self.topic.keys:
-            return generated_sow_key(
-                self.topic.name, self.topic.effective_key_domain, self.topic.keys, body
-            )
+        if not self.topic.user_supplied_keys:
+            return resolve_sow_key(self.topic, body, None)
         return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"
 
     @staticmethod

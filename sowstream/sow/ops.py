@@ -16,6 +16,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidMessageError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.sow.expiration import expiration_time, parse_expiration_header
+from sowstream.sow.keygen import generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
 from sowstream.sow.merge import merge_delta
 from sowstream.sow.record import SowRecord
@@ -81,7 +82,8 @@ def parse_body(topic: str, value: bytes | None) -> dict[str, Any]:
 def resolve_sow_key(
     topic: TopicConfig, body: Mapping[str, Any] | None, supplied: str | None
 ) -> str:
-    """The SowKey of a message: computed from its Key fields, or the publisher's own."""
+    """The SowKey of a message: made by the topic's KeyGenerator or from its Key fields, or
+    the publisher's own."""
     if topic.user_supplied_keys:
         return validate_user_sow_key(topic.name, supplied)
     if body is None:
@@ -93,6 +95,10 @@ def resolve_sow_key(
             topic=topic.name,
             reason="missing_key_field",
         )
+    generator = topic.key_generator
+    if generator is not None:
+        function = load_key_generator(generator.module, dict(generator.options))
+        return generate_sow_key(topic.name, generator.module, function, body)
     return generated_sow_key(topic.name, topic.effective_key_domain, topic.keys, body)
 
 

@@ -37,6 +37,14 @@ TOPICS: list[dict[str, Any]] = [
     {"Name": "quotes", "Key": ["/id"], "Expiration": "enabled", "Partitions": 4},
     {"Name": "hist", "Key": ["/id"], "History": {"Window": "1d"}, "Partitions": 4},
     {"Name": "scratch", "Key": ["/id"], "Durability": "transient", "Partitions": 2},
+    {
+        "Name": "desks",
+        "KeyGenerator": {
+            "Module": "sowstream.sow.keygen:joined",
+            "Options": {"Fields": "/desk,/id"},
+        },
+        "Partitions": 2,
+    },
 ]
 PROJECTION = "[/customer, COUNT(/id) AS /n, SUM(/qty) AS /qty, AVG(/px) AS /px, MAX(/v) AS /v]"
 
@@ -99,6 +107,26 @@ def test_rebuild_equals_the_engine(
         wanted = sow_state(client, "orders", filter="/qty > 50 OR /extra/flag = true")
     picked = orders.state.where(filter_column("/qty > 50 OR /extra/flag = true", "data"))
     assert spark_state(picked.collect()) == wanted
+
+
+def test_a_key_generator_keys_the_engine_and_the_rebuild_alike(
+    spark: SparkSession, engine: EngineProcesses, config: SowstreamConfig
+) -> None:
+    with engine.client() as client:
+        for i in range(30):
+            client.publish("desks", {"desk": f"d{i % 3}", "id": i % 6, "qty": i})
+        client.delta_publish("desks", {"desk": "d1", "id": 1, "note": "merged"})
+        client.sow_delete("desks", data={"desk": "d2", "id": 2})
+        expected = sow_state(client, "desks")
+    assert expected == {
+        "d0|0": {"desk": "d0", "id": 0, "qty": 24},
+        "d1|1": {"desk": "d1", "id": 1, "qty": 25, "note": "merged"},
+        "d0|3": {"desk": "d0", "id": 3, "qty": 27},
+        "d1|4": {"desk": "d1", "id": 4, "qty": 28},
+        "d2|5": {"desk": "d2", "id": 5, "qty": 29},
+    }
+    desks = rebuild(spark, config, "desks", engine.bootstrap)
+    assert spark_state(desks.state.collect()) == expected
 
 
 def test_point_in_time_and_aggregates_agree_with_engine_history(

@@ -413,11 +413,20 @@ def test_spec_01_example_7_2_as_json_processes_per_message_expiration_only() -> 
     assert orders.expiration == ExpirationPolicy(mode="enabled", default_ms=None)
 
 
-def test_spec_01_key_generator_is_not_supported_yet() -> None:
+def test_spec_01_key_generator_names_its_native_library() -> None:
     err = load_error(SPEC_01_KEY_GENERATOR)
-    assert err.element == "SOW/Topic[custom-keyed-sow]/KeyGenerator"
-    assert "not supported" in err.problem
-    assert load(SPEC_01_KEY_GENERATOR, skip_unsupported=True).topics == ()
+    assert err.element == "SOW/Topic[custom-keyed-sow]/KeyGenerator/Module"
+    assert "libmy_key_generator.so" in err.problem and "write it in Python" in err.problem
+    python = SPEC_01_KEY_GENERATOR.replace(
+        "libmy_key_generator.so", "tests.unit.test_keygen:by_upper_symbol"
+    )
+    (topic,) = load(python).topics
+    assert topic.key_generator is not None
+    assert topic.key_generator.module == "tests.unit.test_keygen:by_upper_symbol"
+    assert dict(topic.key_generator.options) == {
+        "OptionOne": "module-specific-option",
+        "OptionTwo": "another-specific-option",
+    }
 
 
 # --- Queues and views inside SOW ---
@@ -543,7 +552,6 @@ def test_ignored_storage_elements_are_logged_with_topic_and_reason(
 @pytest.mark.parametrize(
     "element",
     [
-        "<KeyGenerator><Module>m</Module></KeyGenerator>",
         "<Preprocessing><Field>1 AS /x</Field></Preprocessing>",
         "<Enrichment><Field>1 AS /x</Field></Enrichment>",
         "<Pattern>orders_.*</Pattern>",
