@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -24,6 +24,7 @@ from confluent_kafka import Message as KafkaMessage
 
 from sowstream.client.messages import Command, Message
 from sowstream.client.queue import QueueSubscription
+from sowstream.client.replies import ReplyBox
 from sowstream.client.subscription import (
     MAX_BUFFERED,
     MessageHandler,
@@ -145,7 +146,8 @@ class Client:
         self._producer: Producer | None = None
         self._replies: Consumer | None = None
         self._topics: dict[str, TopicInfo] = {}
-        self._pending: dict[str, deque[dict[str, Any]]] = defaultdict(deque)
+        # Unread replies go after twice the command timeout (at least a minute): nobody waits.
+        self._pending = ReplyBox(keep_s=max(60.0, 2 * timeout))
         self._written: dict[tuple[str, int], int] = {}
         self._delivery_errors: list[str] = []
         self.identity = identity
@@ -519,7 +521,7 @@ class Client:
             return
         reply = decode("Reply", value)
         with self._cond:
-            self._pending[reply["command_id"]].append(reply)
+            self._pending.park(reply, time.monotonic())
             self._cond.notify_all()
 
     def _next_reply(self, command_id: str, deadline: float) -> dict[str, Any]:
@@ -528,7 +530,7 @@ class Client:
         with self._cond:
             self._waiting += 1
             try:
-                while not self._pending.get(command_id):
+                while (reply := self._pending.take(command_id, time.monotonic())) is None:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise CommandTimeoutError(
@@ -536,10 +538,6 @@ class Client:
                             f"{self.timeout:.0f}s: is a worker running for every partition?"
                         )
                     self._cond.wait(min(remaining, 0.5))
-                queue = self._pending[command_id]
-                reply = queue.popleft()
-                if not queue:
-                    self._pending.pop(command_id, None)
                 return reply
             finally:
                 self._waiting -= 1
