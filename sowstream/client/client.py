@@ -55,6 +55,7 @@ from sowstream.sow.query import (
 from sowstream.subscriptions.model import (
     DELTA_SUBSCRIBE,
     FAILURE,
+    LOG_RESET,
     SOW_AND_DELTA_SUBSCRIBE,
     SOW_AND_SUBSCRIBE,
     SUBSCRIBE,
@@ -270,8 +271,9 @@ class Client:
         if err is not None:
             self._delivery_errors.append(f"{msg.topic()}: {err.str()}")
             return
-        key = (msg.topic() or "", msg.partition() or 0)
-        self._written[key] = max(self._written.get(key, -1), msg.offset() or 0)
+        # Reports of one partition come in log order: the latest is the highest offset, unless
+        # the log was recreated, where it must replace the old log's higher offsets.
+        self._written[(msg.topic() or "", msg.partition() or 0)] = msg.offset() or 0
 
     def flush(self) -> None:
         """Wait until every publish is acknowledged by Kafka; raise if any failed."""
@@ -497,6 +499,14 @@ class Client:
                     )
                 )
                 self._subscriptions.pop(sub.sub_id, None)
+                return
+            if command == LOG_RESET:
+                if isinstance(sub, Subscription):
+                    sub.reset_partition(
+                        headers.get(h.TOPIC, ""),
+                        int(headers.get(h.PARTITION, "0")),
+                        int(headers.get(h.OFFSET, "-1")),
+                    )
                 return
             sub.on_live(_Live.from_headers(value, headers))
             return
@@ -1143,6 +1153,30 @@ class Client:
                 row.pop("topic", None)
                 total.update(row)
         return {"depth": 0, "leased": 0, **total}
+
+    def status(self, topic: str | None = None) -> list[dict[str, Any]]:
+        """Every partition of every topic (or of ``topic``, a name or regular expression): the
+        worker serving it, its watermark and its warnings (such as a recreated log)."""
+        infos = self._resolve_topics(topic) if topic else list(self.refresh_topics().values())
+        # A queue's own record stands for its topics, which have records of their own.
+        infos = [i for i in infos if not i.queue or i.name in i.queue_of]
+        command_id = uuid.uuid4().hex
+        query_id = uuid.uuid4().hex[:16]
+        producer, _ = self._require()
+        for info in infos:
+            for partition in range(info.partitions):
+                body = self._command_body("status", command_id, info.name, query_id=query_id)
+                producer.produce(
+                    info.control_topic, value=encode("Command", body), partition=partition
+                )
+        producer.flush(self.timeout)
+        expected = sum(info.partitions for info in infos)
+        rows = [
+            m.json()
+            for m in self._collect(command_id, query_id, expected, validate_query())
+            if m.command == "sow"
+        ]
+        return sorted(rows, key=lambda row: (row["topic"], row["partition"]))
 
     def _queue_query(
         self, queue: str, command: str, filter: str | None, opts: QueryOptions

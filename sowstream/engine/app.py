@@ -20,7 +20,14 @@ from typing import Any, cast
 import faust
 import orjson
 from aiokafka.errors import KafkaError
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka.admin import AdminClient
 from prometheus_client import start_http_server
 
@@ -32,7 +39,7 @@ from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
-from sowstream.errors import InvalidCommandError
+from sowstream.errors import InvalidCommandError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.wire import headers as h
@@ -48,6 +55,17 @@ CONFLATION_TICK = 0.02
 REPLY_METADATA_WAIT = 5.0
 PUMP_RETRY_SECONDS = 1.0
 GC_THRESHOLDS = (50_000, 20, 100)  # CPython's defaults are (700, 10, 10)
+# Fetch errors that mean the log partition we read may no longer be the one we applied.
+_LOG_GONE = frozenset(
+    {
+        RdKafkaError.UNKNOWN_TOPIC_OR_PART,
+        RdKafkaError.UNKNOWN_TOPIC_ID,
+        RdKafkaError._UNKNOWN_PARTITION,
+        RdKafkaError._UNKNOWN_TOPIC,
+        RdKafkaError.OFFSET_OUT_OF_RANGE,
+        RdKafkaError._AUTO_OFFSET_RESET,
+    }
+)
 
 
 class FaustSender(Sender):
@@ -172,6 +190,19 @@ class KafkaLogReader:
 
         return await asyncio.get_running_loop().run_in_executor(None, read)
 
+    async def start_offset(self, partition: int) -> int:
+        def read() -> int:
+            consumer = self._consumer()
+            try:
+                low, _ = consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, partition), timeout=30
+                )
+                return int(low)
+            finally:
+                consumer.close()
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
+
     async def offset_for_time(self, partition: int, at_ms: int) -> int:
         def read() -> int:
             consumer = self._consumer()
@@ -262,6 +293,9 @@ class LogPump:
         # and hand the partition straight back, and the new state starts from its own watermark.
         self._states: dict[int, PartitionState] = {}
         self._next: dict[int, int] = {}
+        # Partitions whose log may have been deleted and created again: nothing of theirs is
+        # applied until the processor has compared the log with what it applied.
+        self._suspect: set[int] = set()
 
     def owned(self) -> set[int]:
         """Partitions this worker owns now; empty while faust rebalances or recovers."""
@@ -293,13 +327,58 @@ class LogPump:
             [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(self._states)]
         )
 
+    def _signals_recreation(self, msg: Any) -> bool:
+        """Whether a fetched message says the log may have been recreated: its topic or
+        partition vanished, the position fell off its end, or offsets went back."""
+        error = msg.error()
+        if error is not None:
+            return bool(error.code() in _LOG_GONE)
+        return (msg.offset() or 0) < self._next.get(msg.partition(), 0)
+
+    async def _verify(self, consumer: Consumer, owned: set[int]) -> bool:
+        """Let the processor check each suspect partition's log; True once none is left.
+
+        While the log topic is gone the check fails and is tried again on the next step.
+        """
+        for partition in sorted(self._suspect & owned):
+            try:
+                await self.proc.verify_log(partition)
+            except (KafkaException, SowstreamError) as exc:
+                log.info(
+                    "topic %s partition %d: cannot check the log yet (%s)",
+                    self.proc.topic.name,
+                    partition,
+                    exc,
+                )
+                continue
+            self._suspect.discard(partition)
+            ps = self.proc.state(partition)
+            if ps is not None and self._current(partition):
+                self._next[partition] = ps.folded + 1
+        self._suspect &= owned
+        consumer.assign(
+            [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(self._states)]
+        )
+        return not self._suspect
+
     async def _step(self, consumer: Consumer) -> None:
         owned = self.owned()
         await self._sync(consumer, owned)
         if not owned:
             await asyncio.sleep(0.05)
             return
+        if self._suspect and not await self._verify(consumer, owned):
+            await asyncio.sleep(PUMP_RETRY_SECONDS)
+            return
         msgs = await asyncio.get_running_loop().run_in_executor(None, _fetch, consumer)
+        suspect = {m.partition() for m in msgs if self._signals_recreation(m)}
+        if suspect - owned:
+            suspect = set(owned)  # a topic-level error: every partition may be concerned
+        if suspect:
+            # Nothing of this fetch is applied: after the check every partition is read again
+            # from its own position.
+            self._suspect |= suspect & owned
+            return
         # Ownership may have changed while we waited: apply only what is still ours, and nothing
         # once a rebalance has begun (the partition may be on its way to another worker).
         owned = self.owned()
@@ -557,7 +636,16 @@ class Engine:
             )
             return
         queue = self.queues.get(cmd["topic"])
-        if queue is not None:
+        if cmd["command"] == "status":
+            row = {**await proc.partition_status(msg.partition), "worker": self.worker_name}
+            base = {
+                "command_id": cmd["command_id"],
+                "query_id": cmd.get("query_id") or "",
+                "topic": proc.topic.name,
+                "partition": msg.partition,
+            }
+            await self._send_rows(proc, cmd["reply_to"], base, [("", orjson.dumps(row), 0)])
+        elif queue is not None:
             await self._queue_command(proc, queue, cmd, msg.partition)
         elif cmd["command"] == "sow":
             await proc.query(cmd, msg.partition)
@@ -623,9 +711,19 @@ class Engine:
                 reply_to, {**failure, "command": "ack" if command == "queue_ack" else "part_end"}
             )
             return
+        await self._send_rows(proc, reply_to, base, found)
+
+    @staticmethod
+    async def _send_rows(
+        proc: TopicProcessor,
+        reply_to: str,
+        base: dict[str, Any],
+        found: list[tuple[str, bytes, int]],
+    ) -> None:
+        """Answer one partition's share of a command with ``(key, data, timestamp)`` rows."""
         records = [
-            {"sow_key": bookmark, "data": data, "timestamp": ts, "log_offset": -1}
-            for bookmark, data, ts in found
+            {"sow_key": key, "data": data, "timestamp": ts, "log_offset": -1}
+            for key, data, ts in found
         ]
         answer = {**base, "answer_id": uuid.uuid4().hex[:12]}
         for start in range(0, len(records), 500):
@@ -695,14 +793,7 @@ class Engine:
             TopicSpec(self.names.subscriptions, 1, {"cleanup.policy": "compact"}),
         ]
         for t in self.config.topics:
-            # LogAppendTime: the broker stamps each record, so expiration and history use one clock.
-            specs.append(
-                TopicSpec(
-                    self.names.log(t.name),
-                    t.partitions,
-                    {"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"},
-                )
-            )
+            specs.append(log_topic_spec(self.names, t.name, t.partitions))
             specs.append(
                 TopicSpec(
                     self.names.control(t.name), t.partitions, {"retention.ms": str(3_600_000)}
@@ -747,6 +838,19 @@ class Engine:
             start_http_server(self.metrics_port, addr="127.0.0.1")
         worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True, override_logging=False)
         worker.execute_from_commandline()
+
+
+def log_topic_spec(names: TopicNames, topic: str, partitions: int) -> TopicSpec:
+    """The transaction log of ``topic`` as the engine creates it.
+
+    Kept forever by default; LogAppendTime: the broker stamps each record, so expiration,
+    History and RecoveryPoint timestamps all use one clock.
+    """
+    return TopicSpec(
+        names.log(topic),
+        partitions,
+        {"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"},
+    )
 
 
 def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[str, Any]]:
