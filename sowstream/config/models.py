@@ -468,6 +468,22 @@ class EngineConfig(_Frozen):
     kafka: dict[str, str] = Field(default_factory=dict)
     rocksdb: RocksDBConfig = RocksDBConfig()
     slow_consumer: SlowConsumerConfig = SlowConsumerConfig()
+    # Topics that are in no configuration: publishing or subscribing creates them (as plain
+    # topics, no SOW), as AMPS needs no declaration; false refuses them (production).
+    auto_create_topics: bool = True
+    auto_topic_partitions: int = 4
+
+    @field_validator("auto_create_topics", mode="before")
+    @classmethod
+    def _flag(cls, value: object, info: ValidationInfo) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{info.field_name} must be true or false, got {value!r}")
+        return value
+
+    @field_validator("auto_topic_partitions", mode="before")
+    @classmethod
+    def _auto_partitions(cls, value: object) -> int:
+        return _bounded_int(value, "auto_topic_partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @field_validator("app_id", "topic_prefix", mode="before")
     @classmethod

@@ -33,6 +33,7 @@ from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.engine import metrics
+from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
@@ -247,6 +248,21 @@ class KafkaLogReader:
                     return
         finally:
             consumer.close()
+
+
+def _decode_command(msg: Any) -> dict[str, Any] | None:
+    """A control-topic record as a Command, or None (logged) when it is not one."""
+    try:
+        return decode("Command", msg.value)
+    except Exception as exc:  # anything a foreign producer may send
+        log.warning(
+            "ignored undecodable command on %s[%d]@%d: %s",
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            exc,
+        )
+        return None
 
 
 def settle_garbage_collector() -> None:
@@ -492,6 +508,8 @@ class Engine:
         }
         for topic in config.topics:
             self._wire(topic)
+        self._static_pumps = list(self.pumps)
+        self._wire_auto_topics()
         self.queues: dict[str, QueueRuntime] = {}
         self._tasks: set[asyncio.Future[None]] = set()
         self._admin: AdminClient | None = None
@@ -540,8 +558,19 @@ class Engine:
                 value_type=bytes,
             )
             self.tables[topic.name] = table
-        log_name = self.names.log(topic.name)
-        reader = KafkaLogReader(self.bootstrap, log_name, self.config.engine.kafka)
+        proc = self._processor(topic, table, ctl_topic.get_topic_name()).proc
+
+        async def answer_commands(stream: Any) -> None:
+            async for event in stream.events():
+                await self._command(proc, event)
+
+        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+
+    def _processor(self, topic: TopicConfig, table: Any, ctl_topic: str) -> LogPump:
+        """The processor of ``topic`` and the pump that feeds it from its log (registered)."""
+        reader = KafkaLogReader(
+            self.bootstrap, self.names.log(topic.name), self.config.engine.kafka
+        )
         proc = TopicProcessor(
             topic,
             self.names,
@@ -551,13 +580,164 @@ class Engine:
             entitlement=self.config.entitlement_lookup(topic.name),
         )
         self.processors[topic.name] = proc
-        self.pumps.append(LogPump(self, proc, ctl_topic.get_topic_name()))
+        pump = LogPump(self, proc, ctl_topic)
+        self.pumps.append(pump)
+        return pump
 
-        async def answer_commands(stream: Any) -> None:
+    # -- topics in no configuration ---------------------------------------------------------------
+
+    def _wire_auto_topics(self) -> None:
+        """The shared control topic of topics created on first use, and the directory of them.
+
+        They are plain topics with one partition count, so one control topic (co-partitioned
+        with their logs) serves them all, and faust's subscription never has to change.
+        """
+        self._declared = {t.name for t in self.config.topics} | {q.name for q in self.config.queues}
+        # Registrations for topics not known (yet): applied when the topic turns up.
+        self._unplaced: dict[str, dict[str, SubscriptionSpec]] = {}
+        self.directory = TopicDirectory(
+            self.bootstrap, self.names.meta, self.config.engine.kafka, self._add_auto
+        )
+        auto_ctl = self.app.topic(
+            self.names.auto_control,
+            partitions=self.config.engine.auto_topic_partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+        async def answer_auto(stream: Any) -> None:
             async for event in stream.events():
-                await self._command(proc, event)
+                await self._auto_command(event)
 
-        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+        self.app.agent(auto_ctl, name="sowstream.ctl-auto")(answer_auto)
+
+    def _auto_topic(self, name: str) -> TopicConfig:
+        """The definition every topic created on first use has: plain, no Key."""
+        return TopicConfig(
+            name=name, sow=False, partitions=self.config.engine.auto_topic_partitions
+        )
+
+    def _add_auto(self, name: str) -> None:
+        """Serve ``name``, a topic created on first use (found on the meta topic or just made)."""
+        if name in self.processors or name in self._declared:
+            return
+        try:
+            topic = self._auto_topic(name)
+        except ValueError as exc:  # a definition some other writer put on the meta topic
+            log.warning("ignored auto-created topic %r: %s", name, exc)
+            return
+        pump = self._processor(topic, None, self.names.auto_control)
+        for spec in self._unplaced.pop(name, {}).values():
+            pump.proc.subs.upsert(spec, held=pump.proc.partitions)
+        self._background(self._run_pump(pump))
+        log.info("serving topic %s (created on first use)", name)
+
+    async def _run_pump(self, pump: LogPump) -> None:
+        await self.registry.loaded.wait()  # subscriptions first, as for configured topics
+        await pump.run()
+
+    def _auto_refusal(self, name: str) -> str | None:
+        """Why ``name`` may not be created on first use, or None."""
+        if not self.config.engine.auto_create_topics:
+            return (
+                f"topic {name!r} is not declared and engine.auto_create_topics is false: declare "
+                "it under sow: or topics: in the configuration, or set "
+                "engine.auto_create_topics: true"
+            )
+        try:
+            self._auto_topic(name)
+        except ValueError as exc:
+            problem = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
+            return f"topic {name!r} cannot be created: {problem or exc}"
+        taken = {kafka_part(n): n for n in [*self._declared, *self.processors]}
+        other = taken.get(kafka_part(name))
+        if other is not None and other != name:
+            return (
+                f"topic {name!r} cannot be created: it would share the Kafka topics of "
+                f"{other!r} ({self.names.log(other)})"
+            )
+        return None
+
+    async def _auto_command(self, event: Any) -> None:
+        """A command on the shared control topic: create a topic, or one for a created topic."""
+        msg = event.message
+        cmd = _decode_command(msg)
+        if cmd is None:
+            return
+        if cmd["command"] == h.DECLARE_TOPIC:
+            await self._declare(cmd, msg.partition)
+            return
+        proc = self.processors.get(cmd["topic"])
+        if proc is None:
+            await self.directory.caught_up()  # created by another worker a moment ago?
+            proc = self.processors.get(cmd["topic"])
+        if proc is None:
+            body = {
+                "command": "part_end",
+                "command_id": cmd["command_id"],
+                "query_id": cmd.get("query_id") or "",
+                "topic": cmd["topic"],
+                "partition": msg.partition,
+                "status": "failure",
+                "reason": "unknown_topic",
+                "message": f"topic {cmd['topic']!r} is not known to the engine",
+            }
+            await self.sender.send_reply(cmd["reply_to"], encode("Reply", body))
+            return
+        await self._answer(proc, cmd, msg.partition)
+
+    async def _declare(self, cmd: dict[str, Any], partition: int) -> None:
+        """Create a topic on first use (or refuse to), then acknowledge: its definition is on the
+        meta topic by then, so the client can read it at once."""
+        name = cmd["topic"]
+        answer = {
+            "command": "ack",
+            "command_id": cmd["command_id"],
+            "topic": name,
+            "partition": partition,
+            "log_offset": -1,
+            "count": 1,
+        }
+        problem = None
+        if name not in self.processors and name not in self._declared:
+            problem = self._auto_refusal(name)
+            if problem is None:
+                try:
+                    await self._create_auto(name)
+                except (SowstreamError, KafkaException) as exc:
+                    problem = f"topic {name!r} could not be created: {exc}"
+        if problem is not None:
+            answer.update(status="failure", reason="not_declared", message=problem, count=0)
+        await self.sender.send_reply(cmd["reply_to"], encode("Reply", answer))
+
+    async def _create_auto(self, name: str) -> None:
+        """Create the log of topic ``name`` and publish its definition (``auto`` set)."""
+        loop = asyncio.get_running_loop()
+        topic = self._auto_topic(name)
+        spec = log_topic_spec(self.names, name, topic.partitions)
+        await loop.run_in_executor(
+            None,
+            lambda: ensure_topics(
+                self.bootstrap,
+                [spec],
+                replication_factor=self.config.engine.replication_factor,
+                extra=self.config.engine.kafka,
+            ),
+        )
+        info = topic_info(topic, self.names, auto=True)
+        await loop.run_in_executor(None, self._write_meta, {name: info})
+        self._add_auto(name)
+        log.info("created topic %s on first use (engine.auto_create_topics)", name)
+
+    def _write_meta(self, infos: Mapping[str, dict[str, Any]]) -> None:
+        """Publish topic definitions to the meta topic and wait until Kafka has them."""
+        producer = Producer(producer_config(self.bootstrap, self.config.engine.kafka))
+        for name, info in infos.items():
+            producer.produce(self.names.meta, key=name.encode(), value=encode("TopicInfo", info))
+        if producer.flush(30) != 0:
+            raise SowstreamError("could not publish topic definitions to the meta topic")
 
     def _registration(self, key: str, spec: SubscriptionSpec | None) -> None:
         """A registry record arrived: start, change or stop a subscription."""
@@ -574,6 +754,11 @@ class Engine:
             return
         proc = self.processors.get(topic)
         if proc is None:
+            # Maybe a topic created on first use that this worker has not read about yet.
+            if spec is None:
+                self._unplaced.get(topic, {}).pop(key, None)
+            else:
+                self._unplaced.setdefault(topic, {})[key] = spec
             return
         if spec is None:
             proc.unsubscribe(key)
@@ -624,33 +809,28 @@ class Engine:
 
     async def _command(self, proc: TopicProcessor, event: Any) -> None:
         msg = event.message
-        try:
-            cmd = decode("Command", msg.value)
-        except Exception as exc:  # anything a foreign producer may send
-            log.warning(
-                "ignored undecodable command on %s[%d]@%d: %s",
-                msg.topic,
-                msg.partition,
-                msg.offset,
-                exc,
-            )
-            return
+        cmd = _decode_command(msg)
+        if cmd is not None:
+            await self._answer(proc, cmd, msg.partition)
+
+    async def _answer(self, proc: TopicProcessor, cmd: dict[str, Any], partition: int) -> None:
+        """Answer one partition's share of a command about ``proc``'s topic."""
         queue = self.queues.get(cmd["topic"])
         if cmd["command"] == "status":
-            row = {**await proc.partition_status(msg.partition), "worker": self.worker_name}
+            row = {**await proc.partition_status(partition), "worker": self.worker_name}
             base = {
                 "command_id": cmd["command_id"],
                 "query_id": cmd.get("query_id") or "",
                 "topic": proc.topic.name,
-                "partition": msg.partition,
+                "partition": partition,
             }
             await self._send_rows(proc, cmd["reply_to"], base, [("", orjson.dumps(row), 0)])
         elif queue is not None:
-            await self._queue_command(proc, queue, cmd, msg.partition)
+            await self._queue_command(proc, queue, cmd, partition)
         elif cmd["command"] == "sow":
-            await proc.query(cmd, msg.partition)
+            await proc.query(cmd, partition)
         elif cmd["command"] in SUBSCRIBE_COMMANDS:
-            await proc.subscribe(cmd, msg.partition)
+            await proc.subscribe(cmd, partition)
         else:
             await proc.reply(
                 cmd["reply_to"],
@@ -659,7 +839,7 @@ class Engine:
                     "command_id": cmd["command_id"],
                     "query_id": cmd.get("query_id") or "",
                     "topic": proc.topic.name,
-                    "partition": msg.partition,
+                    "partition": partition,
                     "status": "failure",
                     "reason": "unknown_command",
                     "message": f"unknown command {cmd['command']!r}",
@@ -755,7 +935,7 @@ class Engine:
             for proc in self.processors.values():
                 proc.subs.sweep_orphans()  # conflation journals of subscriptions that are gone
             settle_garbage_collector()
-            await asyncio.gather(*(pump.run() for pump in self.pumps))
+            await asyncio.gather(*(pump.run() for pump in self._static_pumps))
 
         @app.task
         async def deliver_queues() -> None:
@@ -765,6 +945,10 @@ class Engine:
         @app.task
         async def follow_registry() -> None:
             await self.registry.run()
+
+        @app.task
+        async def follow_directory() -> None:
+            await self.directory.run()
 
         @app.task
         async def watch_slow_consumers() -> None:
@@ -791,6 +975,11 @@ class Engine:
             TopicSpec(self.names.meta, 1, {"cleanup.policy": "compact"}),
             TopicSpec(self.names.dead_letter, 1, {"retention.ms": "-1"}),
             TopicSpec(self.names.subscriptions, 1, {"cleanup.policy": "compact"}),
+            TopicSpec(
+                self.names.auto_control,
+                self.config.engine.auto_topic_partitions,
+                {"retention.ms": str(3_600_000)},
+            ),
         ]
         for t in self.config.topics:
             specs.append(log_topic_spec(self.names, t.name, t.partitions))
@@ -812,11 +1001,7 @@ class Engine:
             replication_factor=self.config.engine.replication_factor,
             extra=extra,
         )
-        producer = Producer(producer_config(self.bootstrap, extra))
-        for name, info in definitions(self.config, self.names).items():
-            producer.produce(self.names.meta, key=name.encode(), value=encode("TopicInfo", info))
-        if producer.flush(30) != 0:
-            raise RuntimeError("could not publish topic definitions to the meta topic")
+        self._write_meta(definitions(self.config, self.names))
 
     def apply_seeds(self, root: Path) -> dict[str, list[int]]:
         """Start partitions without local state from Spark seeds under ``root``."""
@@ -865,8 +1050,9 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
     return infos
 
 
-def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:
-    """The meta-topic record describing ``topic`` (schemas/TopicInfo.avsc)."""
+def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> dict[str, Any]:
+    """The meta-topic record describing ``topic`` (schemas/TopicInfo.avsc); ``auto`` for a
+    topic created on first use, whose commands go to the shared control topic."""
     exp = topic.expiration
     expiration = exp.mode if exp.mode != "default" else f"{exp.default_ms}ms"
     return {
@@ -876,9 +1062,10 @@ def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:
         "key_domain": topic.effective_key_domain,
         "partitions": topic.partitions,
         "log_topic": names.log(topic.name),
-        "control_topic": names.control(topic.name),
+        "control_topic": names.auto_control if auto else names.control(topic.name),
         "hash_indexes": [list(i) for i in topic.hash_indexes],
         "expiration": expiration,
         "durability": topic.durability,
         "sow": topic.sow,
+        "auto": auto,
     }

@@ -270,9 +270,9 @@ def test_order_by_sorts_the_sow_part_and_no_sowkey_and_select_shape_it(
     sub.close()
 
 
-def test_sow_and_subscribe_on_an_unknown_topic_is_an_error(client: Client) -> None:
+def test_sow_and_subscribe_on_a_pattern_matching_no_topic_is_an_error(client: Client) -> None:
     with pytest.raises(UnknownTopicError):
-        client.sow_and_subscribe("nope")
+        client.sow_and_subscribe("nope.*")
 
 
 # -- delta subscriptions -------------------------------------------------------------------------
