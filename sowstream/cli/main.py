@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -336,6 +336,48 @@ def delete(
     with Client(bootstrap, prefix=prefix) as client:
         count = client.sow_delete(topic, filter=filter, sow_keys=key, data=data)
     out.print(f"deleted {count} record(s) from {topic}")
+
+
+@app.command()
+@friendly_errors
+def status(
+    topic: Annotated[
+        str | None, typer.Argument(help="A topic or regular expression (default: all).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    bootstrap: Bootstrap = None,
+    prefix: Prefix = "sowstream",
+) -> None:
+    """Per topic and partition: the worker serving it, how far it applied the log, warnings."""
+    with Client(bootstrap, prefix=prefix) as client:
+        rows = client.status(topic)
+    if as_json:
+        for row in rows:
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        return
+    out.print(status_table(rows))
+
+
+# Columns of the status table: (title, how to show a row's value). Add columns here.
+STATUS_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("topic", lambda row: str(row["topic"])),
+    ("partition", lambda row: str(row["partition"])),
+    ("worker", lambda row: str(row.get("worker", ""))),
+    ("SOW", lambda row: "yes" if row.get("sow", True) else "no"),
+    ("watermark", lambda row: str(row["watermark"])),
+    ("warnings", lambda row: "\n".join(w["message"] for w in row.get("warnings", []))),
+)
+
+
+def status_table(rows: list[dict[str, Any]]) -> Table:
+    """The rows of ``Client.status`` as a table, warnings in red."""
+    warned = sum(1 for row in rows if row.get("warnings"))
+    table = Table(title=f"{len(rows)} partition(s), {warned} with warnings")
+    for title, _ in STATUS_COLUMNS:
+        table.add_column(title, style="red" if title == "warnings" else None)
+    for row in rows:
+        table.add_row(*(show(row) for _, show in STATUS_COLUMNS))
+    return table
 
 
 def main() -> None:

@@ -57,6 +57,7 @@ from sowstream.sow.query import (
 from sowstream.subscriptions.model import (
     DELTA_SUBSCRIBE,
     FAILURE,
+    LOG_RESET,
     SOW_AND_DELTA_SUBSCRIBE,
     SOW_AND_SUBSCRIBE,
     SUBSCRIBE,
@@ -77,6 +78,9 @@ from sowstream.wire.kafka import (
 from sowstream.wire.topics import DEFAULT_PREFIX, TopicNames
 
 _REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
+# Characters that only a pattern has ('.' is common in topic names): a name with none of these
+# that no topic matches is a topic of its own, created on first use.
+_PATTERN_ONLY = re.compile(r"[\\^$|?*+()\[\]{}]")
 # How often the reply reader tells the engine the client is alive (slow_consumer.client_timeout).
 HEARTBEAT_SECONDS = 2.0
 
@@ -95,6 +99,7 @@ class TopicInfo:
     queue_of: tuple[str, ...] = ()  # a queue: the topics its messages come from
     key_generator: str | None = None
     key_generator_options: tuple[tuple[str, str], ...] = ()
+    auto: bool = False  # in no configuration: created by the engine on first use
 
     @property
     def queue(self) -> bool:
@@ -115,6 +120,7 @@ class TopicInfo:
             tuple(d.get("queue_of") or ()),
             d.get("key_generator"),
             tuple(sorted((d.get("key_generator_options") or {}).items())),
+            d.get("auto", False),
         )
 
 
@@ -271,14 +277,39 @@ class Client:
             raise UnknownTopicError(topic)
         return info
 
+    def _known(self, topic: str) -> TopicInfo | None:
+        """The definition of ``topic`` if the engine has one (refreshing once), else None."""
+        return self._topics.get(topic) or self.refresh_topics().get(topic)
+
+    def _topic_or_declare(self, topic: str) -> TopicInfo:
+        """The definition of ``topic``; a topic in no configuration is created first, as a
+        plain topic, if the engine allows it (``engine.auto_create_topics``)."""
+        return self._known(topic) or self._declare(topic)
+
+    def _declare(self, topic: str) -> TopicInfo:
+        """Ask the engine to create ``topic`` (CommandFailedError says why when it refuses)."""
+        command_id = uuid.uuid4().hex
+        producer, _ = self._require()
+        body = self._command_body(h.DECLARE_TOPIC, command_id, topic)
+        producer.produce(self.names.auto_control, value=encode("Command", body), partition=0)
+        producer.flush(self.timeout)
+        self._await_acks(command_id, 1)
+        info = self.refresh_topics().get(topic)
+        if info is None:
+            raise SowstreamError(
+                f"topic {topic!r} was created but its definition is not on {self.names.meta!r}"
+            )
+        return info
+
     # -- publishing -----------------------------------------------------------------------------
 
     def _on_delivery(self, err: KafkaError | None, msg: KafkaMessage) -> None:
         if err is not None:
             self._delivery_errors.append(f"{msg.topic()}: {err.str()}")
             return
-        key = (msg.topic() or "", msg.partition() or 0)
-        self._written[key] = max(self._written.get(key, -1), msg.offset() or 0)
+        # Reports of one partition come in log order: the latest is the highest offset, unless
+        # the log was recreated, where it must replace the old log's higher offsets.
+        self._written[(msg.topic() or "", msg.partition() or 0)] = msg.offset() or 0
 
     def flush(self) -> None:
         """Wait until every publish is acknowledged by Kafka; raise if any failed."""
@@ -391,7 +422,7 @@ class Client:
         expiration: int | str | None,
         ack: bool,
     ) -> str | None:
-        info = self.topic_info(topic)
+        info = self._topic_or_declare(topic)
         raw, parsed = self._body(topic, data)
         key = self._sow_key(info, parsed, sow_key)
         command_id = uuid.uuid4().hex if ack else None
@@ -433,7 +464,10 @@ class Client:
         given = [x is not None for x in (filter, sow_keys, data)]
         if sum(given) != 1:
             raise InvalidCommandError("sow_delete takes exactly one of filter=, sow_keys= or data=")
-        info = self.topic_info(topic)
+        info = self._known(topic)
+        if info is None:
+            return 0  # a topic in no configuration keeps no SOW: nothing to delete
+
         command_id = uuid.uuid4().hex
         base: dict[str, str | None] = {
             h.COMMAND: h.SOW_DELETE,
@@ -515,6 +549,14 @@ class Client:
                 )
                 self._subscriptions.pop(sub.sub_id, None)
                 return
+            if command == LOG_RESET:
+                if isinstance(sub, Subscription):
+                    sub.reset_partition(
+                        headers.get(h.TOPIC, ""),
+                        int(headers.get(h.PARTITION, "0")),
+                        int(headers.get(h.OFFSET, "-1")),
+                    )
+                return
             sub.on_live(_Live.from_headers(value, headers))
             return
         if value is None:
@@ -564,13 +606,17 @@ class Client:
 
     # -- queries --------------------------------------------------------------------------------
 
-    def _resolve_topics(self, topic: str) -> list[TopicInfo]:
+    def _resolve_topics(self, topic: str, *, declare: bool = False) -> list[TopicInfo]:
+        """The topics ``topic`` names: itself, or those a regular expression matches; with
+        ``declare`` a name no topic matches is created (a plain topic) if the engine allows."""
         if topic in self._topics or topic in self.refresh_topics():
             return [self._topics[topic]]
         if _REGEX_CHARS.search(topic):
             matched = match_topic_names(topic, sorted(self._topics))
             if matched:
                 return [self._topics[name] for name in matched]
+        if declare and not _PATTERN_ONLY.search(topic):
+            return [self._declare(topic)]
         raise UnknownTopicError(topic)
 
     def sow(
@@ -607,7 +653,12 @@ class Client:
         if grouping is not None or projection is not None:
             aggregation = parse_aggregation(grouping, projection)
             options.update(grouping=grouping or "", projection=projection or "")
-        resolved = self._resolve_topics(topic)
+        try:
+            resolved = self._resolve_topics(topic)
+        except UnknownTopicError:
+            if _PATTERN_ONLY.search(topic):
+                raise
+            resolved = []  # a topic in no configuration: a plain topic, so no SOW
         if len(resolved) == 1 and resolved[0].queue:
             # Browsing a queue: the messages available now, nothing leased or removed.
             if bookmark or aggregation is not None or sow_keys is not None:
@@ -970,7 +1021,7 @@ class Client:
         if bookmark is not None:
             bookmark = self._resolve_bookmark(bookmark, sub_id)
         sub_id = sub_id or uuid.uuid4().hex[:16]
-        infos = self._resolve_topics(topic)
+        infos = self._resolve_topics(topic, declare=True)
         if any(info.queue for info in infos):
             if (command != SUBSCRIBE and command != DELTA_SUBSCRIBE) or bookmark is None:
                 raise InvalidCommandError(
@@ -1038,9 +1089,8 @@ class Client:
         return sub
 
     def _is_queue(self, topic: str) -> bool:
-        if topic not in self._topics and _REGEX_CHARS.search(topic):
-            return False
-        return self.topic_info(topic).queue
+        info = self._known(topic)
+        return info is not None and info.queue
 
     def _queue_subscribe(
         self,
@@ -1184,6 +1234,30 @@ class Client:
                 row.pop("topic", None)
                 total.update(row)
         return {"depth": 0, "leased": 0, **total}
+
+    def status(self, topic: str | None = None) -> list[dict[str, Any]]:
+        """Every partition of every topic (or of ``topic``, a name or regular expression): the
+        worker serving it, its watermark and its warnings (such as a recreated log)."""
+        infos = self._resolve_topics(topic) if topic else list(self.refresh_topics().values())
+        # A queue's own record stands for its topics, which have records of their own.
+        infos = [i for i in infos if not i.queue or i.name in i.queue_of]
+        command_id = uuid.uuid4().hex
+        query_id = uuid.uuid4().hex[:16]
+        producer, _ = self._require()
+        for info in infos:
+            for partition in range(info.partitions):
+                body = self._command_body("status", command_id, info.name, query_id=query_id)
+                producer.produce(
+                    info.control_topic, value=encode("Command", body), partition=partition
+                )
+        producer.flush(self.timeout)
+        expected = sum(info.partitions for info in infos)
+        rows = [
+            m.json()
+            for m in self._collect(command_id, query_id, expected, validate_query())
+            if m.command == "sow"
+        ]
+        return sorted(rows, key=lambda row: (row["topic"], row["partition"]))
 
     def _queue_query(
         self, queue: str, command: str, filter: str | None, opts: QueryOptions

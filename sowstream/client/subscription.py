@@ -157,6 +157,12 @@ class Subscription:
             where = (topic, partition)
             self._last[where] = max(self._last.get(where, (-1, 0)), (watermark, CUT_SEQ))
 
+    def reset_partition(self, topic: str, partition: int, watermark: int) -> None:
+        """The partition's log was recreated: its offsets start over after ``watermark``, so
+        later messages are new even where their offsets are below those seen before."""
+        with self._lock:
+            self._last[(topic, partition)] = (watermark, CUT_SEQ)
+
     def release_through(self, cuts: dict[tuple[str, int], int]) -> None:
         """Deliver the held messages a replace's answer does not cover yet: those at or before
         each partition's replace point were sent under the old filter and go first."""

@@ -18,12 +18,14 @@ from sowstream.config.units import parse_interval, parse_size
 from sowstream.errors import InvalidCommandError, UnknownTopicError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.sow.keygen import KeyGeneratorError, load_key_generator
+from sowstream.sow.timestamps import parse_timestamp
 from sowstream.wire.topics import kafka_part
 
 # Grow these Literals as message types and modes are implemented; validation follows them.
 MessageType = Literal["json"]
 Durability = Literal["persistent", "transient"]
-RecoveryPoint = Literal["epoch", "now"]
+# A RecoveryPoint is one of these words or a timestamp (kept as written, see recovery_point_ms).
+RECOVERY_WORDS = ("epoch", "now")
 ExpirationMode = Literal["disabled", "enabled", "default"]
 
 SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = get_args(MessageType)
@@ -104,6 +106,39 @@ def _choice(value: object, what: str, options: tuple[str, ...]) -> str:
     if isinstance(value, str) and value.strip().lower() in options:
         return value.strip().lower()
     raise ValueError(f"{what} must be one of {', '.join(options)}, got {value!r}")
+
+
+def parse_recovery_point(value: object, aliases: Mapping[str, str] | None = None) -> str:
+    """A RecoveryPoint as stored: ``epoch``, ``now`` (lower case) or a timestamp as written.
+
+    ``aliases`` maps further words onto those (a queue reads ``creation`` as ``now``). Shared by
+    SOW topics and queues so both accept the same forms.
+    """
+    aliases = aliases or {}
+    words = (*RECOVERY_WORDS, *aliases)
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        word = text.lower()
+        if word in RECOVERY_WORDS:
+            return word
+        if word in aliases:
+            return aliases[word]
+        try:
+            parse_timestamp(text, "RecoveryPoint")
+            return text
+        except InvalidCommandError:
+            pass
+    raise ValueError(
+        f"RecoveryPoint must be {', '.join(words)} or a timestamp like 20261123T080000 or "
+        f"2026-11-23T08:00:00Z, got {value!r}"
+    )
+
+
+def recovery_point_ms(point: str) -> int | None:
+    """A stored RecoveryPoint's timestamp as epoch milliseconds; None for ``epoch`` and ``now``."""
+    if point in RECOVERY_WORDS:
+        return None
+    return parse_timestamp(point, "RecoveryPoint")
 
 
 def check_path(path: object, what: str = "path") -> str:
@@ -272,7 +307,7 @@ class TopicConfig(_Frozen):
     key_domain: str | None = None
     key_generator: KeyGeneratorConfig | None = None
     durability: Durability = "persistent"
-    recovery_point: RecoveryPoint = "epoch"
+    recovery_point: str = "epoch"  # epoch, now or a timestamp (parse_recovery_point)
     expiration: ExpirationPolicy = ExpirationPolicy()
     hash_indexes: tuple[tuple[str, ...], ...] = ()
     indexes: tuple[str, ...] = ()
@@ -312,8 +347,12 @@ class TopicConfig(_Frozen):
 
     @field_validator("recovery_point", mode="before")
     @classmethod
-    def _recovery_point(cls, value: object) -> str:
-        return _choice(value, "RecoveryPoint", get_args(RecoveryPoint))
+    def _recovery_point(cls, value: object, info: ValidationInfo) -> str:
+        try:
+            return parse_recovery_point(value)
+        except ValueError as exc:
+            name = info.data.get("name")
+            raise ValueError(f"topic {name!r}: {exc}" if name else str(exc)) from None
 
     @field_validator("expiration", mode="before")
     @classmethod
@@ -387,6 +426,11 @@ class TopicConfig(_Frozen):
                 "cannot expire)",
             )
         return self
+
+    @property
+    def recovery_point_ms(self) -> int | None:
+        """The RecoveryPoint as epoch milliseconds; None for ``epoch`` and ``now``."""
+        return recovery_point_ms(self.recovery_point)
 
     @property
     def effective_key_domain(self) -> str:
@@ -474,6 +518,22 @@ class EngineConfig(_Frozen):
     kafka: dict[str, str] = Field(default_factory=dict)
     rocksdb: RocksDBConfig = RocksDBConfig()
     slow_consumer: SlowConsumerConfig = SlowConsumerConfig()
+    # Topics that are in no configuration: publishing or subscribing creates them (as plain
+    # topics, no SOW), as AMPS needs no declaration; false refuses them (production).
+    auto_create_topics: bool = True
+    auto_topic_partitions: int = 4
+
+    @field_validator("auto_create_topics", mode="before")
+    @classmethod
+    def _flag(cls, value: object, info: ValidationInfo) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{info.field_name} must be true or false, got {value!r}")
+        return value
+
+    @field_validator("auto_topic_partitions", mode="before")
+    @classmethod
+    def _auto_partitions(cls, value: object) -> int:
+        return _bounded_int(value, "auto_topic_partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @field_validator("app_id", "topic_prefix", mode="before")
     @classmethod

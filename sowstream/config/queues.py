@@ -25,10 +25,10 @@ from sowstream.config.models import (
     _Frozen,
     _interval_ms,
     _topic_name,
+    parse_recovery_point,
+    recovery_point_ms,
 )
-from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError, ast, parse_filter
-from sowstream.sow.timestamps import parse_timestamp
 
 if TYPE_CHECKING:
     from sowstream.config.models import TopicConfig
@@ -323,21 +323,8 @@ class QueueConfig(_Frozen):
     @field_validator("recovery_point", mode="before")
     @classmethod
     def _recovery_point(cls, value: object) -> str:
-        text = _text_value(value, "RecoveryPoint")
-        assert text is not None
-        word = text.lower()
-        if word in ("epoch", "now"):
-            return word
-        if word == "creation":
-            return "now"  # a queue's creation is the moment it is first recovered
-        try:
-            parse_timestamp(text, "RecoveryPoint")
-        except InvalidCommandError:
-            raise ValueError(
-                f"RecoveryPoint must be epoch, now, creation or a timestamp like "
-                f"20261123T080000 or 2026-11-23T08:00:00Z, got {text!r}"
-            ) from None
-        return text
+        # A queue's creation is the moment it is first recovered.
+        return parse_recovery_point(value, {"creation": "now"})
 
     @field_validator("file_backed_metadata", mode="before")
     @classmethod
@@ -444,9 +431,7 @@ class QueueConfig(_Frozen):
     @property
     def recovery_point_ms(self) -> int | None:
         """The RecoveryPoint timestamp as epoch milliseconds; None for ``epoch`` and ``now``."""
-        if self.recovery_point in ("epoch", "now"):
-            return None
-        return parse_timestamp(self.recovery_point, "RecoveryPoint")
+        return recovery_point_ms(self.recovery_point)
 
 
 def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -> None:

@@ -20,19 +20,27 @@ from typing import Any, cast
 import faust
 import orjson
 from aiokafka.errors import KafkaError
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka.admin import AdminClient
 from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.engine import metrics
+from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
-from sowstream.errors import InvalidCommandError
+from sowstream.errors import InvalidCommandError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.wire import headers as h
@@ -48,6 +56,17 @@ CONFLATION_TICK = 0.02
 REPLY_METADATA_WAIT = 5.0
 PUMP_RETRY_SECONDS = 1.0
 GC_THRESHOLDS = (50_000, 20, 100)  # CPython's defaults are (700, 10, 10)
+# Fetch errors that mean the log partition we read may no longer be the one we applied.
+_LOG_GONE = frozenset(
+    {
+        RdKafkaError.UNKNOWN_TOPIC_OR_PART,
+        RdKafkaError.UNKNOWN_TOPIC_ID,
+        RdKafkaError._UNKNOWN_PARTITION,
+        RdKafkaError._UNKNOWN_TOPIC,
+        RdKafkaError.OFFSET_OUT_OF_RANGE,
+        RdKafkaError._AUTO_OFFSET_RESET,
+    }
+)
 
 
 class FaustSender(Sender):
@@ -172,6 +191,19 @@ class KafkaLogReader:
 
         return await asyncio.get_running_loop().run_in_executor(None, read)
 
+    async def start_offset(self, partition: int) -> int:
+        def read() -> int:
+            consumer = self._consumer()
+            try:
+                low, _ = consumer.get_watermark_offsets(
+                    TopicPartition(self._topic, partition), timeout=30
+                )
+                return int(low)
+            finally:
+                consumer.close()
+
+        return await asyncio.get_running_loop().run_in_executor(None, read)
+
     async def offset_for_time(self, partition: int, at_ms: int) -> int:
         def read() -> int:
             consumer = self._consumer()
@@ -218,6 +250,21 @@ class KafkaLogReader:
             consumer.close()
 
 
+def _decode_command(msg: Any) -> dict[str, Any] | None:
+    """A control-topic record as a Command, or None (logged) when it is not one."""
+    try:
+        return decode("Command", msg.value)
+    except Exception as exc:  # anything a foreign producer may send
+        log.warning(
+            "ignored undecodable command on %s[%d]@%d: %s",
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            exc,
+        )
+        return None
+
+
 def settle_garbage_collector() -> None:
     """Keep full garbage collections off the apply path once the worker is up.
 
@@ -262,6 +309,9 @@ class LogPump:
         # and hand the partition straight back, and the new state starts from its own watermark.
         self._states: dict[int, PartitionState] = {}
         self._next: dict[int, int] = {}
+        # Partitions whose log may have been deleted and created again: nothing of theirs is
+        # applied until the processor has compared the log with what it applied.
+        self._suspect: set[int] = set()
 
     def owned(self) -> set[int]:
         """Partitions this worker owns now; empty while faust rebalances or recovers."""
@@ -293,13 +343,58 @@ class LogPump:
             [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(self._states)]
         )
 
+    def _signals_recreation(self, msg: Any) -> bool:
+        """Whether a fetched message says the log may have been recreated: its topic or
+        partition vanished, the position fell off its end, or offsets went back."""
+        error = msg.error()
+        if error is not None:
+            return bool(error.code() in _LOG_GONE)
+        return (msg.offset() or 0) < self._next.get(msg.partition(), 0)
+
+    async def _verify(self, consumer: Consumer, owned: set[int]) -> bool:
+        """Let the processor check each suspect partition's log; True once none is left.
+
+        While the log topic is gone the check fails and is tried again on the next step.
+        """
+        for partition in sorted(self._suspect & owned):
+            try:
+                await self.proc.verify_log(partition)
+            except (KafkaException, SowstreamError) as exc:
+                log.info(
+                    "topic %s partition %d: cannot check the log yet (%s)",
+                    self.proc.topic.name,
+                    partition,
+                    exc,
+                )
+                continue
+            self._suspect.discard(partition)
+            ps = self.proc.state(partition)
+            if ps is not None and self._current(partition):
+                self._next[partition] = ps.folded + 1
+        self._suspect &= owned
+        consumer.assign(
+            [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(self._states)]
+        )
+        return not self._suspect
+
     async def _step(self, consumer: Consumer) -> None:
         owned = self.owned()
         await self._sync(consumer, owned)
         if not owned:
             await asyncio.sleep(0.05)
             return
+        if self._suspect and not await self._verify(consumer, owned):
+            await asyncio.sleep(PUMP_RETRY_SECONDS)
+            return
         msgs = await asyncio.get_running_loop().run_in_executor(None, _fetch, consumer)
+        suspect = {m.partition() for m in msgs if self._signals_recreation(m)}
+        if suspect - owned:
+            suspect = set(owned)  # a topic-level error: every partition may be concerned
+        if suspect:
+            # Nothing of this fetch is applied: after the check every partition is read again
+            # from its own position.
+            self._suspect |= suspect & owned
+            return
         # Ownership may have changed while we waited: apply only what is still ours, and nothing
         # once a rebalance has begun (the partition may be on its way to another worker).
         owned = self.owned()
@@ -413,6 +508,8 @@ class Engine:
         }
         for topic in config.topics:
             self._wire(topic)
+        self._static_pumps = list(self.pumps)
+        self._wire_auto_topics()
         self.queues: dict[str, QueueRuntime] = {}
         self._tasks: set[asyncio.Future[None]] = set()
         self._admin: AdminClient | None = None
@@ -461,8 +558,19 @@ class Engine:
                 value_type=bytes,
             )
             self.tables[topic.name] = table
-        log_name = self.names.log(topic.name)
-        reader = KafkaLogReader(self.bootstrap, log_name, self.config.engine.kafka)
+        proc = self._processor(topic, table, ctl_topic.get_topic_name()).proc
+
+        async def answer_commands(stream: Any) -> None:
+            async for event in stream.events():
+                await self._command(proc, event)
+
+        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+
+    def _processor(self, topic: TopicConfig, table: Any, ctl_topic: str) -> LogPump:
+        """The processor of ``topic`` and the pump that feeds it from its log (registered)."""
+        reader = KafkaLogReader(
+            self.bootstrap, self.names.log(topic.name), self.config.engine.kafka
+        )
         proc = TopicProcessor(
             topic,
             self.names,
@@ -472,13 +580,164 @@ class Engine:
             entitlement=self.config.entitlement_lookup(topic.name),
         )
         self.processors[topic.name] = proc
-        self.pumps.append(LogPump(self, proc, ctl_topic.get_topic_name()))
+        pump = LogPump(self, proc, ctl_topic)
+        self.pumps.append(pump)
+        return pump
 
-        async def answer_commands(stream: Any) -> None:
+    # -- topics in no configuration ---------------------------------------------------------------
+
+    def _wire_auto_topics(self) -> None:
+        """The shared control topic of topics created on first use, and the directory of them.
+
+        They are plain topics with one partition count, so one control topic (co-partitioned
+        with their logs) serves them all, and faust's subscription never has to change.
+        """
+        self._declared = {t.name for t in self.config.topics} | {q.name for q in self.config.queues}
+        # Registrations for topics not known (yet): applied when the topic turns up.
+        self._unplaced: dict[str, dict[str, SubscriptionSpec]] = {}
+        self.directory = TopicDirectory(
+            self.bootstrap, self.names.meta, self.config.engine.kafka, self._add_auto
+        )
+        auto_ctl = self.app.topic(
+            self.names.auto_control,
+            partitions=self.config.engine.auto_topic_partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+        async def answer_auto(stream: Any) -> None:
             async for event in stream.events():
-                await self._command(proc, event)
+                await self._auto_command(event)
 
-        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+        self.app.agent(auto_ctl, name="sowstream.ctl-auto")(answer_auto)
+
+    def _auto_topic(self, name: str) -> TopicConfig:
+        """The definition every topic created on first use has: plain, no Key."""
+        return TopicConfig(
+            name=name, sow=False, partitions=self.config.engine.auto_topic_partitions
+        )
+
+    def _add_auto(self, name: str) -> None:
+        """Serve ``name``, a topic created on first use (found on the meta topic or just made)."""
+        if name in self.processors or name in self._declared:
+            return
+        try:
+            topic = self._auto_topic(name)
+        except ValueError as exc:  # a definition some other writer put on the meta topic
+            log.warning("ignored auto-created topic %r: %s", name, exc)
+            return
+        pump = self._processor(topic, None, self.names.auto_control)
+        for spec in self._unplaced.pop(name, {}).values():
+            pump.proc.subs.upsert(spec, held=pump.proc.partitions)
+        self._background(self._run_pump(pump))
+        log.info("serving topic %s (created on first use)", name)
+
+    async def _run_pump(self, pump: LogPump) -> None:
+        await self.registry.loaded.wait()  # subscriptions first, as for configured topics
+        await pump.run()
+
+    def _auto_refusal(self, name: str) -> str | None:
+        """Why ``name`` may not be created on first use, or None."""
+        if not self.config.engine.auto_create_topics:
+            return (
+                f"topic {name!r} is not declared and engine.auto_create_topics is false: declare "
+                "it under sow: or topics: in the configuration, or set "
+                "engine.auto_create_topics: true"
+            )
+        try:
+            self._auto_topic(name)
+        except ValueError as exc:
+            problem = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
+            return f"topic {name!r} cannot be created: {problem or exc}"
+        taken = {kafka_part(n): n for n in [*self._declared, *self.processors]}
+        other = taken.get(kafka_part(name))
+        if other is not None and other != name:
+            return (
+                f"topic {name!r} cannot be created: it would share the Kafka topics of "
+                f"{other!r} ({self.names.log(other)})"
+            )
+        return None
+
+    async def _auto_command(self, event: Any) -> None:
+        """A command on the shared control topic: create a topic, or one for a created topic."""
+        msg = event.message
+        cmd = _decode_command(msg)
+        if cmd is None:
+            return
+        if cmd["command"] == h.DECLARE_TOPIC:
+            await self._declare(cmd, msg.partition)
+            return
+        proc = self.processors.get(cmd["topic"])
+        if proc is None:
+            await self.directory.caught_up()  # created by another worker a moment ago?
+            proc = self.processors.get(cmd["topic"])
+        if proc is None:
+            body = {
+                "command": "part_end",
+                "command_id": cmd["command_id"],
+                "query_id": cmd.get("query_id") or "",
+                "topic": cmd["topic"],
+                "partition": msg.partition,
+                "status": "failure",
+                "reason": "unknown_topic",
+                "message": f"topic {cmd['topic']!r} is not known to the engine",
+            }
+            await self.sender.send_reply(cmd["reply_to"], encode("Reply", body))
+            return
+        await self._answer(proc, cmd, msg.partition)
+
+    async def _declare(self, cmd: dict[str, Any], partition: int) -> None:
+        """Create a topic on first use (or refuse to), then acknowledge: its definition is on the
+        meta topic by then, so the client can read it at once."""
+        name = cmd["topic"]
+        answer = {
+            "command": "ack",
+            "command_id": cmd["command_id"],
+            "topic": name,
+            "partition": partition,
+            "log_offset": -1,
+            "count": 1,
+        }
+        problem = None
+        if name not in self.processors and name not in self._declared:
+            problem = self._auto_refusal(name)
+            if problem is None:
+                try:
+                    await self._create_auto(name)
+                except (SowstreamError, KafkaException) as exc:
+                    problem = f"topic {name!r} could not be created: {exc}"
+        if problem is not None:
+            answer.update(status="failure", reason="not_declared", message=problem, count=0)
+        await self.sender.send_reply(cmd["reply_to"], encode("Reply", answer))
+
+    async def _create_auto(self, name: str) -> None:
+        """Create the log of topic ``name`` and publish its definition (``auto`` set)."""
+        loop = asyncio.get_running_loop()
+        topic = self._auto_topic(name)
+        spec = log_topic_spec(self.names, name, topic.partitions)
+        await loop.run_in_executor(
+            None,
+            lambda: ensure_topics(
+                self.bootstrap,
+                [spec],
+                replication_factor=self.config.engine.replication_factor,
+                extra=self.config.engine.kafka,
+            ),
+        )
+        info = topic_info(topic, self.names, auto=True)
+        await loop.run_in_executor(None, self._write_meta, {name: info})
+        self._add_auto(name)
+        log.info("created topic %s on first use (engine.auto_create_topics)", name)
+
+    def _write_meta(self, infos: Mapping[str, dict[str, Any]]) -> None:
+        """Publish topic definitions to the meta topic and wait until Kafka has them."""
+        producer = Producer(producer_config(self.bootstrap, self.config.engine.kafka))
+        for name, info in infos.items():
+            producer.produce(self.names.meta, key=name.encode(), value=encode("TopicInfo", info))
+        if producer.flush(30) != 0:
+            raise SowstreamError("could not publish topic definitions to the meta topic")
 
     def _registration(self, key: str, spec: SubscriptionSpec | None) -> None:
         """A registry record arrived: start, change or stop a subscription."""
@@ -495,6 +754,11 @@ class Engine:
             return
         proc = self.processors.get(topic)
         if proc is None:
+            # Maybe a topic created on first use that this worker has not read about yet.
+            if spec is None:
+                self._unplaced.get(topic, {}).pop(key, None)
+            else:
+                self._unplaced.setdefault(topic, {})[key] = spec
             return
         if spec is None:
             proc.unsubscribe(key)
@@ -545,24 +809,28 @@ class Engine:
 
     async def _command(self, proc: TopicProcessor, event: Any) -> None:
         msg = event.message
-        try:
-            cmd = decode("Command", msg.value)
-        except Exception as exc:  # anything a foreign producer may send
-            log.warning(
-                "ignored undecodable command on %s[%d]@%d: %s",
-                msg.topic,
-                msg.partition,
-                msg.offset,
-                exc,
-            )
-            return
+        cmd = _decode_command(msg)
+        if cmd is not None:
+            await self._answer(proc, cmd, msg.partition)
+
+    async def _answer(self, proc: TopicProcessor, cmd: dict[str, Any], partition: int) -> None:
+        """Answer one partition's share of a command about ``proc``'s topic."""
         queue = self.queues.get(cmd["topic"])
-        if queue is not None:
-            await self._queue_command(proc, queue, cmd, msg.partition)
+        if cmd["command"] == "status":
+            row = {**await proc.partition_status(partition), "worker": self.worker_name}
+            base = {
+                "command_id": cmd["command_id"],
+                "query_id": cmd.get("query_id") or "",
+                "topic": proc.topic.name,
+                "partition": partition,
+            }
+            await self._send_rows(proc, cmd["reply_to"], base, [("", orjson.dumps(row), 0)])
+        elif queue is not None:
+            await self._queue_command(proc, queue, cmd, partition)
         elif cmd["command"] == "sow":
-            await proc.query(cmd, msg.partition)
+            await proc.query(cmd, partition)
         elif cmd["command"] in SUBSCRIBE_COMMANDS:
-            await proc.subscribe(cmd, msg.partition)
+            await proc.subscribe(cmd, partition)
         else:
             await proc.reply(
                 cmd["reply_to"],
@@ -571,7 +839,7 @@ class Engine:
                     "command_id": cmd["command_id"],
                     "query_id": cmd.get("query_id") or "",
                     "topic": proc.topic.name,
-                    "partition": msg.partition,
+                    "partition": partition,
                     "status": "failure",
                     "reason": "unknown_command",
                     "message": f"unknown command {cmd['command']!r}",
@@ -623,9 +891,19 @@ class Engine:
                 reply_to, {**failure, "command": "ack" if command == "queue_ack" else "part_end"}
             )
             return
+        await self._send_rows(proc, reply_to, base, found)
+
+    @staticmethod
+    async def _send_rows(
+        proc: TopicProcessor,
+        reply_to: str,
+        base: dict[str, Any],
+        found: list[tuple[str, bytes, int]],
+    ) -> None:
+        """Answer one partition's share of a command with ``(key, data, timestamp)`` rows."""
         records = [
-            {"sow_key": bookmark, "data": data, "timestamp": ts, "log_offset": -1}
-            for bookmark, data, ts in found
+            {"sow_key": key, "data": data, "timestamp": ts, "log_offset": -1}
+            for key, data, ts in found
         ]
         answer = {**base, "answer_id": uuid.uuid4().hex[:12]}
         for start in range(0, len(records), 500):
@@ -657,7 +935,7 @@ class Engine:
             for proc in self.processors.values():
                 proc.subs.sweep_orphans()  # conflation journals of subscriptions that are gone
             settle_garbage_collector()
-            await asyncio.gather(*(pump.run() for pump in self.pumps))
+            await asyncio.gather(*(pump.run() for pump in self._static_pumps))
 
         @app.task
         async def deliver_queues() -> None:
@@ -667,6 +945,10 @@ class Engine:
         @app.task
         async def follow_registry() -> None:
             await self.registry.run()
+
+        @app.task
+        async def follow_directory() -> None:
+            await self.directory.run()
 
         @app.task
         async def watch_slow_consumers() -> None:
@@ -693,16 +975,14 @@ class Engine:
             TopicSpec(self.names.meta, 1, {"cleanup.policy": "compact"}),
             TopicSpec(self.names.dead_letter, 1, {"retention.ms": "-1"}),
             TopicSpec(self.names.subscriptions, 1, {"cleanup.policy": "compact"}),
+            TopicSpec(
+                self.names.auto_control,
+                self.config.engine.auto_topic_partitions,
+                {"retention.ms": str(3_600_000)},
+            ),
         ]
         for t in self.config.topics:
-            # LogAppendTime: the broker stamps each record, so expiration and history use one clock.
-            specs.append(
-                TopicSpec(
-                    self.names.log(t.name),
-                    t.partitions,
-                    {"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"},
-                )
-            )
+            specs.append(log_topic_spec(self.names, t.name, t.partitions))
             specs.append(
                 TopicSpec(
                     self.names.control(t.name), t.partitions, {"retention.ms": str(3_600_000)}
@@ -721,11 +1001,7 @@ class Engine:
             replication_factor=self.config.engine.replication_factor,
             extra=extra,
         )
-        producer = Producer(producer_config(self.bootstrap, extra))
-        for name, info in definitions(self.config, self.names).items():
-            producer.produce(self.names.meta, key=name.encode(), value=encode("TopicInfo", info))
-        if producer.flush(30) != 0:
-            raise RuntimeError("could not publish topic definitions to the meta topic")
+        self._write_meta(definitions(self.config, self.names))
 
     def apply_seeds(self, root: Path) -> dict[str, list[int]]:
         """Start partitions without local state from Spark seeds under ``root``."""
@@ -749,6 +1025,19 @@ class Engine:
         worker.execute_from_commandline()
 
 
+def log_topic_spec(names: TopicNames, topic: str, partitions: int) -> TopicSpec:
+    """The transaction log of ``topic`` as the engine creates it.
+
+    Kept forever by default; LogAppendTime: the broker stamps each record, so expiration,
+    History and RecoveryPoint timestamps all use one clock.
+    """
+    return TopicSpec(
+        names.log(topic),
+        partitions,
+        {"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"},
+    )
+
+
 def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[str, Any]]:
     """Every meta-topic record: topics, and queues (a queue named like one of its topics shares
     that topic's record: publishes go to the topic, subscriptions lease from the queue)."""
@@ -761,8 +1050,9 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
     return infos
 
 
-def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:
-    """The meta-topic record describing ``topic`` (schemas/TopicInfo.avsc)."""
+def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> dict[str, Any]:
+    """The meta-topic record describing ``topic`` (schemas/TopicInfo.avsc); ``auto`` for a
+    topic created on first use, whose commands go to the shared control topic."""
     exp = topic.expiration
     expiration = exp.mode if exp.mode != "default" else f"{exp.default_ms}ms"
     return {
@@ -772,11 +1062,12 @@ def topic_info(topic: TopicConfig, names: TopicNames) -> dict[str, Any]:
         "key_domain": topic.effective_key_domain,
         "partitions": topic.partitions,
         "log_topic": names.log(topic.name),
-        "control_topic": names.control(topic.name),
+        "control_topic": names.auto_control if auto else names.control(topic.name),
         "hash_indexes": [list(i) for i in topic.hash_indexes],
         "expiration": expiration,
         "durability": topic.durability,
         "sow": topic.sow,
         "key_generator": topic.key_generator.module if topic.key_generator else None,
         "key_generator_options": dict(topic.key_generator.options) if topic.key_generator else {},
+        "auto": auto,
     }

@@ -22,3 +22,9 @@ SUBSCRIPTIONS_DROPPED = Counter(
     "Subscriptions dropped by the slow-consumer policy or because the client went away",
     ["reason"],
 )
+LOGS_RECREATED = Counter(
+    "sowstream_logs_recreated_total",
+    "Log partitions found recreated below their stored watermark (the SOW is kept, the new log "
+    "applied from its start)",
+    ["topic", "partition"],
+)

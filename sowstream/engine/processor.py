@@ -23,6 +23,8 @@ import orjson
 from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.store import (
+    APPLIED_RECORD_KEY,
+    WARNINGS_KEY,
     WATERMARK_KEY,
     MemoryPartition,
     PartitionStore,
@@ -52,6 +54,7 @@ from sowstream.sow.history import (
     version_changes,
 )
 from sowstream.sow.layout import index_entries
+from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
 from sowstream.sow.ops import (
     LogOp,
     RawRecord,
@@ -69,6 +72,7 @@ from sowstream.subscriptions.journal import JOURNAL_PREFIX
 from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
 from sowstream.subscriptions.model import (
     FAILURE,
+    LOG_RESET,
     OOF,
     OOF_DELETED,
     OOF_EXPIRED,
@@ -111,6 +115,9 @@ class LogReader(Protocol):
     async def offset_for_time(self, partition: int, at_ms: int) -> int:
         """The first offset whose log time is at or after ``at_ms`` (the end if none is)."""
 
+    async def start_offset(self, partition: int) -> int:
+        """Offset of the first record the partition still holds (its end when empty)."""
+
 
 class Sender:
     """How the processor talks to Kafka; the worker supplies one backed by faust's producer."""
@@ -145,6 +152,7 @@ class _Outcome:
     overlay: dict[bytes, SowRecord | None] = field(default_factory=dict)
     before: dict[bytes, SowRecord | None] = field(default_factory=dict)
     last: int = -1
+    last_record: RawRecord | None = None  # the record at ``last``: its fingerprint is stored
     events: list[Change] = field(default_factory=list)
     rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
     dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
@@ -249,6 +257,7 @@ class TopicProcessor:
             raw = ps.store.get(WATERMARK_KEY) if self._table is not None else None
             if raw is not None:
                 ps.watermark = int(raw)  # a plain topic feeding queues goes on where it was
+                await self._check_log(partition, ps)
             elif self._log_reader is not None and (
                 self._table is None or self.topic.recovery_point == "now"
             ):
@@ -259,6 +268,7 @@ class TopicProcessor:
         transient = self.topic.durability == "transient"
         if raw is not None and not transient:
             ps.watermark = int(raw)
+            await self._check_log(partition, ps)
             self.subs.restore(partition, ps.store.scan(prefix=JOURNAL_PREFIX), _now_ms())
         elif self._log_reader is not None:
             await self._recover(partition, ps, transient)
@@ -272,31 +282,136 @@ class TopicProcessor:
     async def _recover(self, partition: int, ps: PartitionState, transient: bool) -> None:
         """Start a partition that has no state: fold the log from the RecoveryPoint.
 
-        Transient topics always come here; a persistent topic only when its state is new, where
-        ``epoch`` is left to the normal consumer (it starts at the beginning) and ``now`` skips
-        what the log already holds.
+        Transient topics always come here; a persistent topic only when its state is new (or
+        lost), where ``epoch`` is left to the normal consumer (it starts at the beginning), and
+        ``now`` or a timestamp store the position just before the first record to apply, so
+        records older than the point never enter the SOW.
         """
         assert self._log_reader is not None
         end = await self._log_reader.end_offset(partition)
-        if self.topic.recovery_point == "now":
-            ps.watermark = end
-        elif transient:
-            async for batch in self._log_reader.batches(partition, end):
-                self._apply(ps, batch, replay=True)
+        start = await self._recovery_start(partition, end)
+        if transient:
+            if start <= end:
+                async for batch in self._log_reader.batches(partition, end, start):
+                    self._apply(ps, [r for r in batch if r.offset >= start], replay=True)
             ps.watermark = max(ps.watermark, end)
-        else:
+        elif start == 0:
             return
-        if not transient:
-            mark = {WATERMARK_KEY: str(ps.watermark).encode()}
+        else:
+            ps.watermark = start - 1
+            mark = {APPLIED_RECORD_KEY: None, WATERMARK_KEY: str(ps.watermark).encode()}
             ps.store.write(mark)
             await ps.store.replicate(mark, self._sender.send)
         log.info(
-            "topic %s partition %d recovered from the log (RecoveryPoint %s) up to offset %d",
+            "topic %s partition %d recovered from the log (RecoveryPoint %s, from offset %d) "
+            "up to offset %d",
             self.topic.name,
             partition,
             self.topic.recovery_point,
+            start,
             ps.watermark,
         )
+
+    async def _recovery_start(self, partition: int, end: int) -> int:
+        """The first log offset the RecoveryPoint lets into the SOW (``end + 1``: none yet)."""
+        assert self._log_reader is not None
+        if self.topic.recovery_point == "now":
+            return end + 1
+        at_ms = self.topic.recovery_point_ms
+        if at_ms is None:
+            return 0
+        return await self._log_reader.offset_for_time(partition, at_ms)
+
+    # -- a recreated log ---------------------------------------------------------------------------
+
+    async def verify_log(self, partition: int) -> bool:
+        """Check the partition's log is still the one it applied (the pump saw signs it is not:
+        its topic vanished or its offsets went back); True when it was found recreated.
+
+        Raises what the log reader raises while the log topic does not exist again yet.
+        """
+        ps = self._parts.get(partition)
+        if ps is None or not ps.ready:
+            return False
+        async with ps.lock:
+            if self._parts.get(partition) is not ps:
+                return False
+            await self._settle(ps)
+            return await self._check_log(partition, ps)
+
+    async def _check_log(self, partition: int, ps: PartitionState) -> bool:
+        """Compare the stored watermark with the log (under ps.lock, nothing in flight); if the
+        log was deleted and made again, keep the SOW and apply the new log from its start."""
+        if self._log_reader is None or ps.watermark < 0:
+            return False
+        end = await self._log_reader.end_offset(partition)
+        stored = ps.store.get(APPLIED_RECORD_KEY)
+        found = None
+        if stored is not None and end >= ps.watermark:
+            start = await self._log_reader.start_offset(partition)
+            if start <= ps.watermark:
+                async for batch in self._log_reader.batches(partition, ps.watermark, ps.watermark):
+                    rec = next((r for r in batch if r.offset == ps.watermark), None)
+                    if rec is not None:
+                        found = fingerprint(rec.offset, rec.timestamp, rec.key)
+                        break
+        reason = recreation(ps.watermark, end, stored, found)
+        if reason is None:
+            return False
+        await self._rebase(partition, ps, reason, end)
+        return True
+
+    async def _rebase(self, partition: int, ps: PartitionState, reason: str, end: int) -> None:
+        """Follow AMPS for a SOW newer than its log: take no action on the SOW, say so (log,
+        metric, ``sowstream status``), and apply the new log from its first record on."""
+        assert self._log_reader is not None
+        start = await self._log_reader.start_offset(partition)
+        entry = warning(self.topic.name, partition, ps.watermark, start, end, reason, _now_ms())
+        log.warning("%s", entry["message"])
+        metrics.LOGS_RECREATED.labels(self.topic.name, str(partition)).inc()
+        changes: dict[bytes, bytes | None] = {}
+        if self.topic.sow:
+            for key, value in ps.store.scan():
+                if is_record_key(key):
+                    changes[key] = rebased(SowRecord.from_bytes(value)).to_bytes()
+        changes[WARNINGS_KEY] = orjson.dumps(add_warning(self.warnings(ps), entry))
+        changes[APPLIED_RECORD_KEY] = None
+        changes[WATERMARK_KEY] = str(start - 1).encode()
+        ps.store.write(changes)
+        await ps.store.replicate(changes, self._sender.send)
+        ps.watermark = ps.folded = start - 1
+        # Subscribers drop messages at or below the last offset they saw: tell them the
+        # partition's offsets start over, or the new log's first messages would look like repeats.
+        reset = str(ps.watermark).encode()
+        for spec in self.subs.specs():
+            await self._sender.send_reply(
+                spec.reply_to,
+                b"",
+                [
+                    (h.COMMAND, LOG_RESET.encode()),
+                    (h.SUB_ID, spec.sub_id.encode()),
+                    (h.TOPIC, spec.topic.encode()),
+                    (h.PARTITION, str(partition).encode()),
+                    (h.OFFSET, reset),
+                ],
+            )
+
+    @staticmethod
+    def warnings(ps: PartitionState) -> list[dict[str, Any]]:
+        """The partition's stored status warnings, oldest first."""
+        raw = ps.store.get(WARNINGS_KEY)
+        return list(orjson.loads(raw)) if raw else []
+
+    async def partition_status(self, partition: int) -> dict[str, Any]:
+        """What ``sowstream status`` shows for one partition (loading it if needed)."""
+        ps = await self.ready(partition)
+        return {
+            "topic": self.topic.name,
+            "partition": partition,
+            "sow": self.topic.sow,
+            "watermark": ps.watermark,
+            "warnings": self.warnings(ps),
+        }
 
     async def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
@@ -452,7 +567,7 @@ class TopicProcessor:
                 # A plain topic stores only what its queues hold, and its position.
                 changes = dict(outcome.journal)
                 if outcome.last > ps.watermark:
-                    changes[WATERMARK_KEY] = str(outcome.last).encode()
+                    changes.update(_position(outcome))
                 ps.store.write(changes)
                 outcome.changes = changes
             ps.watermark = max(ps.watermark, outcome.last)
@@ -465,6 +580,7 @@ class TopicProcessor:
                 outcome.last if outcome.last > ps.watermark else None,
                 outcome.versions,
                 outcome.journal,
+                _position(outcome),
             )
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> _Outcome:
@@ -487,6 +603,7 @@ class TopicProcessor:
             if rec.offset <= ps.folded:
                 continue
             last = max(last, rec.offset)
+            outcome.last_record = rec
             try:
                 op = decode_log_record(
                     self.topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
@@ -540,6 +657,7 @@ class TopicProcessor:
             if rec.offset <= ps.folded:
                 continue
             last = max(last, rec.offset)
+            outcome.last_record = rec
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
             try:
                 sow_key = self._plain_key(rec, command)
@@ -662,6 +780,7 @@ class TopicProcessor:
         watermark: int | None = None,
         versions: Sequence[Version] = (),
         journal: Mapping[bytes, bytes | None] | None = None,
+        position: Mapping[bytes, bytes | None] | None = None,
     ) -> dict[bytes, bytes | None]:
         """Write the batch's final records (and index entries) as one store batch.
 
@@ -687,7 +806,8 @@ class TopicProcessor:
         if journal:
             changes.update(journal)
         if watermark is not None:
-            changes[WATERMARK_KEY] = str(watermark).encode()
+            # The watermark goes last; its record's fingerprint with it (see sow.logcheck).
+            changes.update(position or {WATERMARK_KEY: str(watermark).encode()})
         ps.store.write(changes)
         if watermark is not None:
             ps.watermark = watermark
@@ -1403,3 +1523,16 @@ def failure_headers(spec: SubscriptionSpec, reason: str) -> list[tuple[str, byte
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _position(outcome: _Outcome) -> dict[bytes, bytes | None]:
+    """The store entries that record how far a batch applied the log: the fingerprint of its
+    last record, then the watermark (last, see ``_write``)."""
+    rec = outcome.last_record
+    mark = str(outcome.last).encode()
+    if rec is None or rec.offset != outcome.last:
+        return {WATERMARK_KEY: mark}
+    return {
+        APPLIED_RECORD_KEY: fingerprint(rec.offset, rec.timestamp, rec.key),
+        WATERMARK_KEY: mark,
+    }

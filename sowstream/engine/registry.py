@@ -77,7 +77,7 @@ class SubscriptionRegistry:
             if end <= 0:
                 self.loaded.set()
             while True:
-                msgs = await loop.run_in_executor(None, _poll_batch, consumer)
+                msgs = await loop.run_in_executor(None, poll_batch, consumer)
                 for msg in msgs:
                     if msg.error():
                         continue
@@ -100,7 +100,8 @@ class SubscriptionRegistry:
             log.warning("could not update the subscription registry for %s: %s", spec.key, exc)
 
 
-def _poll_batch(consumer: Consumer) -> list[Any]:
+def poll_batch(consumer: Consumer) -> list[Any]:
+    """What is there to read, returning as soon as anything is (at most 0.1 s of waiting)."""
     first = consumer.poll(0.1)
     if first is None:
         return []

@@ -17,19 +17,23 @@ from rocksdict import WriteBatch
 
 from sowstream.errors import StateStoreError
 from sowstream.sow.layout import (
+    APPLIED_RECORD_KEY,
     FAUST_OFFSET_KEY,
     INDEX_PREFIX,
     RECORDS_START,
     RESERVED_PREFIX,
+    WARNINGS_KEY,
     WATERMARK_KEY,
     is_record_key,
 )
 
 __all__ = [
+    "APPLIED_RECORD_KEY",
     "FAUST_OFFSET_KEY",
     "INDEX_PREFIX",
     "RECORDS_START",
     "RESERVED_PREFIX",
+    "WARNINGS_KEY",
     "WATERMARK_KEY",
     "MemoryPartition",
     "PartitionStore",

@@ -21,6 +21,10 @@ from sowstream.sow.record import SowRecord
 
 RESERVED_PREFIX = b"\x00"
 WATERMARK_KEY = b"\x00sowstream.applied"
+# Fingerprint of the log record at the watermark (sow.logcheck), written with the watermark.
+APPLIED_RECORD_KEY = b"\x00sowstream.applied.record"
+# The partition's status warnings (JSON list), e.g. a recreated log (sow.logcheck).
+WARNINGS_KEY = b"\x00sowstream.warnings"
 INDEX_PREFIX = b"\x01"
 FAUST_OFFSET_KEY = b"__faust\x00offset__"
 RECORDS_START = b"\x02"

@@ -36,6 +36,8 @@ OOF_ENTITLEMENT = "entitlement"
 PUBLISH = "publish"
 OOF = "oof"
 FAILURE = "failure"  # the engine ended the subscription; sow.reason says why
+# A partition's log was recreated: its offsets start over after sow.offset (sow.logcheck).
+LOG_RESET = "log_reset"
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ PUBLISH = "publish"
 DELTA_PUBLISH = "delta_publish"
 SOW_DELETE = "sow_delete"
 LOG_COMMANDS = frozenset({PUBLISH, DELTA_PUBLISH, SOW_DELETE})
+# On <prefix>.ctl-auto: a client asks for a topic in no configuration (created on first use).
+DECLARE_TOPIC = "declare_topic"
 
 RawHeaders = Sequence[tuple[str, bytes | None]] | None
 

@@ -76,6 +76,12 @@ class TopicNames:
         return f"{self.prefix}.ctl.{kafka_part(sow_topic)}"
 
     @property
+    def auto_control(self) -> str:
+        """Commands for every topic the engine created on first use (one shared control topic:
+        those topics all have the same partition count), and the requests that create them."""
+        return f"{self.prefix}.ctl-auto"
+
+    @property
     def meta(self) -> str:
         """Compacted topic holding each SOW topic's definition, for clients."""
         return f"{self.prefix}.meta"

@@ -395,10 +395,12 @@ def test_client_side_errors_name_the_problem(client: Client) -> None:
         client.publish("orders", '{"orderId": ')
     with pytest.raises(InvalidMessageError, match="/orderId"):
         client.publish("orders", {"id": 1})
-    with pytest.raises(UnknownTopicError, match="nope"):
-        client.publish("nope", {"a": 1})
-    with pytest.raises(UnknownTopicError):
+    with pytest.raises(CommandFailedError, match="topic 'no pe' cannot be created"):
+        client.publish("no pe", {"a": 1})  # an undeclared topic is created, if its name is valid
+    with pytest.raises(InvalidCommandError, match="'nope' has no SOW"):
         list(client.sow("nope"))
+    with pytest.raises(UnknownTopicError):
+        list(client.sow("nope.*"))
     with pytest.raises(FilterError) as bad:
         list(client.sow("orders", "/a = = 1"))
     assert bad.value.position == 5
@@ -546,8 +548,8 @@ def test_cli_errors_are_one_clear_line(engine: EngineProcesses) -> None:
     assert bad_filter.returncode == 1
     assert "error:" in bad_filter.stderr and "position" in bad_filter.stderr
     assert "Traceback" not in bad_filter.stderr
-    unknown = _cli(engine, "publish", "nope", "{}")
-    assert unknown.returncode == 1 and "unknown topic 'nope'" in unknown.stderr
+    unknown = _cli(engine, "publish", "no pe", "{}")
+    assert unknown.returncode == 1 and "topic 'no pe' cannot be created" in unknown.stderr
     malformed = _cli(engine, "publish", "work", "{not json")
     assert malformed.returncode == 1 and "malformed JSON" in malformed.stderr
     skip = _cli(engine, "sow", "work", "--skip-n", "2")

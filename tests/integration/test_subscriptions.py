@@ -297,9 +297,9 @@ def test_sow_keys_limit_the_sow_part_and_the_live_messages(
     live_only.close()
 
 
-def test_sow_and_subscribe_on_an_unknown_topic_is_an_error(client: Client) -> None:
+def test_sow_and_subscribe_on_a_pattern_matching_no_topic_is_an_error(client: Client) -> None:
     with pytest.raises(UnknownTopicError):
-        client.sow_and_subscribe("nope")
+        client.sow_and_subscribe("nope.*")
 
 
 # -- delta subscriptions -------------------------------------------------------------------------
