@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from faust.types import TP
-from rocksdict import WriteBatch
+from rocksdict import ReadOptions, WriteBatch
 
 from sowstream.errors import StateStoreError
 from sowstream.sow.layout import (
@@ -57,6 +57,9 @@ class PartitionStore(Protocol):
         self, start: bytes = RECORDS_START, prefix: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         """Iterate ``(key, value)`` in key order from ``start`` (or over ``prefix``)."""
+
+    def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        """Iterate the keys from ``start`` (inclusive) to ``stop`` (exclusive) in key order."""
 
 
 class RocksPartition:
@@ -136,6 +139,14 @@ class RocksPartition:
             yield key, it.value()
             it.next()
 
+    def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        # Bounded in RocksDB itself: no value is read and iteration ends at ``stop``.
+        options = ReadOptions()
+        if stop is not None:
+            options.set_iterate_upper_bound(stop)
+        keys: Iterator[bytes] = self._db().keys(from_key=start, read_opt=options)
+        return keys
+
 
 class MemoryPartition:
     """A transient partition: a dict, sorted on scan so iteration order matches RocksDB's."""
@@ -166,3 +177,6 @@ class MemoryPartition:
             value = self._data.get(key)
             if value is not None:
                 yield key, value
+
+    def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        return iter(sorted(k for k in self._data if k >= start and (stop is None or k < stop)))
