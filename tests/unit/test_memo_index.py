@@ -310,3 +310,29 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
         assert memo.load(store).ready == {"/a"} and not memo.load(store).partial
 
     asyncio.run(go())
+
+
+def test_expired_records_take_their_entries_with_them() -> None:
+    async def go() -> None:
+        sender = Capture()
+        proc = TopicProcessor(topic("    Expiration: enabled\n"), TopicNames("p"), sender)
+        ps = await proc.ready(0)
+        records = [
+            RawRecord(
+                0,
+                i,
+                1_000,
+                key_of(i).encode(),
+                orjson.dumps({"id": i, "a": i}),
+                {h.EXPIRATION: "5"},
+            )
+            for i in range(10)
+        ]
+        await proc.process(records)
+        await proc.drain()
+        assert len(stored_memo_entries(ps)) == 20  # /a: text and number per record
+        assert await proc.expire_due(now_ms=10_000) == 10
+        assert stored_memo_entries(ps) == set()
+        assert await query(proc, sender, "/a >= 0") == []
+
+    asyncio.run(go())
