@@ -23,6 +23,7 @@ from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicP
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.filters import ast, compile_filter
 from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.layout import store_entries
 from sowstream.sow.memo import BUILDING, MEMO_PREFIX, READY, marker_key, memo_entries
 from sowstream.sow.planner import MemoLookup, UnionLookup, plan
 from sowstream.sow.record import SowRecord
@@ -334,5 +335,27 @@ def test_expired_records_take_their_entries_with_them() -> None:
         assert await proc.expire_due(now_ms=10_000) == 10
         assert stored_memo_entries(ps) == set()
         assert await query(proc, sender, "/a >= 0") == []
+
+    asyncio.run(go())
+
+
+def test_a_seed_store_holds_the_same_memo_index_as_one_the_engine_filled() -> None:
+    async def go() -> None:
+        proc = TopicProcessor(topic(), TopicNames("p"), Capture())
+        ps = await proc.ready(0)
+        bodies = [{"id": i, "a": [i, str(i * 2)], "b": "x"} for i in range(20)]
+        await proc.process([publish(i, b) for i, b in enumerate(bodies)])
+        await proc.drain()
+        engine = {
+            k: v for k, v in ps.store.scan(start=b"\x00") if k.startswith((MEMO_PREFIX, b"\x00M/"))
+        }
+        records = [SowRecord.from_bytes(v) for k, v in ps.store.scan() if is_record_key(k)]
+        seed = {
+            k: v
+            for k, v in store_entries([], records, ps.watermark, memo=["/a"])
+            if k.startswith((MEMO_PREFIX, b"\x00M/"))
+        }
+        # record 0 holds 0 and "0": one text and one number entry between them
+        assert seed == engine and len(seed) == 1 + 19 * 4 + 2
 
     asyncio.run(go())
