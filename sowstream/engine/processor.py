@@ -1048,7 +1048,20 @@ class TopicProcessor:
     async def _build_memo(self, partition: int, ps: PartitionState, path: str) -> None:
         """Build the memo index on ``path`` (under the partition lock, nothing in flight)."""
         started = time.perf_counter()
-        if await memo.build(ps.store, path, self._sender.send, self._holds(partition, ps)):
+        try:
+            built = await memo.build(ps.store, path, self._sender.send, self._holds(partition, ps))
+        except SowstreamError as exc:
+            # The store refused the writes (disk full, ...): queries scan instead, and the index
+            # (still marked as building) is built again by the next query that needs it.
+            log.error(
+                "topic %s partition %d: building the memo index on %s failed, scanning instead: %s",
+                self.topic.name,
+                partition,
+                path,
+                exc,
+            )
+            return
+        if built:
             ps.memo.add(path)
             metrics.MEMO_BUILDS.labels(self.topic.name).inc()
             log.info(

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +24,7 @@ from sowstream.engine import memo
 from sowstream.engine.metrics import QUERY_PLANS
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
+from sowstream.errors import StateStoreError
 from sowstream.filters import ast, compile_filter
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.layout import store_entries
@@ -357,5 +361,34 @@ def test_a_seed_store_holds_the_same_memo_index_as_one_the_engine_filled() -> No
         }
         # record 0 holds 0 and "0": one text and one number entry between them
         assert seed == engine and len(seed) == 1 + 19 * 4 + 2
+
+    asyncio.run(go())
+
+
+class NoRoomForIndexes(MemoryPartition):
+    """A store whose disk fills up as soon as a memo index is written (records still fit)."""
+
+    def write(self, changes: Mapping[bytes, bytes | None]) -> None:
+        if any(k.startswith(MEMO_PREFIX) for k in changes):
+            raise StateStoreError("RocksDB write failed for 't': IO error: No space left on device")
+        super().write(changes)
+
+
+def test_a_failed_build_is_logged_and_the_query_scans(caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        sender = Capture()
+        # persistent: the processor keeps the store it is given (a transient one starts empty)
+        config = topic().model_copy(update={"indexes": (), "durability": "persistent"})
+        proc = TopicProcessor(config, TopicNames("p"), sender)
+        proc._parts[0] = ps = PartitionState(NoRoomForIndexes())
+        await proc.ready(0)
+        bodies = {key_of(i): {"id": i, "qty": i} for i in range(10)}
+        await proc.process([publish(i, b) for i, b in enumerate(bodies.values())])
+        await proc.drain()
+        with caplog.at_level(logging.ERROR, logger="sowstream.engine"):
+            assert await query(proc, sender, "/qty > 6") == scan(bodies, "/qty > 6")
+        assert ps.memo == set()
+        assert "topic t partition 0: building the memo index on /qty failed" in caplog.text
+        assert "No space left on device" in caplog.text
 
     asyncio.run(go())
