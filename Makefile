@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 
-.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs bench-pipeline bench-queues clean
+.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,9 @@ bench-pipeline: $(STAMP)
 
 bench-queues: $(STAMP)
 	$(BIN)/python -m bench.queue_bench
+
+bench-index: $(STAMP)
+	$(BIN)/python -m bench.index_bench --records 100000
 
 clean:
 	rm -rf $(VENV) .sowstream build *.egg-info

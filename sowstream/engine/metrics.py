@@ -12,6 +12,14 @@ EXPIRED = Counter("sowstream_records_expired_total", "SOW records removed on exp
 QUERY_SECONDS = Histogram(
     "sowstream_query_seconds", "Time to answer one partition's share of a sow query", ["topic"]
 )
+QUERY_PLANS = Counter(
+    "sowstream_query_plans_total",
+    "Partition queries by how their records were found (key, hash, memo, union or scan)",
+    ["topic", "plan"],
+)
+MEMO_BUILDS = Counter(
+    "sowstream_memo_index_builds_total", "Memo indexes built on a partition", ["topic"]
+)
 DELIVERED = Counter(
     "sowstream_subscription_messages_total",
     "Messages sent to subscribers (publish and oof)",

@@ -14,14 +14,14 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from sowstream.config.models import TopicConfig
-from sowstream.engine import metrics
+from sowstream.engine import memo, metrics
 from sowstream.engine.store import (
     APPLIED_RECORD_KEY,
     WARNINGS_KEY,
@@ -55,6 +55,7 @@ from sowstream.sow.history import (
 )
 from sowstream.sow.layout import index_entries
 from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
+from sowstream.sow.memo import memo_entries
 from sowstream.sow.ops import (
     LogOp,
     RawRecord,
@@ -64,7 +65,18 @@ from sowstream.sow.ops import (
     parse_body,
     resolve_sow_key,
 )
-from sowstream.sow.planner import FullScan, IndexLookup, KeyLookup, Plan, plan
+from sowstream.sow.planner import (
+    FullScan,
+    IndexLookup,
+    KeyLookup,
+    MemoLookup,
+    Plan,
+    UnionLookup,
+    describe,
+    memo_paths,
+    plan,
+    plan_name,
+)
 from sowstream.sow.query import QueryOptions, result_order, validate_query
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.delta import project
@@ -101,6 +113,8 @@ DELIVERY_WAIT_SECONDS = 10.0
 HISTORY_PRUNE_SECONDS = 60.0
 # Batches of a partition whose subscription messages may be in flight at once (see process()).
 MAX_IN_FLIGHT = 4
+# Entries counted at most per memo lookup when choosing the most selective conjunct of an AND.
+ESTIMATE_CAP = 10_000
 
 
 class LogReader(Protocol):
@@ -189,6 +203,7 @@ class PartitionState:
     in_flight: deque[_InFlight] = field(default_factory=deque)
     committer: asyncio.Task[None] | None = None
     failure: Exception | None = None  # why storing a batch failed; the partition is unusable
+    memo: set[str] = field(default_factory=set)  # fields whose memo index is complete and kept
 
     async def wake(self) -> None:
         """Wake everyone waiting on this partition's progress (they re-check what they need)."""
@@ -247,6 +262,9 @@ class TopicProcessor:
         return ps
 
     async def _load(self, partition: int, ps: PartitionState) -> None:
+        if self.topic.sow:
+            # Before the state: a transient topic's rebuild from the log keeps them current.
+            await self._load_memo(partition, ps)
         await self._load_state(partition, ps)
         for queue in self.queues:
             entries = ps.store.scan(prefix=queue_prefix(queue.name))
@@ -753,7 +771,8 @@ class TopicProcessor:
         versions: list[Version] | None = None,
     ) -> int:
         count = 0
-        candidates = dict.fromkeys(self._candidate_keys(ps, plan(self.topic, op.filter)))
+        how = plan(self.topic, op.filter, memo_ready=ps.memo)
+        candidates = dict.fromkeys(self._candidate_keys(ps, how))
         for flight in ps.in_flight:
             candidates.update(dict.fromkeys(flight.outcome.overlay))
         candidates.update(dict.fromkeys(overlay))
@@ -789,8 +808,8 @@ class TopicProcessor:
         """
         changes: dict[bytes, bytes | None] = {}
         for key, new in overlay.items():
-            if self._index_fields:
-                self._index_changes(changes, key, before.get(key), new)
+            if self._index_fields or ps.memo:
+                self._index_changes(changes, key, before.get(key), new, ps.memo)
             changes[key] = new.to_bytes() if new is not None else None
             if new is not None and new.expiration is not None and self._expires:
                 heapq.heappush(ps.expiry, (new.expiration, key))
@@ -813,8 +832,15 @@ class TopicProcessor:
             ps.watermark = watermark
         return changes
 
-    def _index_entries(self, key: bytes, record: SowRecord | None) -> set[bytes]:
-        return index_entries(self._index_fields, key, record.parsed() if record else None)
+    def _index_entries(
+        self, key: bytes, record: SowRecord | None, memo_fields: Iterable[str] = ()
+    ) -> set[bytes]:
+        """Hash-index and memo-index entries of a record (parsed once for both)."""
+        body = record.parsed() if record else None
+        entries = index_entries(self._index_fields, key, body)
+        if memo_fields:
+            entries |= memo_entries(memo_fields, key, body)
+        return entries
 
     def _index_changes(
         self,
@@ -822,9 +848,10 @@ class TopicProcessor:
         key: bytes,
         old: SowRecord | None,
         new: SowRecord | None,
+        memo_fields: Iterable[str] = (),
     ) -> None:
-        old_entries = self._index_entries(key, old)
-        new_entries = self._index_entries(key, new)
+        old_entries = self._index_entries(key, old, memo_fields)
+        new_entries = self._index_entries(key, new, memo_fields)
         for entry in old_entries - new_entries:
             changes[entry] = None
         for entry in new_entries - old_entries:
@@ -1114,6 +1141,87 @@ class TopicProcessor:
         except InvalidMessageError:
             return None
 
+    # -- memo indexes --------------------------------------------------------------------------
+
+    async def _load_memo(self, partition: int, ps: PartitionState) -> None:
+        """Take over the memo indexes the store holds; rebuild partial ones, build configured
+        ones that are missing (``Index``), so they are ready before the first query."""
+        found = memo.load(ps.store)
+        ps.memo = set(found.ready)
+        for path in sorted(found.partial):
+            if path in self.topic.indexes:
+                await self._build_memo(partition, ps, path)
+            else:
+                # Built on demand and never finished (a crash, a lost assignment): drop it, the
+                # next query that needs it builds it again.
+                await memo.drop(ps.store, path, self._sender.send, self._holds(partition, ps))
+        for path in self.topic.indexes:
+            if path not in ps.memo:
+                await self._build_memo(partition, ps, path)
+
+    def _holds(self, partition: int, ps: PartitionState) -> Callable[[], bool]:
+        """Whether ``ps`` is still this worker's state of ``partition`` (not revoked)."""
+        return lambda: self._parts.get(partition) is ps
+
+    async def _build_memo(self, partition: int, ps: PartitionState, path: str) -> None:
+        """Build the memo index on ``path`` (under the partition lock, nothing in flight)."""
+        started = time.perf_counter()
+        try:
+            built = await memo.build(ps.store, path, self._sender.send, self._holds(partition, ps))
+        except SowstreamError as exc:
+            # The store refused the writes (disk full, ...): queries scan instead, and the index
+            # (still marked as building) is built again by the next query that needs it.
+            log.error(
+                "topic %s partition %d: building the memo index on %s failed, scanning instead: %s",
+                self.topic.name,
+                partition,
+                path,
+                exc,
+            )
+            return
+        if built:
+            ps.memo.add(path)
+            metrics.MEMO_BUILDS.labels(self.topic.name).inc()
+            log.info(
+                "topic %s partition %d: memo index on %s built in %.3fs",
+                self.topic.name,
+                partition,
+                path,
+                time.perf_counter() - started,
+            )
+
+    async def _query_plan(
+        self,
+        partition: int,
+        ps: PartitionState,
+        flt: Filter | None,
+        sow_keys: Sequence[str] | None = None,
+    ) -> Plan:
+        """Plan a query under the partition lock, building the memo indexes it needs first.
+
+        A range, BEGINS WITH, ENDS WITH or LIKE on a field without a memo index builds one
+        here, on the query that first needs it; afterwards every write keeps it current.
+        """
+
+        def estimate(lookup: MemoLookup) -> int:
+            return memo.count(ps.store, lookup, ESTIMATE_CAP)
+
+        how = plan(self.topic, flt, sow_keys, memo_ready=ps.memo, memo_auto=True, estimate=estimate)
+        for path in sorted(memo_paths(how) - ps.memo):
+            await self._build_memo(partition, ps, path)
+        if not memo_paths(how) <= ps.memo:
+            how = FullScan()  # a build gave up (the partition moved): the scan is always right
+        metrics.QUERY_PLANS.labels(self.topic.name, plan_name(how)).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "topic %s partition %d: filter %r answered by %s",
+                self.topic.name,
+                partition,
+                flt.text if flt is not None else None,
+                describe(how),
+            )
+        return how
+
     # -- queries -------------------------------------------------------------------------------
 
     def _candidate_keys(self, ps: PartitionState, how: Plan) -> Iterator[bytes]:
@@ -1123,6 +1231,14 @@ class TopicProcessor:
             for prefix in how.prefixes:
                 for entry, _ in ps.store.scan(prefix=prefix):
                     yield entry[len(prefix) :]
+        elif isinstance(how, MemoLookup):
+            # Key order, repeats dropped: the records come out as a scan would give them.
+            yield from sorted(set(memo.candidates(ps.store, how)))
+        elif isinstance(how, UnionLookup):
+            keys: set[bytes] = set()
+            for part in how.parts:
+                keys.update(self._candidate_keys(ps, part))
+            yield from sorted(keys)
         else:
             for key, _ in ps.store.scan():
                 if is_record_key(key):
@@ -1225,7 +1341,6 @@ class TopicProcessor:
                 },
             )
             return
-        how = plan(self.topic, opts.filter, cmd.get("sow_keys"))
         started = time.perf_counter()
         visible = self.subs.visible(cmd.get("identity") or "")
         if opts.top_n == 0 and aggregation is None:
@@ -1239,6 +1354,9 @@ class TopicProcessor:
             if past is not None and cmd.get("sow_keys"):
                 past = {k: past[k] for k in cmd["sow_keys"] if k in past}
             records = past.values() if past is not None else None
+            how: Plan = FullScan()
+            if records is None:
+                how = await self._query_plan(partition, ps, opts.filter, cmd.get("sow_keys"))
             matched = await self._matching(ps, how, opts, visible, records)
         if self._parts.get(partition) is not ps:
             return  # revoked while reading: the new owner answers
@@ -1343,9 +1461,8 @@ class TopicProcessor:
                 everything = QueryOptions(None, (), None, 0, opts.batch_size)
                 if not replace:
                     keys = sorted(spec.sow_keys) if spec.sow_keys is not None else None
-                    matched = await self._matching(
-                        ps, plan(self.topic, view.filter, keys), scope, view.entitled
-                    )
+                    how = await self._query_plan(partition, ps, view.filter, keys)
+                    matched = await self._matching(ps, how, scope, view.entitled)
                 else:
                     # Entering scope: the new SOW part; leaving scope: out of focus.
                     for rec, body in await self._matching(

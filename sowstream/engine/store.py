@@ -9,11 +9,12 @@ the batch was written in (the applied-offset watermark goes last, see ``processo
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Protocol
 
 from faust.types import TP
-from rocksdict import WriteBatch
+from rocksdict import ReadOptions, WriteBatch
 
 from sowstream.errors import StateStoreError
 from sowstream.sow.layout import (
@@ -61,6 +62,9 @@ class PartitionStore(Protocol):
         self, start: bytes = RECORDS_START, prefix: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         """Iterate ``(key, value)`` in key order from ``start`` (or over ``prefix``)."""
+
+    def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        """Iterate the keys from ``start`` (inclusive) to ``stop`` (exclusive) in key order."""
 
 
 class RocksPartition:
@@ -140,17 +144,32 @@ class RocksPartition:
             yield key, it.value()
             it.next()
 
+    def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        # Bounded in RocksDB itself: no value is read and iteration ends at ``stop``.
+        options = ReadOptions()
+        if stop is not None:
+            options.set_iterate_upper_bound(stop)
+        keys: Iterator[bytes] = self._db().keys(from_key=start, read_opt=options)
+        return keys
+
 
 class MemoryPartition:
-    """A transient partition: a dict, sorted on scan so iteration order matches RocksDB's."""
+    """A transient partition: a dict plus its keys in order, so iteration matches RocksDB's.
+
+    The sorted key list is made on the first read after a write and shared by the reads until the
+    next write (queries read between batches; memo lookups read many small ranges).
+    """
 
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
+        self._sorted: list[bytes] | None = None
 
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
 
     def write(self, changes: Mapping[bytes, bytes | None]) -> None:
+        if changes:
+            self._sorted = None  # iterations in progress keep the list they started with
         for key, value in changes.items():
             if value is None:
                 self._data.pop(key, None)
@@ -160,13 +179,25 @@ class MemoryPartition:
     async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
         """Transient state is not replicated: it is rebuilt from the log."""
 
+    def _ordered(self) -> list[bytes]:
+        if self._sorted is None:
+            self._sorted = sorted(self._data)
+        return self._sorted
+
     def scan(
         self, start: bytes = RECORDS_START, prefix: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
+        ordered = self._ordered()
         first = prefix if prefix is not None else start
-        for key in sorted(k for k in self._data if k >= first):
+        for i in range(bisect.bisect_left(ordered, first), len(ordered)):
+            key = ordered[i]
             if prefix is not None and not key.startswith(prefix):
                 return
             value = self._data.get(key)
             if value is not None:
                 yield key, value
+
+    def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        ordered = self._ordered()
+        end = len(ordered) if stop is None else bisect.bisect_left(ordered, stop)
+        return iter(ordered[bisect.bisect_left(ordered, start) : end])

@@ -18,7 +18,8 @@ from typing import Any
 
 from . import ast
 from .parser import parse_filter
-from .values import canonical_text, collect_path, str_to_number
+from .values import collect_path, str_to_number
+from .values import scalar_text as _text
 
 __all__ = ["Filter", "compile_filter", "compile_predicate", "compile_value"]
 
@@ -91,16 +92,6 @@ def _apply(test: Tester, value: Any) -> Truth:
     if type(value) is _Many:
         return _any(test, value)
     return test(value)
-
-
-def _text(value: Any) -> str | None:
-    """The text string predicates and functions see; None for NULL and non-scalars."""
-    kind = type(value)
-    if kind is str:
-        return value if value else None
-    if kind is bool or kind is int or kind is float:
-        return canonical_text(value)
-    return None
 
 
 def _number(value: Any) -> int | float | None:

@@ -16,9 +16,9 @@ from math import prod
 from typing import TypeVar
 
 from . import ast
-from .values import canonical_text
+from .values import canonical_text, str_to_number
 
-__all__ = ["MAX_LOOKUPS", "equality_lookup", "usable_hash_index"]
+__all__ = ["MAX_LOOKUPS", "conjuncts", "equality_lookup", "string_lookup", "usable_hash_index"]
 
 # Beyond this many value combinations (large INs multiplied together) a scan is the better plan.
 MAX_LOOKUPS = 10_000
@@ -26,9 +26,10 @@ MAX_LOOKUPS = 10_000
 IndexT = TypeVar("IndexT", bound=Sequence[str])
 
 
-def _conjuncts(expr: ast.Expr) -> list[ast.Expr]:
+def conjuncts(expr: ast.Expr) -> list[ast.Expr]:
+    """The operands of an AND, nested ANDs flattened (``[expr]`` for anything else)."""
     if isinstance(expr, ast.And):
-        return [c for operand in expr.operands for c in _conjuncts(operand)]
+        return [c for operand in expr.operands for c in conjuncts(operand)]
     return [expr]
 
 
@@ -72,7 +73,7 @@ def equality_lookup(
     if not fields or len(wanted) != len(fields):
         return None
     pinned: dict[str, list[str]] = {}
-    for conjunct in _conjuncts(expr):
+    for conjunct in conjuncts(expr):
         found = _pinned(conjunct)
         if found is None:
             return None
@@ -80,6 +81,46 @@ def equality_lookup(
         if path not in wanted or path in pinned:
             return None
         pinned[path] = texts
+    if len(pinned) != len(wanted):
+        return None
+    columns = [pinned[f] for f in fields]
+    if prod(len(c) for c in columns) > max_lookups:
+        return None
+    return list(product(*columns))
+
+
+def _plain_strings(expr: ast.Expr) -> bool:
+    """Whether every literal ``expr`` compares with is a string that is not a number."""
+    literals = [expr.right, expr.left] if isinstance(expr, ast.Compare) else []
+    if isinstance(expr, ast.In):
+        literals = list(expr.options)
+    return all(
+        isinstance(lit.value, str) and str_to_number(lit.value) is None
+        for lit in literals
+        if isinstance(lit, ast.Literal)
+    )
+
+
+def string_lookup(
+    parts: Sequence[ast.Expr], fields: Sequence[str], *, max_lookups: int = MAX_LOOKUPS
+) -> list[tuple[str, ...]] | None:
+    """Lookups for an index on ``fields`` from some of the conjuncts ``parts`` of an AND.
+
+    Unlike :func:`equality_lookup` the other conjuncts may be anything, so this serves as one
+    way into a larger filter whose result must not depend on the index: only pins to strings
+    that are not numbers count, whose text lookup finds every value the comparison matches
+    (``/a = 5`` also matches ``"5.0"``, which a text lookup of ``"5"`` would miss).
+    """
+    wanted = set(fields)
+    if not fields or len(wanted) != len(fields):
+        return None
+    pinned: dict[str, list[str]] = {}
+    for part in parts:
+        found = _pinned(part)
+        if found is None or found[0] not in wanted or found[0] in pinned:
+            continue
+        if _plain_strings(part):
+            pinned[found[0]] = found[1]
     if len(pinned) != len(wanted):
         return None
     columns = [pinned[f] for f in fields]

@@ -19,6 +19,7 @@ __all__ = [
     "get_path",
     "is_null",
     "path_steps",
+    "scalar_text",
     "str_to_number",
     "to_number",
 ]
@@ -122,3 +123,18 @@ def canonical_text(value: Any) -> str:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
     except TypeError:
         return str(value)
+
+
+def scalar_text(value: Any) -> str | None:
+    """The text string predicates (LIKE, BEGINS WITH, ENDS WITH) and string functions see.
+
+    A non-empty string as is, a boolean or number in its canonical spelling; None for NULL and
+    for objects. Memo indexes store exactly this text, so a scan of the index and a scan of the
+    records test the same strings.
+    """
+    kind = type(value)
+    if kind is str:
+        return value if value else None
+    if kind is bool or kind is int or kind is float:
+        return canonical_text(value)
+    return None

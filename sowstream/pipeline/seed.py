@@ -77,6 +77,7 @@ def _store_entries(
     from it without another shuffle.
     """
     indexes = [tuple(f) for f in topic.hash_indexes]
+    memo = tuple(topic.indexes)
 
     def entries(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -96,7 +97,7 @@ def _store_entries(
         for p, records in by_partition.items():
             rows = [
                 {"partition": p, "key": k, "value": v}
-                for k, v in store_entries(indexes, records, watermarks[p])
+                for k, v in store_entries(indexes, records, watermarks[p], memo)
             ]
             yield pa.RecordBatch.from_pylist(rows, schema=_entry_schema())
 

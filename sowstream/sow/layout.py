@@ -1,8 +1,9 @@
 """The key layout of a partition store, shared by the engine and the Spark seed writer.
 
 One RocksDB (or in-memory) store per topic partition holds, in key order: reserved entries
-(``0x00``: the applied watermark, History versions), hash-index entries (``0x01``), then the SOW
-records under their SowKey. faust keeps its own changelog offset under ``FAUST_OFFSET_KEY``.
+(``0x00``: the applied watermark, History versions, memo indexes and their markers, see
+``sowstream.sow.memo``), hash-index entries (``0x01``), then the SOW records under their SowKey.
+faust keeps its own changelog offset under ``FAUST_OFFSET_KEY``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.keys import field_values
+from sowstream.sow.memo import READY, marker_key, memo_entries
 from sowstream.sow.record import SowRecord
 
 RESERVED_PREFIX = b"\x00"
@@ -98,17 +100,24 @@ def index_entries(
 
 
 def store_entries(
-    indexes: Sequence[Sequence[str]], records: Iterable[SowRecord], watermark: int
+    indexes: Sequence[Sequence[str]],
+    records: Iterable[SowRecord],
+    watermark: int,
+    memo: Sequence[str] = (),
 ) -> list[tuple[bytes, bytes]]:
     """Everything a partition store holds for ``records`` applied up to ``watermark``, sorted.
 
-    This is what the engine would have written itself (records, index entries, watermark), so a
-    store built from it (a Spark seed) is indistinguishable from one the engine filled.
+    This is what the engine would have written itself (records, hash-index entries, the memo
+    indexes on ``memo`` with their ready markers, watermark), so a store built from it (a Spark
+    seed) is indistinguishable from one the engine filled.
     """
     out: list[tuple[bytes, bytes]] = [(WATERMARK_KEY, str(watermark).encode())]
+    out.extend((marker_key(path), READY) for path in dict.fromkeys(memo))
     for rec in records:
         key = rec.sow_key.encode()
+        body = rec.parsed()
         out.append((key, rec.to_bytes()))
-        out.extend((entry, b"") for entry in index_entries(indexes, key, rec.parsed()))
+        out.extend((entry, b"") for entry in index_entries(indexes, key, body))
+        out.extend((entry, b"") for entry in memo_entries(dict.fromkeys(memo), key, body))
     out.sort()
     return out
