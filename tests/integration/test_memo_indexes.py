@@ -132,7 +132,7 @@ def test_indexed_queries_stay_right_through_updates_restarts_and_a_lost_data_dir
             client.delta_publish("orders", {"id": model[key]["id"], "px": 1.5})
             model[key] = {**model[key], "px": 1.5}
         for key in keys[80:90]:
-            client.sow_delete("orders", keys=[key])
+            client.sow_delete("orders", sow_keys=[key])
             del model[key]
         deleted = client.sow_delete("orders", filter="/qty > 97")  # the index finds them too
         assert deleted == sum(1 for v in model.values() if compile_filter("/qty > 97").matches(v))
