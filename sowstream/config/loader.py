@@ -32,9 +32,9 @@ from sowstream.config.models import (
     Entitlements,
     RocksDBConfig,
     SlowConsumerConfig,
-    schema_path,
     SowstreamConfig,
     TopicConfig,
+    schema_path,
 )
 from sowstream.config.queues import (
     FIELD_ELEMENTS,

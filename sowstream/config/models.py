@@ -39,6 +39,7 @@ def message_type_name(value: object) -> str:
     supported = ", ".join(registry.names())
     raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
 
+
 # Kafka caps topic names at 249 characters; the engine derives names such as
 # "<prefix>.log.<topic>" and "<app_id>-sow-<topic>-changelog", so both parts get a share.
 MAX_TOPIC_NAME = 180
@@ -357,7 +358,11 @@ class TopicConfig(_Frozen):
                 "schema_file", f"Schema only applies to avro topics; this one is {kind}"
             )
         if not registry.type_class(kind).has_fields:
-            for field, label in (("keys", "Key"), ("hash_indexes", "HashIndex"), ("indexes", "Index")):
+            for field, label in (
+                ("keys", "Key"),
+                ("hash_indexes", "HashIndex"),
+                ("indexes", "Index"),
+            ):
                 if getattr(self, field):
                     raise FieldProblem(
                         field,

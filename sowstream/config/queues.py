@@ -228,8 +228,7 @@ class QueueConfig(_Frozen):
         name = message_type_name(value)
         if name not in QUEUE_MESSAGE_TYPES:
             raise ValueError(
-                f"queues carry {', '.join(QUEUE_MESSAGE_TYPES)} messages only for now, "
-                f"not {name}"
+                f"queues carry {', '.join(QUEUE_MESSAGE_TYPES)} messages only for now, not {name}"
             )
         return name
 

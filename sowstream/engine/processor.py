@@ -77,7 +77,6 @@ from sowstream.subscriptions.model import (
     Change,
     Delivery,
     SubscriptionSpec,
-    dumps,
 )
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
@@ -202,13 +201,15 @@ class TopicProcessor:
         entitlement: EntitlementLookup | None = None,
     ) -> None:
         self.topic = topic
+        self.codec = topic.codec
+        self._parse = self.codec.parse  # bound once: the scan and match loops call it per record
         self.subs = TopicSubscriptions(
             topic, entitlement, current=self._current_record if topic.sow else None
         )
         # Queues whose underlying topics include this one (set up by the engine).
         self.queues: list[QueueRuntime] = []
         self.names = names
-        self.log_topic = names.log(topic.name)
+        self.log_topic = names.log(topic.name, topic.message_type)
         self._sender = sender
         self._table = table
         self._log_reader = log_reader
@@ -507,10 +508,16 @@ class TopicProcessor:
                 stored = self._load_record(ps, overlay, key)
                 if key not in before:
                     before[key] = stored
-                new = apply_keyed(self.topic, stored, op)
+                try:
+                    new = apply_keyed(self.topic, stored, op)
+                except InvalidMessageError as exc:
+                    if not replay:
+                        outcome.dead.append((rec, exc))
+                        outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                    continue
                 overlay[key] = new
                 if self.queues and new is not None and op.command != h.SOW_DELETE:
-                    outcome.enqueued.append(self._queued(rec, new.data, new.parsed()))
+                    outcome.enqueued.append(self._queued(rec, new.data, self._parse(new.data)))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
@@ -549,7 +556,7 @@ class TopicProcessor:
                     outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
                 continue
             if self.queues and command != h.SOW_DELETE and rec.value is not None:
-                body = parse_body(self.topic.name, rec.value)
+                body = parse_body(self.topic, rec.value)
                 outcome.enqueued.append(self._queued(rec, rec.value, body))
             if sow_key is not None and events is not None:
                 assert rec.value is not None
@@ -593,7 +600,7 @@ class TopicProcessor:
             )
         if command == h.SOW_DELETE:
             return None
-        body = parse_body(self.topic.name, rec.value)
+        body = parse_body(self.topic, rec.value, delta=command == h.DELTA_PUBLISH)
         if self.topic.keys:
             return generated_sow_key(
                 self.topic.name, self.topic.effective_key_domain, self.topic.keys, body
@@ -644,7 +651,7 @@ class TopicProcessor:
         # Sorted: each removed record's message sequence must come out the same on a replay.
         for key in sorted(candidates) if events is not None else candidates:
             stored = self._load_record(ps, overlay, key)
-            if stored is None or not deleted_by_filter(stored, op):
+            if stored is None or not deleted_by_filter(self.topic, stored, op):
                 continue
             if key not in before:
                 before[key] = stored
@@ -696,7 +703,7 @@ class TopicProcessor:
         return changes
 
     def _index_entries(self, key: bytes, record: SowRecord | None) -> set[bytes]:
-        return index_entries(self._index_fields, key, record.parsed() if record else None)
+        return index_entries(self._index_fields, key, self._parse(record.data) if record else None)
 
     def _index_changes(
         self,
@@ -727,6 +734,7 @@ class TopicProcessor:
             )
             letter = {
                 "topic": self.topic.name,
+                "message_type": self.topic.message_type,
                 "source_topic": self.log_topic,
                 "source_partition": rec.partition,
                 "source_offset": rec.offset,
@@ -738,7 +746,7 @@ class TopicProcessor:
                 "error": str(exc),
             }
             await self._sender.send(
-                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.name.encode()
+                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
             )
         for rec, count, status, reason, message in outcome.acks:
             reply_to = rec.headers.get(h.REPLY_TO)
@@ -1034,7 +1042,7 @@ class TopicProcessor:
                 await asyncio.sleep(0)
             if now is not None and rec.expiration is not None and rec.expiration <= now:
                 continue
-            parsed = orjson.loads(rec.data) if need_parsed else None
+            parsed = self._parse(rec.data) if need_parsed else None
             if flt is not None and not flt.matches(parsed):  # type: ignore[arg-type]
                 continue
             if visible is not None and not visible.matches(parsed):  # type: ignore[arg-type]
@@ -1077,6 +1085,14 @@ class TopicProcessor:
             )
             bookmark = self._bookmark(cmd)
             aggregation = aggregation_of(cmd)
+            if not self.codec.has_fields and (
+                opts.filter is not None or opts.order_by or aggregation is not None
+            ):
+                raise InvalidCommandError(
+                    f"{self.topic.message_type} topic {self.topic.name!r}: its messages are not "
+                    "parsed, so a sow takes no content filter, OrderBy or aggregate (query by "
+                    "SowKeys instead)"
+                )
         except (FilterError, InvalidCommandError) as exc:
             reason = "bad_filter" if isinstance(exc, FilterError) else "bad_option"
             await self.reply(
@@ -1127,7 +1143,7 @@ class TopicProcessor:
         if aggregation is not None:
             # The client merges every partition's partial aggregates, then orders and trims.
             partials = aggregation.partial(
-                body if body is not None else r.parsed() for r, body in matched
+                body if body is not None else self._parse(r.data) for r, body in matched
             )
             await self._send_partials(reply_to, base, partials)
             await self.reply(reply_to, {**base, "command": "part_end", "count": len(matched)})
@@ -1229,7 +1245,7 @@ class TopicProcessor:
                         ps, FullScan(), everything, view.entitled
                     ):
                         assert body is None
-                        parsed = rec.parsed()
+                        parsed = self._parse(rec.data)
                         was = old is None or old.matches(parsed)
                         now = view.filter is None or view.filter.matches(parsed)
                         if now and not was:
@@ -1275,7 +1291,10 @@ class TopicProcessor:
         batch: list[dict[str, Any]] = []
         size = 0
         for rank, (rec, body) in enumerate(matched):
-            data = rec.data if select is None else dumps(project(body or rec.parsed(), select))
+            if select is not None:
+                data = self.codec.serialise(project(body or self._parse(rec.data), select))
+            else:
+                data = rec.data
             item = {
                 "sow_key": rec.sow_key,
                 "data": data,
@@ -1359,6 +1378,7 @@ def spec_from_command(cmd: dict[str, Any]) -> SubscriptionSpec:
         options=parse_options(cmd.get("sub_options") or ""),
         identity=cmd.get("identity") or "",
         order_by=cmd.get("order_by"),
+        message_type=cmd.get("message_type") or "json",
     )
 
 

@@ -1,4 +1,4 @@
-"""Message types: how the bodies of a topic are parsed, written and merged (docs/message-types.md)."""
+"""Message types: how a topic's bodies are parsed, written and merged (docs/message-types.md)."""
 
 from sowstream.messagetypes.base import (
     MessageParseError,

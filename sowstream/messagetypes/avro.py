@@ -28,12 +28,14 @@ from sowstream.messagetypes.base import (
     MessageTypeConfigError,
     TypeOptions,
 )
+from sowstream.subscriptions.delta import same_value
 
 
 class AvroType(MessageType):
     """Avro records of one schema; see the module docstring for deltas."""
 
     name: ClassVar[str] = "avro"
+    delta_form_is_full: ClassVar[bool] = False
 
     def __init__(self, options: TypeOptions | None = None) -> None:
         super().__init__(options)
@@ -61,6 +63,14 @@ class AvroType(MessageType):
 
     def serialise_delta(self, fields: Mapping[str, Any]) -> bytes:
         return self._write(fields, self._delta_schema, "delta")
+
+    def changed(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+        # Top-level fields whole: a nested record in a delta must be complete to be written.
+        return {
+            name: value
+            for name, value in after.items()
+            if name not in before or not same_value(before[name], value)
+        }
 
     def _read(self, data: bytes, schema: Any, what: str) -> dict[str, Any]:
         buf = io.BytesIO(data)

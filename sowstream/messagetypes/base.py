@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sowstream.sow.merge import merge_delta
+from sowstream.subscriptions.delta import changed_fields
 
 
 class MessageParseError(ValueError):
@@ -68,6 +69,8 @@ class MessageType(ABC):
     has_fields: ClassVar[bool] = True
     supports_delta: ClassVar[bool] = True
     empty: ClassVar[bytes] = b""
+    # False where a delta_publish body is written in another form than a whole record (avro).
+    delta_form_is_full: ClassVar[bool] = True
 
     def __init__(self, options: TypeOptions | None = None) -> None:
         self.options = options or TypeOptions()
@@ -87,6 +90,11 @@ class MessageType(ABC):
     def serialise_delta(self, fields: Mapping[str, Any]) -> bytes:
         """A delta message: only the changed fields (and the key fields)."""
         return self.serialise(fields)
+
+    def changed(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+        """The body of a delta message: the fields of ``after`` that differ from ``before``
+        (objects compared field by field; a removed field as None)."""
+        return changed_fields(before, after)
 
     def merge(self, stored: bytes, update: bytes) -> bytes:
         """The record after the delta_publish ``update`` is merged into ``stored``."""

@@ -63,7 +63,8 @@ def get(name: str, topic_config: Any = None) -> MessageType:
     Instances are cached per (type, topic, schema), so an avro schema is parsed once.
     """
     # Only text counts: a pydantic model also has a ``schema`` method.
-    topic, schema_file = getattr(topic_config, "name", ""), getattr(topic_config, "schema_file", None)
+    topic = getattr(topic_config, "name", "")
+    schema_file = getattr(topic_config, "schema_file", None)
     options = TypeOptions(
         topic=topic if isinstance(topic, str) else "",
         schema_file=schema_file if isinstance(schema_file, str) else None,

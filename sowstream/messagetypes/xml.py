@@ -33,7 +33,8 @@ class XmlType(MessageType):
         except ExpatError as exc:
             # expat counts lines from 1 and columns from 0
             problem = f"{exc.args[0].split(':')[0]} (line {exc.lineno}, column {exc.offset + 1})"
-            raise MessageParseError("xml", problem, _byte_offset(data, exc.lineno, exc.offset))
+            position = _byte_offset(data, exc.lineno, exc.offset)
+            raise MessageParseError("xml", problem, position) from None
         except ValueError as exc:  # entities refused, for example
             raise MessageParseError("xml", str(exc)) from None
         if not isinstance(body, dict) or len(body) != 1:

@@ -13,11 +13,14 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.keys import field_values
 from sowstream.sow.record import SowRecord
+
+if TYPE_CHECKING:
+    from sowstream.messagetypes import MessageType
 
 RESERVED_PREFIX = b"\x00"
 WATERMARK_KEY = b"\x00sowstream.applied"
@@ -94,7 +97,10 @@ def index_entries(
 
 
 def store_entries(
-    indexes: Sequence[Sequence[str]], records: Iterable[SowRecord], watermark: int
+    indexes: Sequence[Sequence[str]],
+    records: Iterable[SowRecord],
+    watermark: int,
+    mtype: MessageType,
 ) -> list[tuple[bytes, bytes]]:
     """Everything a partition store holds for ``records`` applied up to ``watermark``, sorted.
 
@@ -105,6 +111,6 @@ def store_entries(
     for rec in records:
         key = rec.sow_key.encode()
         out.append((key, rec.to_bytes()))
-        out.extend((entry, b"") for entry in index_entries(indexes, key, rec.parsed()))
+        out.extend((entry, b"") for entry in index_entries(indexes, key, rec.parsed(mtype)))
     out.sort()
     return out

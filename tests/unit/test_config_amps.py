@@ -391,11 +391,14 @@ def test_spec_01_example_7_3_loads_the_json_orders_and_the_xml_alerts(
     assert any("SOW/Topic[ORDERS]/SlabSize" in i and "ignored" in i for i in infos)
 
 
-
 @pytest.mark.parametrize("example", [SPEC_01_EXAMPLE_7_1, SPEC_01_EXAMPLE_7_2])
 def test_spec_01_expiration_examples_are_fix_topics_keyed_by_tags(example: str) -> None:
     (orders,) = load(example).topics
-    assert (orders.message_type, orders.keys, orders.ident) == ("fix", ("/55", "/109"), "fix:ORDERS")
+    assert (orders.message_type, orders.keys, orders.ident) == (
+        "fix",
+        ("/55", "/109"),
+        "fix:ORDERS",
+    )
     assert TopicNames().log(orders.name, orders.message_type) == "sowstream.log.fix.ORDERS"
 
 
