@@ -21,6 +21,10 @@ from sowstream.sow.merge import merge_delta
 from sowstream.subscriptions.delta import changed_fields
 
 
+# How errors spell the built-in types' names (as their specifications do).
+_LABELS = {"json": "JSON", "fix": "FIX", "nvfix": "NVFIX", "xml": "XML", "avro": "Avro"}
+
+
 class MessageParseError(ValueError):
     """A body that is not a valid message of its type; ``str()`` says what is wrong and where.
 
@@ -29,7 +33,8 @@ class MessageParseError(ValueError):
 
     def __init__(self, type_name: str, problem: str, position: int | None = None) -> None:
         where = f" at byte {position}" if position is not None else ""
-        super().__init__(f"malformed {type_name} message{where}: {problem}")
+        label = _LABELS.get(type_name, type_name)
+        super().__init__(f"malformed {label} message{where}: {problem}")
         self.type_name = type_name
         self.problem = problem
         self.position = position

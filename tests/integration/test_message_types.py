@@ -255,7 +255,7 @@ def test_malformed_messages_go_to_the_dead_letter_topic_with_the_reason(
             "fixorders",
             soh("11=X|oops|"),
         )
-        assert "malformed fix message at byte 5: field 'oops' has no '='" in fix_letter["error"]
+        assert "malformed FIX message at byte 5: field 'oops' has no '='" in fix_letter["error"]
         assert letters["xml"]["reason"] == "malformed_xml"
         assert "mismatched tag" in letters["xml"]["error"]
         assert letters["avro"]["reason"] == "malformed_avro"

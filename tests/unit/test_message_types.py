@@ -80,7 +80,7 @@ def test_json_parse_errors_give_the_position() -> None:
     codec = get("json")
     with pytest.raises(MessageParseError) as caught:
         codec.parse(b'{"a": 1,,}')
-    assert caught.value.position == 8 and "malformed json message at byte 8" in str(caught.value)
+    assert caught.value.position == 8 and "malformed JSON message at byte 8" in str(caught.value)
     with pytest.raises(MessageParseError, match="must be an object, got list"):
         codec.parse(b"[1, 2]")
     with pytest.raises(MessageParseError, match="empty message body"):
@@ -443,7 +443,7 @@ def test_a_malformed_body_is_refused_with_the_type_and_position() -> None:
         decode_log_record(t, None, fix("11=A1|oops|"), {}, 1, 0)
     assert caught.value.reason == "malformed_fix"
     assert str(caught.value) == (
-        "fix topic 't': malformed fix message at byte 6: field 'oops' has no '=' between name "
+        "fix topic 't': malformed FIX message at byte 6: field 'oops' has no '=' between name "
         "and value"
     )
 
