@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 from sowstream.sow.merge import merge_delta
 from sowstream.subscriptions.delta import changed_fields
 
-
 # How errors spell the built-in types' names (as their specifications do).
 _LABELS = {"json": "JSON", "fix": "FIX", "nvfix": "NVFIX", "xml": "XML", "avro": "Avro"}
 

@@ -526,3 +526,12 @@ def test_subscription_keys_name_the_type_unless_json() -> None:
     assert _spec("subscribe", None, "json").key == "r|s|t"
     wire = _spec("subscribe", None, "nvfix").to_wire()
     assert SubscriptionSpec.from_wire(wire).message_type == "nvfix"
+
+
+def test_the_spark_pipeline_refuses_other_types_by_name() -> None:
+    from sowstream.errors import PipelineError
+    from sowstream.pipeline.rebuild import require_json
+
+    require_json(load_config_text("sow: [{Name: j, Key: /id}]").topics[0])
+    with pytest.raises(PipelineError, match="fix topic 't': the Spark pipeline rebuilds json"):
+        require_json(TYPES.topic("t", "fix"))
