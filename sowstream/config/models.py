@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sowstream.config.errors import FieldProblem
 from sowstream.config.units import parse_interval, parse_size
@@ -30,6 +37,7 @@ RecoveryPoint = Literal["epoch", "now"]
 ExpirationMode = Literal["disabled", "enabled", "default"]
 
 SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = tuple(registry.BUILT_IN)
+_CODEC = "\x00codec"  # where a TopicConfig keeps its MessageType (see TopicConfig.codec)
 
 
 def message_type_name(value: object) -> str:
@@ -393,8 +401,18 @@ class TopicConfig(_Frozen):
 
     @property
     def codec(self) -> MessageTypeImpl:
-        """The message type that parses, writes and merges this topic's bodies."""
-        return registry.get(self.message_type, self)
+        """The message type that parses, writes and merges this topic's bodies.
+
+        Kept on the topic (every log record asks for it), together with what it was made from,
+        so a ``model_copy`` that changes the type or schema gets its own.
+        """
+        # Not a pydantic private attribute: reading one goes through __getattr__ (~1 us).
+        made_from = (self.message_type, self.name, self.schema_file)
+        cached = self.__dict__.get(_CODEC)
+        if cached is None or cached[0] != made_from:
+            cached = self.__dict__[_CODEC] = (made_from, registry.get(self.message_type, self))
+        codec: MessageTypeImpl = cached[1]
+        return codec
 
     @property
     def ident(self) -> str:

@@ -63,17 +63,18 @@ def malformed_reason(message_type: str) -> str:
 def parse_body(topic: TopicConfig, value: bytes | None, *, delta: bool = False) -> dict[str, Any]:
     """A message body's fields, read by the topic's message type (a delta_publish's with the
     type's delta reading); anything else is an InvalidMessageError naming topic and position."""
-    reason = malformed_reason(topic.message_type)
     if not value:
         raise InvalidMessageError(
-            f"{_label(topic)}: empty message body", topic=topic.name, reason=reason
+            f"{_label(topic)}: empty message body",
+            topic=topic.name,
+            reason=malformed_reason(topic.message_type),
         )
     codec = topic.codec
     try:
         return codec.parse_delta(value) if delta else codec.parse(value)
     except MessageParseError as exc:
         raise InvalidMessageError(
-            f"{_label(topic)}: {exc}", topic=topic.name, reason=reason
+            f"{_label(topic)}: {exc}", topic=topic.name, reason=malformed_reason(codec.name)
         ) from exc
 
 
@@ -167,12 +168,11 @@ def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowR
     if op.command == h.SOW_DELETE:
         return None
     assert op.sow_key is not None and op.body is not None and op.data is not None
-    codec = topic.codec
     data = op.data
-    if op.command == h.DELTA_PUBLISH and codec.supports_delta:
+    if op.command == h.DELTA_PUBLISH and (codec := topic.codec).supports_delta:
         try:
             if stored is not None:
-                data = codec.merge_fields(stored.parsed(codec), op.body)
+                data = codec.merge_fields(codec.parse(stored.data), op.body)
             elif not codec.delta_form_is_full:
                 # An inserting delta_publish is stored in the type's record form (avro).
                 data = codec.serialise(op.body)
