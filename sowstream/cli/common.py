@@ -15,11 +15,21 @@ from rich.table import Table
 from sowstream.config import ConfigError
 from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError
+from sowstream.messagetypes import MessageParseError, MessageType
 
 err = Console(stderr=True)
 out = Console()
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+MessageTypeOpt = Annotated[
+    str,
+    typer.Option(
+        "--message-type",
+        "-m",
+        help="Message type of the topic: json, fix, nvfix, xml, binary, avro (or a plug-in's).",
+    ),
+]
 
 Bootstrap = Annotated[
     str | None,
@@ -46,16 +56,63 @@ def friendly_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def print_records(title: str, rows: Sequence[tuple[str, str, bytes | str]], as_json: bool) -> None:
-    """``(topic, sow_key, JSON data)`` rows as a table, or as JSON lines for scripts."""
+def print_records(
+    title: str,
+    rows: Sequence[tuple[str, str, bytes | str]],
+    as_json: bool,
+    codec: MessageType | None = None,
+) -> None:
+    """``(topic, sow_key, data)`` rows as a table, or as JSON lines for scripts; ``codec`` is
+    the data's message type when it is not json."""
     if as_json:
         for topic, sow_key, data in rows:
-            line = {"topic": topic, "sow_key": sow_key, "data": orjson.loads(data)}
-            sys.stdout.write(orjson.dumps(line).decode() + "\n")
+            raw = data.encode() if isinstance(data, str) else data
+            line = {"topic": topic, "sow_key": sow_key, "data": body_value(raw, codec)}
+            sys.stdout.write(orjson.dumps(line, default=str).decode() + "\n")
         return
     table = Table(title=f"{title}: {len(rows)} record(s)")
     table.add_column("SowKey", style="dim")
     table.add_column("data")
     for _, sow_key, data in rows:
-        table.add_row(sow_key, data if isinstance(data, str) else data.decode("utf-8", "replace"))
+        raw = data.encode() if isinstance(data, str) else data
+        table.add_row(sow_key, body_text(raw, codec))
     out.print(table)
+
+
+def body_value(data: bytes, codec: MessageType | None, *, delta: bool = False) -> Any:
+    """A body for a JSON line: JSON as it is, other types' fields (binary: its text)."""
+    if codec is None:
+        return orjson.loads(data) if data else None
+    if not codec.has_fields or not data:
+        return data.decode("utf-8", "backslashreplace")
+    try:
+        return codec.parse_delta(data) if delta else codec.parse(data)
+    except MessageParseError:
+        return data.decode("utf-8", "backslashreplace")
+
+
+def body_text(data: bytes, codec: MessageType | None, *, delta: bool = False) -> str:
+    """A body as a terminal shows it: text with SOH shown as ``|``; binary-encoded types (avro)
+    as JSON of their fields."""
+    text = data.decode("utf-8", "backslashreplace")
+    if codec is None or all(c.isprintable() or c in "\x01\n\t" for c in text):
+        return text.replace("\x01", "|")
+    if codec.has_fields:
+        return orjson.dumps(body_value(data, codec, delta=delta), default=str).decode()
+    return text
+
+
+def payload_for(text: str, codec: MessageType, soh: str | None) -> str | dict[str, Any]:
+    """A command-line payload for a topic of ``codec``'s type: for a type whose messages are not
+    text (avro) a JSON object of the fields; otherwise the text, ``soh`` standing for SOH."""
+    if codec.name == "avro":
+        try:
+            fields = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise SowstreamError(
+                f"an avro payload is given as a JSON object of its fields: {exc}"
+            ) from None
+        if not isinstance(fields, dict):
+            raise SowstreamError("an avro payload is given as a JSON object of its fields")
+        return fields
+    return text.replace(soh, "\x01") if soh else text

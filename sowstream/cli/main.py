@@ -18,7 +18,16 @@ from rich.live import Live
 from rich.table import Table
 
 from sowstream.cli.broker import broker_app
-from sowstream.cli.common import Bootstrap, err, friendly_errors, out, print_records
+from sowstream.cli.common import (
+    Bootstrap,
+    MessageTypeOpt,
+    body_value,
+    err,
+    friendly_errors,
+    out,
+    payload_for,
+    print_records,
+)
 from sowstream.cli.pipeline import pipeline_app
 from sowstream.cli.queue import queue_app
 from sowstream.client import Client, Message, QueueSubscription, Subscription
@@ -113,12 +122,16 @@ def _publish(
     sow_key: str | None,
     expiration: str | None,
     ack: bool,
+    message_type: str,
+    soh: str | None,
 ) -> None:
-    with Client(bootstrap, prefix=prefix) as client:
+    with Client(bootstrap, prefix=prefix, message_type=message_type) as client:
         send = client.publish if command == "publish" else client.delta_publish
+        codec = client.topic_info(topic).codec
         count = 0
         for body in _messages(payload):
-            key = send(topic, body, sow_key=sow_key, expiration=expiration, ack=ack)
+            data = payload_for(body, codec, soh)
+            key = send(topic, data, sow_key=sow_key, expiration=expiration, ack=ack)
             count += 1
         client.flush()
     err.print(
@@ -126,7 +139,17 @@ def _publish(
     )
 
 
-Payload = Annotated[str, typer.Argument(help="JSON message, or - to read one per line on stdin.")]
+Payload = Annotated[
+    str,
+    typer.Argument(
+        help="The message in the topic's type (avro: a JSON object of its fields), or - to read "
+        "one per line on stdin."
+    ),
+]
+SohOpt = Annotated[
+    str | None,
+    typer.Option("--soh", help="A character that stands for SOH in fix/nvfix payloads, e.g. '|'."),
+]
 SowKeyOpt = Annotated[
     str | None, typer.Option("--sow-key", help="SowKey, for topics without Key fields.")
 ]
@@ -146,9 +169,13 @@ def publish(
     sow_key: SowKeyOpt = None,
     expiration: ExpirationOpt = None,
     ack: AckOpt = False,
+    message_type: MessageTypeOpt = "json",
+    soh: SohOpt = None,
 ) -> None:
     """Publish (insert or replace) messages."""
-    _publish("publish", topic, payload, bootstrap, prefix, sow_key, expiration, ack)
+    _publish(
+        "publish", topic, payload, bootstrap, prefix, sow_key, expiration, ack, message_type, soh
+    )
 
 
 @app.command("delta-publish")
@@ -161,9 +188,22 @@ def delta_publish(
     sow_key: SowKeyOpt = None,
     expiration: ExpirationOpt = None,
     ack: AckOpt = False,
+    message_type: MessageTypeOpt = "json",
+    soh: SohOpt = None,
 ) -> None:
     """Merge messages into the stored records (delta_publish)."""
-    _publish("delta_publish", topic, payload, bootstrap, prefix, sow_key, expiration, ack)
+    _publish(
+        "delta_publish",
+        topic,
+        payload,
+        bootstrap,
+        prefix,
+        sow_key,
+        expiration,
+        ack,
+        message_type,
+        soh,
+    )
 
 
 @app.command()
@@ -186,9 +226,10 @@ def sow(
     ] = None,
     bootstrap: Bootstrap = None,
     prefix: Prefix = "sowstream",
+    message_type: MessageTypeOpt = "json",
 ) -> None:
     """Query the State of the World (now, as of a bookmark, or aggregated)."""
-    with Client(bootstrap, prefix=prefix) as client:
+    with Client(bootstrap, prefix=prefix, message_type=message_type) as client:
         messages = client.sow(
             topic,
             filter,
@@ -201,8 +242,9 @@ def sow(
             grouping=grouping,
             projection=projection,
         )
-        rows = [(m.topic, m.sow_key, m.data) for m in messages if m.command == "sow"]
-    print_records(topic, rows, as_json)
+        found = [m for m in messages if m.command == "sow"]
+    rows = [(m.topic, m.sow_key, m.data) for m in found]
+    print_records(topic, rows, as_json, found[0].codec if found else None)
 
 
 @app.command()
@@ -229,10 +271,11 @@ def subscribe(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
     bootstrap: Bootstrap = None,
     prefix: Prefix = "sowstream",
+    message_type: MessageTypeOpt = "json",
 ) -> None:
     """Subscribe: live messages (with --sow, the matching records first), until Ctrl-C."""
     opts = ",".join(o for o in ("oof" if oof else "", options or "") if o)
-    with Client(bootstrap, prefix=prefix, identity=identity) as client:
+    with Client(bootstrap, prefix=prefix, identity=identity, message_type=message_type) as client:
         sub: Subscription | QueueSubscription
         if sow:
             place = client.sow_and_delta_subscribe if delta else client.sow_and_subscribe
@@ -284,7 +327,7 @@ class LiveView:
         self.records: dict[str, Any] = {}
 
     def apply(self, msg: Message) -> None:
-        body = msg.json()
+        body = msg.fields() if msg.codec is None or msg.codec.has_fields else {"data": msg.data}
         if msg.command == "oof":
             self.records.pop(msg.sow_key, None)
         elif msg.delta and msg.sow_key in self.records:
@@ -297,7 +340,7 @@ class LiveView:
         table.add_column("SowKey", style="dim")
         table.add_column("data")
         for key, body in self.records.items():
-            table.add_row(key, orjson.dumps(body).decode())
+            table.add_row(key, orjson.dumps(body, default=str).decode())
         return table
 
 
@@ -315,8 +358,9 @@ def _json_line(msg: Message) -> str:
             "reason": msg.reason or None,
             "delta": msg.delta,
             "bookmark": msg.bookmark or None,
-            "data": msg.json(),
-        }
+            "data": body_value(msg.data, msg.codec, delta=msg.delta),
+        },
+        default=str,
     ).decode()
 
 
@@ -331,9 +375,10 @@ def delete(
     ] = None,
     bootstrap: Bootstrap = None,
     prefix: Prefix = "sowstream",
+    message_type: MessageTypeOpt = "json",
 ) -> None:
     """Delete records from the SOW (sow_delete) by filter, SowKeys or data."""
-    with Client(bootstrap, prefix=prefix) as client:
+    with Client(bootstrap, prefix=prefix, message_type=message_type) as client:
         count = client.sow_delete(topic, filter=filter, sow_keys=key, data=data)
     out.print(f"deleted {count} record(s) from {topic}")
 

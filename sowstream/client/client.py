@@ -42,12 +42,18 @@ from sowstream.errors import (
     UnknownTopicError,
 )
 from sowstream.filters import compile_filter
+from sowstream.messagetypes import (
+    MessageParseError,
+    MessageSerialiseError,
+    MessageType,
+    TypeOptions,
+    registry,
+)
 from sowstream.queues.machine import Bookmark as QueueBookmark
 from sowstream.sow.aggregate import Aggregation, merge_partials, parse_aggregation
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, message_bookmark, parse_bookmark
 from sowstream.sow.keygen import KeyGeneratorError, generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
-from sowstream.sow.ops import parse_body
 from sowstream.sow.query import (
     CLIENT_DEFAULT_BATCH_SIZE,
     QueryOptions,
@@ -75,7 +81,7 @@ from sowstream.wire.kafka import (
     producer_config,
     resolve_bootstrap,
 )
-from sowstream.wire.topics import DEFAULT_PREFIX, TopicNames
+from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames, topic_ident
 
 _REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
 # Characters that only a pattern has ('.' is common in topic names): a name with none of these
@@ -100,11 +106,24 @@ class TopicInfo:
     key_generator: str | None = None
     key_generator_options: tuple[tuple[str, str], ...] = ()
     auto: bool = False  # in no configuration: created by the engine on first use
+    message_type: str = JSON
+    schema: str = ""  # an avro topic's record schema
 
     @property
     def queue(self) -> bool:
         """Whether this name is a queue (subscribe leases, sow browses)."""
         return bool(self.queue_of)
+
+    @property
+    def ident(self) -> str:
+        """The topic's identity: its name for json, ``<type>:<name>`` otherwise."""
+        return topic_ident(self.name, self.message_type)
+
+    @property
+    def codec(self) -> MessageType:
+        """The topic's message type (an avro one with the schema the engine published)."""
+        options = TypeOptions(topic=self.name, schema=self.schema or None)
+        return registry.for_options(self.message_type, options)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> TopicInfo:
@@ -121,6 +140,8 @@ class TopicInfo:
             d.get("key_generator"),
             tuple(sorted((d.get("key_generator_options") or {}).items())),
             d.get("auto", False),
+            d.get("message_type") or JSON,
+            d.get("schema") or "",
         )
 
 
@@ -128,7 +149,9 @@ class Client:
     """A connection to a sowstream engine through Kafka.
 
     ``config`` is passed to every confluent-kafka client as-is (TLS, SASL, ...). Use it as a
-    context manager so the reply topic is removed on exit.
+    context manager so the reply topic is removed on exit. ``message_type`` is the message type
+    of the topics the commands target, as an AMPS connection has one; every command can name
+    another with its own ``message_type=``.
     """
 
     def __init__(
@@ -140,7 +163,9 @@ class Client:
         config: Mapping[str, str] | None = None,
         timeout: float = 30.0,
         identity: str = "",
+        message_type: str = JSON,
     ) -> None:
+        self.message_type = _type_name(message_type)
         self.bootstrap = resolve_bootstrap(bootstrap)
         self.name = name or f"client-{uuid.uuid4().hex[:12]}"
         self.names = TopicNames(prefix)
@@ -253,7 +278,7 @@ class Client:
                             topics.pop((msg.key() or b"").decode(), None)
                         else:
                             info = TopicInfo.from_wire(decode("TopicInfo", value))
-                            topics[info.name] = info
+                            topics[info.ident] = info
             self._topics = topics
             return topics
         finally:
@@ -261,7 +286,8 @@ class Client:
 
     @property
     def topics(self) -> dict[str, TopicInfo]:
-        """The SOW topics the engine serves, by name."""
+        """The SOW topics the engine serves, by identity (the name; ``<type>:<name>`` for
+        message types other than json)."""
         return dict(self._topics)
 
     def _require(self) -> tuple[Producer, Consumer]:
@@ -270,21 +296,35 @@ class Client:
         assert self._producer is not None and self._replies is not None
         return self._producer, self._replies
 
-    def topic_info(self, topic: str) -> TopicInfo:
-        """The definition of SOW topic ``topic``, refreshing once if it is not known yet."""
-        info = self._topics.get(topic) or self.refresh_topics().get(topic)
+    def _type(self, message_type: str | None) -> str:
+        """The message type a command targets: its own, else the client's."""
+        return self.message_type if message_type is None else _type_name(message_type)
+
+    def topic_info(self, topic: str, message_type: str | None = None) -> TopicInfo:
+        """The definition of ``topic`` of ``message_type`` (default: the client's), refreshing
+        once if it is not known yet."""
+        ident = topic_ident(topic, self._type(message_type))
+        info = self._topics.get(ident) or self.refresh_topics().get(ident)
         if info is None:
+            if ident != topic:
+                raise UnknownTopicError(f"{topic} ({self._type(message_type)})")
             raise UnknownTopicError(topic)
         return info
 
-    def _known(self, topic: str) -> TopicInfo | None:
+    def _known(self, topic: str, message_type: str | None = None) -> TopicInfo | None:
         """The definition of ``topic`` if the engine has one (refreshing once), else None."""
-        return self._topics.get(topic) or self.refresh_topics().get(topic)
+        ident = topic_ident(topic, self._type(message_type))
+        return self._topics.get(ident) or self.refresh_topics().get(ident)
 
-    def _topic_or_declare(self, topic: str) -> TopicInfo:
-        """The definition of ``topic``; a topic in no configuration is created first, as a
+    def _topic_or_declare(self, topic: str, message_type: str | None = None) -> TopicInfo:
+        """The definition of ``topic``; a json topic in no configuration is created first, as a
         plain topic, if the engine allows it (``engine.auto_create_topics``)."""
-        return self._known(topic) or self._declare(topic)
+        info = self._known(topic, message_type)
+        if info is not None:
+            return info
+        if self._type(message_type) != JSON:
+            return self.topic_info(topic, message_type)  # raises UnknownTopicError
+        return self._declare(topic)
 
     def _declare(self, topic: str) -> TopicInfo:
         """Ask the engine to create ``topic`` (CommandFailedError says why when it refuses)."""
@@ -323,16 +363,31 @@ class Client:
 
     @staticmethod
     def _body(
-        topic: str, data: bytes | str | dict[str, Any] | None
+        info: TopicInfo, data: bytes | str | dict[str, Any] | None, *, delta: bool = False
     ) -> tuple[bytes, dict[str, Any]]:
+        """The body to publish and its fields: a dict is written in the topic's message type,
+        text or bytes are checked against it (a delta_publish in its delta form)."""
+        topic, codec = info.name, info.codec
+        reason = f"malformed_{codec.name}"
         if data is None:
             raise InvalidMessageError(
-                f"topic {topic!r}: no message data", topic=topic, reason="malformed_json"
+                f"topic {topic!r}: no message data", topic=topic, reason=reason
             )
-        if isinstance(data, dict):
-            return orjson.dumps(data), data
-        raw = data.encode() if isinstance(data, str) else bytes(data)
-        return raw, parse_body(topic, raw)
+        try:
+            if isinstance(data, dict):
+                if codec.name == JSON:
+                    return orjson.dumps(data), data
+                raw = codec.serialise_delta(data) if delta else codec.serialise(data)
+                return raw, data
+            raw = data.encode() if isinstance(data, str) else bytes(data)
+            if not raw:
+                raise MessageParseError(codec.name, "empty message body")
+            return raw, codec.parse_delta(raw) if delta else codec.parse(raw)
+        except (MessageParseError, MessageSerialiseError) as exc:
+            label = "topic" if codec.name == JSON else f"{codec.name} topic"
+            raise InvalidMessageError(
+                f"{label} {topic!r}: {exc}", topic=topic, reason=reason
+            ) from exc
 
     def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str | None:
         if info.key_generator is not None:
@@ -393,13 +448,15 @@ class Client:
         sow_key: str | None = None,
         expiration: int | str | None = None,
         ack: bool = False,
+        message_type: str | None = None,
     ) -> str | None:
         """Insert or fully replace a record; returns its SowKey (None on an unkeyed plain topic).
 
         ``expiration`` (seconds, ``0`` = never) overrides the topic's default. With ``ack`` the
-        call waits until the engine applied the publish and raises if it was rejected.
+        call waits until the engine applied the publish and raises if it was rejected. ``data``
+        is the body in the topic's message type (bytes or text), or a dict of its fields.
         """
-        return self._publish(h.PUBLISH, topic, data, sow_key, expiration, ack)
+        return self._publish(h.PUBLISH, topic, data, sow_key, expiration, ack, message_type)
 
     def delta_publish(
         self,
@@ -409,9 +466,10 @@ class Client:
         sow_key: str | None = None,
         expiration: int | str | None = None,
         ack: bool = False,
+        message_type: str | None = None,
     ) -> str | None:
         """Merge ``data`` into the stored record (insert if absent); returns its SowKey."""
-        return self._publish(h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack)
+        return self._publish(h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack, message_type)
 
     def _publish(
         self,
@@ -421,9 +479,10 @@ class Client:
         sow_key: str | None,
         expiration: int | str | None,
         ack: bool,
+        message_type: str | None = None,
     ) -> str | None:
-        info = self._topic_or_declare(topic)
-        raw, parsed = self._body(topic, data)
+        info = self._topic_or_declare(topic, message_type)
+        raw, parsed = self._body(info, data, delta=command == h.DELTA_PUBLISH)
         key = self._sow_key(info, parsed, sow_key)
         command_id = uuid.uuid4().hex if ack else None
         self._produce(
@@ -452,6 +511,7 @@ class Client:
         data: bytes | str | dict[str, Any] | None = None,
         bookmarks: str | list[str] | tuple[str, ...] | None = None,
         options: str | None = None,
+        message_type: str | None = None,
     ) -> int:
         """Delete records by content filter (``1=1`` = all), by SowKeys, or by message data.
 
@@ -464,7 +524,7 @@ class Client:
         given = [x is not None for x in (filter, sow_keys, data)]
         if sum(given) != 1:
             raise InvalidCommandError("sow_delete takes exactly one of filter=, sow_keys= or data=")
-        info = self._known(topic)
+        info = self._known(topic, message_type)
         if info is None:
             return 0  # a topic in no configuration keeps no SOW: nothing to delete
 
@@ -486,7 +546,7 @@ class Client:
                 self._produce(info.log_topic, None, key=sow_key, headers=base)
             expected = len(sow_keys)
         else:
-            raw, parsed = self._body(topic, data)
+            raw, parsed = self._body(info, data)
             self._produce(info.log_topic, raw, key=self._sow_key(info, parsed, None), headers=base)
             expected = 1
         self.flush()
@@ -606,18 +666,24 @@ class Client:
 
     # -- queries --------------------------------------------------------------------------------
 
-    def _resolve_topics(self, topic: str, *, declare: bool = False) -> list[TopicInfo]:
-        """The topics ``topic`` names: itself, or those a regular expression matches; with
-        ``declare`` a name no topic matches is created (a plain topic) if the engine allows."""
-        if topic in self._topics or topic in self.refresh_topics():
-            return [self._topics[topic]]
+    def _resolve_topics(
+        self, topic: str, message_type: str | None = None, *, declare: bool = False
+    ) -> list[TopicInfo]:
+        """The topics of ``message_type`` that ``topic`` names, or whose names it matches; with
+        ``declare`` a json name no topic matches is created (a plain topic) if the engine
+        allows it."""
+        kind = self._type(message_type)
+        ident = topic_ident(topic, kind)
+        if ident in self._topics or ident in self.refresh_topics():
+            return [self._topics[ident]]
         if _REGEX_CHARS.search(topic):
-            matched = match_topic_names(topic, sorted(self._topics))
+            of_type = {i.name: i for i in self._topics.values() if i.message_type == kind}
+            matched = match_topic_names(topic, sorted(of_type))
             if matched:
-                return [self._topics[name] for name in matched]
-        if declare and not _PATTERN_ONLY.search(topic):
+                return [of_type[name] for name in matched]
+        if declare and kind == JSON and not _PATTERN_ONLY.search(topic):
             return [self._declare(topic)]
-        raise UnknownTopicError(topic)
+        raise UnknownTopicError(topic if kind == JSON else f"{topic} ({kind})")
 
     def sow(
         self,
@@ -633,6 +699,7 @@ class Client:
         bookmark: str | None = None,
         grouping: str | None = None,
         projection: str | None = None,
+        message_type: str | None = None,
     ) -> Iterator[Message]:
         """Query the SOW: ``group_begin``, one ``sow`` message per matching record, ``group_end``.
 
@@ -642,6 +709,7 @@ class Client:
         ``20261123T080000``) the answer is the SOW as it was then (topics with History).
         With ``grouping='[/f]'`` and ``projection='[/f, COUNT(/id) AS /n, ...]'`` the answer is
         one record per group, aggregated over every partition (OrderBy and top_n apply to it).
+        Records come in the topic's message type (``message_type``, default the client's).
         """
         opts = validate_query(
             filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
@@ -654,9 +722,9 @@ class Client:
             aggregation = parse_aggregation(grouping, projection)
             options.update(grouping=grouping or "", projection=projection or "")
         try:
-            resolved = self._resolve_topics(topic)
+            resolved = self._resolve_topics(topic, message_type)
         except UnknownTopicError:
-            if _PATTERN_ONLY.search(topic):
+            if _PATTERN_ONLY.search(topic) or self._type(message_type) != JSON:
                 raise
             resolved = []  # a topic in no configuration: a plain topic, so no SOW
         if len(resolved) == 1 and resolved[0].queue:
@@ -681,6 +749,7 @@ class Client:
                     "sow",
                     command_id,
                     info.name,
+                    message_type=info.message_type,
                     query_id=query_id,
                     filter=filter,
                     sow_keys=list(sow_keys) if sow_keys is not None else None,
@@ -696,7 +765,9 @@ class Client:
                 )
         producer.flush(self.timeout)
         expected = sum(info.partitions for info in infos)
-        return self._collect(command_id, query_id, expected, opts, aggregation=aggregation)
+        return self._collect(
+            command_id, query_id, expected, opts, aggregation=aggregation, codec=_codec_of(infos)
+        )
 
     def _collect(
         self,
@@ -707,7 +778,10 @@ class Client:
         on_part_end: Callable[[str, int, int], None] | None = None,
         *,
         aggregation: Aggregation | None = None,
+        codec: MessageType | None = None,
     ) -> Iterator[Message]:
+        """The answers to ``command_id`` as one group; ``codec`` is the records' message type
+        when it is not json (their messages parse with it, aggregates are written in it)."""
         deadline = time.monotonic() + self.timeout
         yield Message("group_begin", query_id=query_id)
         buffered: list[Message] = []
@@ -743,6 +817,7 @@ class Client:
                         bookmark=message_bookmark(
                             rec["timestamp"], reply["partition"], rec["log_offset"]
                         ),
+                        codec=codec,
                     )
                     for rec in reply["records"]
                 )
@@ -766,6 +841,7 @@ class Client:
                         bookmark=message_bookmark(
                             rec["timestamp"], reply["partition"], rec["log_offset"]
                         ),
+                        codec=codec,
                     )
                     for rec in reply["records"]
                 )
@@ -785,14 +861,15 @@ class Client:
                 sent += len(records)
                 yield from records
         if aggregation is not None:
+            write = codec.serialise if codec is not None else orjson.dumps
             buffered = [
-                Message("sow", query_id=query_id, data=orjson.dumps(row))
+                Message("sow", query_id=query_id, data=write(row), codec=codec)
                 for row in aggregation.finish(merge_partials(aggregation, partials))
             ]
         if opts.ordered or aggregation is not None:
             if opts.order_by:
                 key = result_order(opts.order_by)
-                buffered.sort(key=lambda m: key((m.sow_key, m.json() or {})))
+                buffered.sort(key=lambda m: key((m.sow_key, m.fields())))
             for msg in buffered[opts.skip_n : opts.keep]:
                 sent += 1
                 yield msg
@@ -800,8 +877,10 @@ class Client:
         yield from oofs
 
     def sow_records(self, topic: str, filter: str | None = None, **options: Any) -> list[Any]:
-        """Convenience: the parsed bodies of a :meth:`sow` query's records, in order."""
-        return [m.json() for m in self.sow(topic, filter, **options) if m.command == "sow"]
+        """Convenience: a :meth:`sow` query's records in order: parsed for json, the raw bodies
+        for other message types (``Message.fields()`` parses those)."""
+        found = [m for m in self.sow(topic, filter, **options) if m.command == "sow"]
+        return [m.json() if m.codec is None else m.data for m in found]
 
     # -- subscriptions --------------------------------------------------------------------------
 
@@ -818,6 +897,7 @@ class Client:
         auto_ack: bool = False,
         ack_batch_size: int = 1,
         ack_interval: float = 1.0,
+        message_type: str | None = None,
     ) -> Subscription | QueueSubscription:
         """Live messages for records of ``topic`` that match ``filter``, from now on.
 
@@ -830,12 +910,12 @@ class Client:
         acks go out per ``ack_batch_size`` messages or ``ack_interval`` seconds, whichever first.
         A bookmark on a queue replays its topics' logs without leasing anything.
         """
-        if bookmark is None and self._is_queue(topic):
+        if bookmark is None and self._is_queue(topic, message_type):
             if sow_keys is not None:
                 raise InvalidCommandError(
                     f"queue {topic!r} leases messages, not records: SowKeys do not apply"
                 )
-            info = self.topic_info(topic)
+            info = self.topic_info(topic, message_type)
             return self._queue_subscribe(
                 info, filter, options, sub_id, on_message, auto_ack, ack_batch_size, ack_interval
             )
@@ -848,6 +928,7 @@ class Client:
             on_message,
             bookmark=bookmark,
             sow_keys=sow_keys,
+            message_type=message_type,
         )
 
     def delta_subscribe(
@@ -860,14 +941,21 @@ class Client:
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
+        message_type: str | None = None,
     ) -> Subscription | QueueSubscription:
         """Like :meth:`subscribe`, but updates to known records carry only what changed.
 
-        On a queue it leases whole messages, as :meth:`subscribe` does (AMPS accepts it too).
+        On a queue it leases whole messages, as :meth:`subscribe` does (AMPS accepts it too),
+        and so does a topic whose message type has no deltas (``binary``).
         """
-        if bookmark is None and self._is_queue(topic):
+        if bookmark is None and self._is_queue(topic, message_type):
             return self.subscribe(
-                topic, filter, options=options, sub_id=sub_id, on_message=on_message
+                topic,
+                filter,
+                options=options,
+                sub_id=sub_id,
+                on_message=on_message,
+                message_type=message_type,
             )
         return self._subscribe(
             DELTA_SUBSCRIBE,
@@ -878,6 +966,7 @@ class Client:
             on_message,
             bookmark=bookmark,
             sow_keys=sow_keys,
+            message_type=message_type,
         )
 
     def sow_and_subscribe(
@@ -895,6 +984,7 @@ class Client:
         query_id: str | None = None,
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
+        message_type: str | None = None,
     ) -> Subscription:
         """The matching records now (``group_begin`` … ``group_end``), then live messages.
 
@@ -919,6 +1009,7 @@ class Client:
             query_id=query_id,
             bookmark=bookmark,
             sow_keys=sow_keys,
+            message_type=message_type,
         )
 
     def sow_and_delta_subscribe(
@@ -936,6 +1027,7 @@ class Client:
         query_id: str | None = None,
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
+        message_type: str | None = None,
     ) -> Subscription:
         """:meth:`sow_and_subscribe` whose live updates carry only what changed."""
         return self._subscribe(
@@ -952,6 +1044,7 @@ class Client:
             query_id=query_id,
             bookmark=bookmark,
             sow_keys=sow_keys,
+            message_type=message_type,
         )
 
     def unsubscribe(self, subscription: Subscription | QueueSubscription | str) -> None:
@@ -998,6 +1091,7 @@ class Client:
         query_id: str | None = None,
         bookmark: str | None = None,
         sow_keys: list[str] | tuple[str, ...] | None = None,
+        message_type: str | None = None,
     ) -> Subscription:
         user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
         top_n = top_n if top_n is not None else user.top_n
@@ -1021,7 +1115,7 @@ class Client:
         if bookmark is not None:
             bookmark = self._resolve_bookmark(bookmark, sub_id)
         sub_id = sub_id or uuid.uuid4().hex[:16]
-        infos = self._resolve_topics(topic, declare=True)
+        infos = self._resolve_topics(topic, message_type, declare=True)
         if any(info.queue for info in infos):
             if (command != SUBSCRIBE and command != DELTA_SUBSCRIBE) or bookmark is None:
                 raise InvalidCommandError(
@@ -1043,6 +1137,7 @@ class Client:
                 identity=self.identity,
                 order_by=order_by,
                 sow_keys=frozenset(sow_keys) if sow_keys is not None else None,
+                message_type=info.message_type,
             )
             for info in infos
         ]
@@ -1058,6 +1153,7 @@ class Client:
             specs,
             user,
             key_fields={info.name: info.keys for info in infos},
+            codec=_codec_of(infos),
             window=window,
             on_message=on_message,
             unsubscribe=self._drop_subscription,
@@ -1088,8 +1184,8 @@ class Client:
         sub.release()
         return sub
 
-    def _is_queue(self, topic: str) -> bool:
-        info = self._known(topic)
+    def _is_queue(self, topic: str, message_type: str | None = None) -> bool:
+        info = self._known(topic, message_type)
         return info is not None and info.queue
 
     def _queue_subscribe(
@@ -1218,6 +1314,7 @@ class Client:
             "identity": self.identity,
             "sub_options": "",
             "previous_filter": None,
+            "message_type": JSON,
         }
         body.update(fields)
         return body
@@ -1321,6 +1418,7 @@ class Client:
                     command,
                     command_id,
                     info.name,
+                    message_type=info.message_type,
                     query_id=query_id,
                     filter=filter,
                     order_by=order_by,
@@ -1343,7 +1441,10 @@ class Client:
         if on_part_end is None and previous_filter is None:
             on_part_end = sub.set_cut
         # Read the whole answer now: the subscription must be in place when this returns.
-        return iter(list(self._collect(command_id, query_id, expected, opts, on_part_end)))
+        collected = self._collect(
+            command_id, query_id, expected, opts, on_part_end, codec=_codec_of(infos)
+        )
+        return iter(list(collected))
 
     def _replace(
         self,
@@ -1368,7 +1469,7 @@ class Client:
                     raise InvalidCommandError(
                         f"replace must give {name} again: the subscription was placed with it"
                     )
-        infos = [self.topic_info(spec.topic) for spec in sub.specs]
+        infos = [self.topic_info(spec.topic, spec.message_type) for spec in sub.specs]
         wire = replace(user, replace=False)
         if old.paginated:
             wire = replace(wire, oof=True, select=None, no_empties=False)
@@ -1421,10 +1522,17 @@ class Client:
                 bookmark=command.options.get("bookmark"),
                 grouping=command.options.get("grouping"),
                 projection=command.options.get("projection"),
+                message_type=command.message_type,
             )
         if name in (h.PUBLISH, h.DELTA_PUBLISH):
             key = self._publish(
-                name, command.topic, command.data, command.sow_key, command.expiration, command.ack
+                name,
+                command.topic,
+                command.data,
+                command.sow_key,
+                command.expiration,
+                command.ack,
+                command.message_type,
             )
             return iter([Message("ack", topic=command.topic, sow_key=key or "", count=1)])
         if name == h.SOW_DELETE:
@@ -1433,8 +1541,27 @@ class Client:
                 filter=command.filter,
                 sow_keys=list(command.sow_keys) if command.sow_keys is not None else None,
                 data=command.data,
+                message_type=command.message_type,
             )
             return iter([Message("ack", topic=command.topic, count=count)])
         raise InvalidCommandError(
             f"unknown command {name!r}: expected publish, delta_publish, sow_delete or sow"
         )
+
+
+def _type_name(message_type: str) -> str:
+    """A message type's name as the engine spells it; InvalidCommandError if unknown."""
+    name = message_type.strip().lower()
+    if name not in registry.names():
+        raise InvalidCommandError(
+            f"message type {message_type!r} is not supported; supported: "
+            f"{', '.join(registry.names())}"
+        )
+    return name
+
+
+def _codec_of(infos: list[TopicInfo]) -> MessageType | None:
+    """The message type of the topics a command reads, None for json (messages parse as JSON)."""
+    if not infos or infos[0].message_type == JSON:
+        return None
+    return infos[0].codec

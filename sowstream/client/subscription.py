@@ -16,13 +16,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import orjson
-
 from sowstream.client.messages import Message
 from sowstream.errors import SubscriptionDroppedError
+from sowstream.messagetypes import MessageType, registry
 from sowstream.sow.bookmarks import message_bookmark
 from sowstream.subscriptions.delta import (
-    changed_fields,
     has_changes,
     project,
     project_delta,
@@ -97,6 +95,7 @@ class Subscription:
         user_options: SubscriptionOptions,
         *,
         key_fields: dict[str, tuple[str, ...]],
+        codec: MessageType | None = None,
         window: PageWindow | None = None,
         on_message: MessageHandler | None = None,
         unsubscribe: Callable[[Subscription], None] | None = None,
@@ -105,6 +104,10 @@ class Subscription:
         self.specs = specs
         self.options = user_options
         self._keys = key_fields
+        # The topics' message type when not json: messages carry it (Message.fields), and a
+        # window reads and writes records with it.
+        self._codec = codec
+        self._type = codec or registry.get(registry.JSON)
         self._window = window
         self._handler = on_message
         self._unsubscribe = unsubscribe
@@ -186,19 +189,25 @@ class Subscription:
             elif msg.command == "group_end":
                 end = msg
             elif msg.command == "sow":
-                results.apply(msg.sow_key, orjson.loads(msg.data))
+                results.apply(msg.sow_key, self._type.parse(msg.data))
             elif msg.command == "oof":
                 results.apply(msg.sow_key, None)
         entered: list[Message] = []
         left: list[Message] = []
-        topic = self.specs[0].topic
+        topic, codec = self.specs[0].topic, self._codec
         for event in self._window.move_to(results):
             data = self._shape(event.record)
             if event.kind == "leave":
                 if self.options.oof:
-                    left.append(Message("oof", topic, event.sow_key, data=data, reason=OOF_MATCH))
+                    left.append(
+                        Message(
+                            "oof", topic, event.sow_key, data=data, reason=OOF_MATCH, codec=codec
+                        )
+                    )
             elif event.kind == "enter":
-                entered.append(Message("sow", topic, event.sow_key, data=data, sub_id=self.sub_id))
+                entered.append(
+                    Message("sow", topic, event.sow_key, data=data, sub_id=self.sub_id, codec=codec)
+                )
         query_id = begin.query_id if begin is not None else ""
         for msg in [Message("group_begin", query_id=query_id), *entered]:
             self._emit(msg)
@@ -254,6 +263,7 @@ class Subscription:
             "sub_id": self.sub_id,
             "delta": live.delta,
             "bookmark": message_bookmark(live.timestamp, live.partition, live.offset),
+            "codec": self._codec,
         }
         fields.update(changes)
         return Message(**fields)
@@ -265,7 +275,7 @@ class Subscription:
         end: Message | None = None
         for msg in messages:
             if msg.command == "sow":
-                results.upsert(msg.sow_key, orjson.loads(msg.data))
+                results.upsert(msg.sow_key, self._type.parse(msg.data))
             elif msg.command == "group_begin":
                 yield msg
             elif msg.command == "group_end":
@@ -281,20 +291,21 @@ class Subscription:
                 sow_key=key,
                 data=self._shape(record),
                 sub_id=self.sub_id,
+                codec=self._codec,
             )
         if end is not None:
             yield Message("group_end", query_id=end.query_id, count=len(members))
 
     def _shape(self, record: dict[str, Any]) -> bytes:
         select = self.options.select
-        return orjson.dumps(record if select is None else project(record, select))
+        return self._type.serialise(record if select is None else project(record, select))
 
     def _windowed(self, live: _Live) -> Iterator[Message]:
         """Turn a change of the whole filtered set into what the page window shows."""
         assert self._window is not None
         results = self._window.results
         previous = results.get(live.sow_key)
-        record = orjson.loads(live.data) if live.command == PUBLISH else None
+        record = self._type.parse(live.data) if live.command == PUBLISH else None
         change = results.apply(live.sow_key, record)
         for event in self._window.events(change):
             if event.kind == "leave":
@@ -309,8 +320,13 @@ class Subscription:
                     reason=reason or OOF_MATCH,
                     delta=False,
                 )
-            elif event.kind == "update" and self.specs[0].delta and previous is not None:
-                delta = changed_fields(previous, event.record)
+            elif (
+                event.kind == "update"
+                and self.specs[0].delta
+                and self._type.supports_delta
+                and previous is not None
+            ):
+                delta = self._type.changed(previous, event.record)
                 if self.options.select is not None:
                     delta = project_delta(delta, self.options.select)
                 keys = self._keys.get(live.topic, ())
@@ -321,7 +337,7 @@ class Subscription:
                     live,
                     command=PUBLISH,
                     sow_key=event.sow_key,
-                    data=orjson.dumps(delta),
+                    data=self._type.serialise_delta(delta),
                     delta=True,
                 )
             else:

@@ -17,16 +17,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from sowstream.config.errors import ConfigError, Loc, from_validation_error, skip_or_raise
-from sowstream.config.models import SUPPORTED_MESSAGE_TYPES, SowstreamConfig, TopicConfig
+from sowstream.config.models import SowstreamConfig, TopicConfig, schema_path
 from sowstream.config.queues import (
     ELEMENT_KINDS,
     FIELD_ELEMENTS,
     QUEUE_ELEMENTS,
+    QUEUE_MESSAGE_TYPES,
     QueueConfig,
     QueueProblem,
     check_queues,
 )
 from sowstream.config.units import parse_size
+from sowstream.messagetypes import registry
 
 log = logging.getLogger("sowstream.config")
 
@@ -60,6 +62,7 @@ _SCALARS: dict[str, str] = {
     "RecoveryPoint": "recovery_point",
     "Expiration": "expiration",
     "Partitions": "partitions",
+    "Schema": "schema_file",  # sowstream's own: the record schema file of an avro topic
 }
 _NAME_TAGS = ("Name", "Topic")
 _REPEATABLE = ("Key", "HashIndex", "Index")
@@ -81,17 +84,25 @@ _DEFAULT_TAGS = {
 
 
 def message_type_supported(
-    message_type: str, *, source: str, element: str, skip: bool, skipping: str
+    message_type: str,
+    *,
+    source: str,
+    element: str,
+    skip: bool,
+    skipping: str,
+    queue: bool = False,
 ) -> bool:
-    """Whether a topic's MessageType is one sowstream handles; if not, raise or (with ``skip``)
-    log that the topic is skipped and return False."""
-    if message_type.strip().lower() in SUPPORTED_MESSAGE_TYPES:
+    """Whether a topic's (or with ``queue`` a queue's) MessageType is one sowstream handles; if
+    not, raise or (with ``skip``) log that the topic is skipped and return False."""
+    supported = QUEUE_MESSAGE_TYPES if queue else registry.names()
+    if message_type.strip().lower() in supported:
         return True
+    kind = "queues carry" if queue else "supported:"
     error = ConfigError(
         source=source,
         element=element,
         problem=f"message type {message_type!r} is not supported by sowstream yet "
-        f"(supported: {', '.join(SUPPORTED_MESSAGE_TYPES)})",
+        f"({kind} {', '.join(supported)})",
     )
     skip_or_raise(error, skip=skip, skipping=skipping)
     return False
@@ -134,14 +145,15 @@ def load_amps_xml(
                 if found is None:
                     continue
                 topic, path = found
-                if topic.name in defined_at:
+                if topic.ident in defined_at:
                     raise ConfigError(
                         source=source,
                         element=f"{path}/Name",
-                        problem=f"topic {topic.name!r} is already defined at "
-                        f"{defined_at[topic.name]}; each SOW topic needs its own Name",
+                        problem=f"{topic.message_type} topic {topic.name!r} is already defined "
+                        f"at {defined_at[topic.ident]}; each SOW topic of a message type needs "
+                        "its own Name",
                     )
-                defined_at[topic.name] = path
+                defined_at[topic.ident] = path
                 topics.append(topic)
             else:
                 _not_a_topic(child, section.tag, source, skip_unsupported)
@@ -280,6 +292,8 @@ def _topic(
         fields["hash_indexes"] = tuple(tuple(i) for i in hash_indexes)
     if indexes:
         fields["indexes"] = tuple(indexes)
+    if "schema_file" in fields:
+        fields["schema_file"] = schema_path(fields["schema_file"], source)
 
     def element_of(loc: Loc) -> str:
         if not loc:
@@ -352,7 +366,7 @@ def _queue(
             return None
         text = _text(child, where, source)
         if child.tag == "MessageType" and not message_type_supported(
-            text, source=source, element=where, skip=skip, skipping=skipping
+            text, source=source, element=where, skip=skip, skipping=skipping, queue=True
         ):
             return None
         field = "name" if child.tag == "Topic" else QUEUE_ELEMENTS[child.tag]

@@ -34,6 +34,7 @@ from sowstream.config.models import (
     SlowConsumerConfig,
     SowstreamConfig,
     TopicConfig,
+    schema_path,
 )
 from sowstream.config.queues import (
     FIELD_ELEMENTS,
@@ -57,9 +58,10 @@ TOPIC_KEYS: dict[str, str] = {
     "Index": "indexes",
     "Partitions": "partitions",
     "History": "history",
+    "Schema": "schema_file",
 }
 # What a plain (non-SOW) topic under ``topics:`` may set.
-PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions"})
+PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions", "Schema"})
 HISTORY_KEYS: dict[str, str] = {"Window": "window_ms", "Granularity": "granularity_ms"}
 KEY_GENERATOR_KEYS: dict[str, str] = {"Module": "module", "Options": "options"}
 _TOPIC_FIELD_KEYS = {field: key for key, field in TOPIC_KEYS.items()}
@@ -175,13 +177,14 @@ def load_yaml_text(
         topic = _topic(item, element, source, skip_unsupported)
         if topic is None:
             continue
-        if topic.name in defined_at:
+        if topic.ident in defined_at:
             raise ConfigError(
                 source=source,
                 element=f"{element}.Name",
-                problem=f"topic {topic.name!r} is already defined by {defined_at[topic.name]}",
+                problem=f"{topic.message_type} topic {topic.name!r} is already defined by "
+                f"{defined_at[topic.ident]}",
             )
-        defined_at[topic.name] = element
+        defined_at[topic.ident] = element
         topics.append(topic)
     # An empty `topics:` mapping has always been taken as no topics.
     plain = _items(
@@ -200,13 +203,14 @@ def load_yaml_text(
         topic = _topic(item, element, source, skip_unsupported)
         if topic is None:
             continue
-        if topic.name in defined_at:
+        if topic.ident in defined_at:
             raise ConfigError(
                 source=source,
                 element=f"{element}.Name",
-                problem=f"topic {topic.name!r} is already defined by {defined_at[topic.name]}",
+                problem=f"{topic.message_type} topic {topic.name!r} is already defined by "
+                f"{defined_at[topic.ident]}",
             )
-        defined_at[topic.name] = element
+        defined_at[topic.ident] = element
         topics.append(topic.model_copy(update={"sow": False}))
     queues = _queues(document.get("queues"), topics, source, skip_unsupported)
     try:
@@ -288,6 +292,8 @@ def _topic(item: Any, element: str, source: str, skip: bool) -> TopicConfig | No
             value = _history(value, f"{element}.History", source)
         elif key == "KeyGenerator":
             value = _key_generator(value, f"{element}.KeyGenerator", source)
+        elif key == "Schema" and isinstance(value, str):
+            value = schema_path(value, source)
         fields[TOPIC_KEYS[key]] = value
 
     def element_of(loc: Loc) -> str:
@@ -346,6 +352,7 @@ def _queue(item: Any, element: str, source: str, skip: bool) -> QueueConfig | No
         element=f"{element}.MessageType",
         skip=skip,
         skipping=f"queue {name!r}" if isinstance(name, str) else f"queue {element}",
+        queue=True,
     ):
         return None
     fields: dict[str, Any] = {}

@@ -9,26 +9,47 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sowstream.config.errors import FieldProblem
 from sowstream.config.units import parse_interval, parse_size
 from sowstream.errors import InvalidCommandError, UnknownTopicError
 from sowstream.filters import Filter, FilterError, compile_filter
+from sowstream.messagetypes import MessageType as MessageTypeImpl
+from sowstream.messagetypes import MessageTypeConfigError, registry
 from sowstream.sow.keygen import KeyGeneratorError, load_key_generator
 from sowstream.sow.timestamps import parse_timestamp
-from sowstream.wire.topics import kafka_part
+from sowstream.wire.topics import kafka_part, kafka_topic_part, topic_ident
 
-# Grow these Literals as message types and modes are implemented; validation follows them.
-MessageType = Literal["json"]
+# A message type's name: a built-in one (below) or one added through the entry-point group
+# ``sowstream.message_types`` (sowstream.messagetypes.registry); validation asks the registry.
+MessageType = str
 Durability = Literal["persistent", "transient"]
 # A RecoveryPoint is one of these words or a timestamp (kept as written, see recovery_point_ms).
 RECOVERY_WORDS = ("epoch", "now")
 ExpirationMode = Literal["disabled", "enabled", "default"]
 
-SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = get_args(MessageType)
+SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = tuple(registry.BUILT_IN)
+_CODEC = "\x00codec"  # where a TopicConfig keeps its MessageType (see TopicConfig.codec)
+
+
+def message_type_name(value: object) -> str:
+    """``value`` as a known message type's name (lower case), else a ValueError listing them."""
+    if isinstance(value, str) and value.strip().lower() in registry.names():
+        return value.strip().lower()
+    supported = ", ".join(registry.names())
+    raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
+
 
 # Kafka caps topic names at 249 characters; the engine derives names such as
 # "<prefix>.log.<topic>" and "<app_id>-sow-<topic>-changelog", so both parts get a share.
@@ -88,6 +109,14 @@ def _topic_name(value: object, what: str) -> str:
             f"names, the limit is {MAX_TOPIC_NAME} so the names derived from it stay within 249"
         )
     return value
+
+
+def schema_path(path: str, source: str) -> str:
+    """A schema file named in the configuration ``source``: relative to that file's folder."""
+    given = Path(path.strip())
+    if given.is_absolute() or source.startswith("<"):
+        return str(given)
+    return str(Path(source).parent / given)
 
 
 def _bounded_int(value: object, what: str, low: int, high: int) -> int:
@@ -299,10 +328,12 @@ class TopicConfig(_Frozen):
 
     Most topics keep a SOW; ``sow=False`` marks a plain topic that only carries messages to
     subscribers (it has a log and can be subscribed to, but nothing is stored or queried).
+    A topic is identified by its message type and name together (:attr:`ident`).
     """
 
     name: str
     message_type: MessageType = "json"
+    schema_file: str | None = None  # avro: the record schema (the ``Schema`` element)
     keys: tuple[str, ...] = ()
     key_domain: str | None = None
     key_generator: KeyGeneratorConfig | None = None
@@ -323,10 +354,14 @@ class TopicConfig(_Frozen):
     @field_validator("message_type", mode="before")
     @classmethod
     def _message_type(cls, value: object) -> str:
-        if isinstance(value, str) and value.strip().lower() in SUPPORTED_MESSAGE_TYPES:
-            return value.strip().lower()
-        supported = ", ".join(SUPPORTED_MESSAGE_TYPES)
-        raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
+        return message_type_name(value)
+
+    @field_validator("schema_file", mode="before")
+    @classmethod
+    def _schema_file(cls, value: object) -> object:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError(f"Schema must be the path of a schema file, got {value!r}")
+        return value.strip() if isinstance(value, str) else value
 
     @field_validator("keys", mode="before")
     @classmethod
@@ -407,6 +442,31 @@ class TopicConfig(_Frozen):
         return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @model_validator(mode="after")
+    def _message_type_fits(self) -> TopicConfig:
+        kind = self.message_type
+        if self.schema_file is not None and kind != "avro":
+            raise FieldProblem(
+                "schema_file", f"Schema only applies to avro topics; this one is {kind}"
+            )
+        if not registry.type_class(kind).has_fields:
+            for field, label in (
+                ("keys", "Key"),
+                ("hash_indexes", "HashIndex"),
+                ("indexes", "Index"),
+            ):
+                if getattr(self, field):
+                    raise FieldProblem(
+                        field,
+                        f"topic {self.name!r} is {kind}: its messages are not parsed, so it cannot "
+                        f"have {label} fields; publishers supply each record's SowKey instead",
+                    )
+        try:
+            self.codec  # noqa: B018 -- an avro schema is read and checked here, once
+        except MessageTypeConfigError as exc:
+            raise FieldProblem("schema_file", str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
     def _cross_checks(self) -> TopicConfig:
         if self.key_domain is not None and self.key_generator is not None:
             raise FieldProblem(
@@ -431,6 +491,32 @@ class TopicConfig(_Frozen):
     def recovery_point_ms(self) -> int | None:
         """The RecoveryPoint as epoch milliseconds; None for ``epoch`` and ``now``."""
         return recovery_point_ms(self.recovery_point)
+
+    @property
+    def codec(self) -> MessageTypeImpl:
+        """The message type that parses, writes and merges this topic's bodies.
+
+        Kept on the topic (every log record asks for it), together with what it was made from,
+        so a ``model_copy`` that changes the type or schema gets its own.
+        """
+        # Not a pydantic private attribute: reading one goes through __getattr__ (~1 us).
+        made_from = (self.message_type, self.name, self.schema_file)
+        cached = self.__dict__.get(_CODEC)
+        if cached is None or cached[0] != made_from:
+            cached = self.__dict__[_CODEC] = (made_from, registry.get(self.message_type, self))
+        codec: MessageTypeImpl = cached[1]
+        return codec
+
+    @property
+    def ident(self) -> str:
+        """The topic's identity: its name for json, ``<type>:<name>`` for other message types
+        (a json and an nvfix topic may share a name)."""
+        return topic_ident(self.name, self.message_type)
+
+    @property
+    def kafka_name(self) -> str:
+        """The topic's part of Kafka topic names (``wire.topics.kafka_topic_part``)."""
+        return kafka_topic_part(self.name, self.message_type)
 
     @property
     def effective_key_domain(self) -> str:
@@ -663,27 +749,48 @@ class SowstreamConfig(_Frozen):
 
     @model_validator(mode="after")
     def _unique_names(self) -> SowstreamConfig:
-        seen: dict[str, str] = {}
+        seen: dict[str, TopicConfig] = {}
+        idents: set[str] = set()
         for topic in self.topics:
-            if topic.name in seen.values():
-                raise FieldProblem("topics", f"topic {topic.name!r} is defined more than once")
-            other = seen.get(kafka_part(topic.name))
+            if topic.ident in idents:
+                raise FieldProblem(
+                    "topics",
+                    f"{topic.message_type} topic {topic.name!r} is defined more than once",
+                )
+            idents.add(topic.ident)
+            other = seen.get(topic.kafka_name)
             if other is not None:
                 raise FieldProblem(
                     "topics",
-                    f"topics {other!r} and {topic.name!r} would share the Kafka topic names "
-                    f"{kafka_part(topic.name)!r}: rename one",
+                    f"{other.message_type} topic {other.name!r} and {topic.message_type} topic "
+                    f"{topic.name!r} would share the Kafka topic names {topic.kafka_name!r}: "
+                    "rename one",
                 )
-            seen[kafka_part(topic.name)] = topic.name
+            seen[topic.kafka_name] = topic
         check_queues(self.queues, self.topics)
         return self
 
-    def topic(self, name: str) -> TopicConfig:
-        """The topic called ``name``; UnknownTopicError if there is none."""
-        for topic in self.topics:
-            if topic.name == name:
-                return topic
-        raise UnknownTopicError(name)
+    def topic(self, name: str, message_type: str | None = None) -> TopicConfig:
+        """The topic called ``name`` of ``message_type``; UnknownTopicError if there is none.
+
+        Without a message type: the one topic of that name, the json one if several share it.
+        """
+        found = [
+            t
+            for t in self.topics
+            if t.name == name and (message_type is None or t.message_type == message_type)
+        ]
+        if len(found) > 1:
+            found = [t for t in found if t.message_type == "json"] or found
+            if len(found) > 1:
+                kinds = ", ".join(t.message_type for t in found)
+                raise InvalidCommandError(
+                    f"topics of several message types are named {name!r} ({kinds}): "
+                    "say which message type"
+                )
+        if not found:
+            raise UnknownTopicError(name)
+        return found[0]
 
     def queue(self, name: str) -> QueueConfig:
         """The queue called ``name``; UnknownTopicError if there is none."""

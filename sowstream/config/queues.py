@@ -18,13 +18,13 @@ from pydantic import ValidationInfo, field_validator, model_validator
 from sowstream.config.errors import FieldProblem
 from sowstream.config.models import (
     _KAFKA_NAME,
-    SUPPORTED_MESSAGE_TYPES,
     MessageType,
     _bounded_int,
     _choice,
     _Frozen,
     _interval_ms,
     _topic_name,
+    message_type_name,
     parse_recovery_point,
     recovery_point_ms,
 )
@@ -33,6 +33,8 @@ from sowstream.filters import FilterError, ast, parse_filter
 if TYPE_CHECKING:
     from sowstream.config.models import TopicConfig
 
+# Queue messages are browsed and filtered as JSON; other message types are not queued yet.
+QUEUE_MESSAGE_TYPES = ("json",)
 QueueKind = Literal["queue", "local", "group_local"]
 Semantics = Literal["at-least-once", "at-most-once"]
 FairnessModel = Literal["fast", "round-robin", "proportional"]
@@ -223,10 +225,12 @@ class QueueConfig(_Frozen):
     @field_validator("message_type", mode="before")
     @classmethod
     def _message_type(cls, value: object) -> str:
-        if isinstance(value, str) and value.strip().lower() in SUPPORTED_MESSAGE_TYPES:
-            return value.strip().lower()
-        supported = ", ".join(SUPPORTED_MESSAGE_TYPES)
-        raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
+        name = message_type_name(value)
+        if name not in QUEUE_MESSAGE_TYPES:
+            raise ValueError(
+                f"queues carry {', '.join(QUEUE_MESSAGE_TYPES)} messages only for now, not {name}"
+            )
+        return name
 
     @field_validator("underlying_topic", mode="before")
     @classmethod
@@ -440,7 +444,9 @@ def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -
     A queue may share its name only with its own underlying topic (the AMPS default, where the
     queue reads the topic of the same name); any other clash with a topic or queue is refused.
     """
-    by_name = {topic.name: topic for topic in topics}
+    # Queues read json topics only (QUEUE_MESSAGE_TYPES): a topic of another type sharing a
+    # name is not one of theirs.
+    by_name = {topic.name: topic for topic in topics if topic.message_type in QUEUE_MESSAGE_TYPES}
     seen: dict[str, int] = {}
     for index, queue in enumerate(queues):
         if queue.name in seen:

@@ -32,6 +32,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
+from sowstream.config.queues import QUEUE_MESSAGE_TYPES
 from sowstream.engine import metrics
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
@@ -46,7 +47,7 @@ from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
-from sowstream.wire.topics import TopicNames, kafka_part
+from sowstream.wire.topics import TopicNames, kafka_topic_part
 
 log = logging.getLogger("sowstream.engine")
 
@@ -503,8 +504,12 @@ class Engine:
             self._client_gone,
         )
         # Plain topics feeding a queue keep a store too: the queue's messages and the position.
+        # Queues read json topics only (config.queues.QUEUE_MESSAGE_TYPES).
         self._fed = {
-            t.name for t in config.topics if any(q.matches_topic(t.name) for q in config.queues)
+            t.ident
+            for t in config.topics
+            if t.message_type in QUEUE_MESSAGE_TYPES
+            and any(q.matches_topic(t.name) for q in config.queues)
         }
         for topic in config.topics:
             self._wire(topic)
@@ -517,7 +522,7 @@ class Engine:
             runtime = QueueRuntime(queue, self.names, self.sender, self._store_queue_changes)
             self.queues[queue.name] = runtime
             for proc in self.processors.values():
-                if runtime.feeds_on(proc.topic.name):
+                if proc.topic.ident in self._fed and runtime.feeds_on(proc.topic.name):
                     proc.queues.append(runtime)
         self._wire_lifecycle()
 
@@ -535,7 +540,7 @@ class Engine:
     def _wire(self, topic: TopicConfig) -> None:
         app = self.app
         ctl_topic = app.topic(
-            self.names.control(topic.name),
+            self.names.control(topic.name, topic.message_type),
             partitions=topic.partitions,
             key_type=bytes,
             value_type=bytes,
@@ -543,10 +548,10 @@ class Engine:
             value_serializer="raw",
         )
         table = None
-        if topic.durability == "persistent" and (topic.sow or topic.name in self._fed):
+        if topic.durability == "persistent" and (topic.sow or topic.ident in self._fed):
             rocks = self.config.engine.rocksdb
             table = app.Table(
-                f"sow-{kafka_part(topic.name)}",
+                f"sow-{topic.kafka_name}",
                 partitions=topic.partitions,
                 default=None,
                 options={
@@ -557,19 +562,19 @@ class Engine:
                 key_type=bytes,
                 value_type=bytes,
             )
-            self.tables[topic.name] = table
+            self.tables[topic.ident] = table
         proc = self._processor(topic, table, ctl_topic.get_topic_name()).proc
 
         async def answer_commands(stream: Any) -> None:
             async for event in stream.events():
                 await self._command(proc, event)
 
-        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.ident}")(answer_commands)
 
     def _processor(self, topic: TopicConfig, table: Any, ctl_topic: str) -> LogPump:
         """The processor of ``topic`` and the pump that feeds it from its log (registered)."""
         reader = KafkaLogReader(
-            self.bootstrap, self.names.log(topic.name), self.config.engine.kafka
+            self.bootstrap, self.names.log(topic.name, topic.message_type), self.config.engine.kafka
         )
         proc = TopicProcessor(
             topic,
@@ -579,7 +584,7 @@ class Engine:
             log_reader=reader,
             entitlement=self.config.entitlement_lookup(topic.name),
         )
-        self.processors[topic.name] = proc
+        self.processors[topic.ident] = proc
         pump = LogPump(self, proc, ctl_topic)
         self.pumps.append(pump)
         return pump
@@ -651,12 +656,13 @@ class Engine:
         except ValueError as exc:
             problem = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
             return f"topic {name!r} cannot be created: {problem or exc}"
-        taken = {kafka_part(n): n for n in [*self._declared, *self.processors]}
-        other = taken.get(kafka_part(name))
-        if other is not None and other != name:
+        known = [*self.config.topics, *(p.topic for p in self.processors.values())]
+        taken = {t.kafka_name: t for t in known}
+        other = taken.get(kafka_topic_part(name, "json"))
+        if other is not None and other.ident != name:
             return (
                 f"topic {name!r} cannot be created: it would share the Kafka topics of "
-                f"{other!r} ({self.names.log(other)})"
+                f"{other.ident!r} ({self.names.log(other.name, other.message_type)})"
             )
         return None
 
@@ -741,7 +747,9 @@ class Engine:
 
     def _registration(self, key: str, spec: SubscriptionSpec | None) -> None:
         """A registry record arrived: start, change or stop a subscription."""
-        topic = spec.topic if spec is not None else key.rsplit("|", 1)[-1]
+        # The key ends with the topic's identity (SubscriptionSpec.key): its name, or
+        # <type>:<name> for a message type other than json.
+        topic = spec.ident if spec is not None else key.rsplit("|", 1)[-1]
         queue = self.queues.get(topic)
         if queue is not None:
             if spec is None:
@@ -765,8 +773,8 @@ class Engine:
             return
         try:
             proc.subs.upsert(spec, held=proc.partitions)
-        except FilterError as exc:
-            log.warning("ignored registration %s with a bad filter: %s", key, exc)
+        except (FilterError, InvalidCommandError) as exc:
+            log.warning("ignored registration %s: %s", key, exc)
 
     def _reply_topic_missing(self, reply_to: str) -> None:
         """A reply could not be sent: make sure the client is really gone before acting."""
@@ -815,7 +823,7 @@ class Engine:
 
     async def _answer(self, proc: TopicProcessor, cmd: dict[str, Any], partition: int) -> None:
         """Answer one partition's share of a command about ``proc``'s topic."""
-        queue = self.queues.get(cmd["topic"])
+        queue = self.queues.get(cmd["topic"]) if proc.topic.ident in self._fed else None
         if cmd["command"] == "status":
             row = {**await proc.partition_status(partition), "worker": self.worker_name}
             base = {
@@ -982,10 +990,12 @@ class Engine:
             ),
         ]
         for t in self.config.topics:
-            specs.append(log_topic_spec(self.names, t.name, t.partitions))
+            specs.append(log_topic_spec(self.names, t.name, t.partitions, t.message_type))
             specs.append(
                 TopicSpec(
-                    self.names.control(t.name), t.partitions, {"retention.ms": str(3_600_000)}
+                    self.names.control(t.name, t.message_type),
+                    t.partitions,
+                    {"retention.ms": str(3_600_000)},
                 )
             )
         for queue in self.config.queues:
@@ -1006,10 +1016,13 @@ class Engine:
     def apply_seeds(self, root: Path) -> dict[str, list[int]]:
         """Start partitions without local state from Spark seeds under ``root``."""
         seeded = {}
-        for name, table in self.tables.items():
+        for topic in self.config.topics:
+            table = self.tables.get(topic.ident)
+            if table is None:
+                continue
             changelog = table.changelog_topic.get_topic_name()
-            seeded[name] = ingest_seed(
-                root / kafka_part(name), self.config.engine.app_id, changelog, table
+            seeded[topic.ident] = ingest_seed(
+                root / topic.kafka_name, self.config.engine.app_id, changelog, table
             )
         return seeded
 
@@ -1025,14 +1038,16 @@ class Engine:
         worker.execute_from_commandline()
 
 
-def log_topic_spec(names: TopicNames, topic: str, partitions: int) -> TopicSpec:
+def log_topic_spec(
+    names: TopicNames, topic: str, partitions: int, message_type: str = "json"
+) -> TopicSpec:
     """The transaction log of ``topic`` as the engine creates it.
 
     Kept forever by default; LogAppendTime: the broker stamps each record, so expiration,
     History and RecoveryPoint timestamps all use one clock.
     """
     return TopicSpec(
-        names.log(topic),
+        names.log(topic, message_type),
         partitions,
         {"retention.ms": "-1", "message.timestamp.type": "LogAppendTime"},
     )
@@ -1041,17 +1056,19 @@ def log_topic_spec(names: TopicNames, topic: str, partitions: int) -> TopicSpec:
 def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[str, Any]]:
     """Every meta-topic record: topics, and queues (a queue named like one of its topics shares
     that topic's record: publishes go to the topic, subscriptions lease from the queue)."""
-    infos = {t.name: topic_info(t, names) for t in config.topics}
+    infos = {t.ident: topic_info(t, names) for t in config.topics}
+    queued = [t.name for t in config.topics if t.message_type in QUEUE_MESSAGE_TYPES]
     for queue in config.queues:
-        underlying = queue.underlying_topics([t.name for t in config.topics])
-        target = config.topic(queue.publish_target)
+        underlying = queue.underlying_topics(queued)
+        target = config.topic(queue.publish_target, queue.message_type)
         info = infos.get(queue.name) or {**topic_info(target, names), "name": queue.name}
         infos[queue.name] = {**info, "queue_of": underlying}
     return infos
 
 
 def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> dict[str, Any]:
-    """The meta-topic record describing ``topic`` (schemas/TopicInfo.avsc); ``auto`` for a
+    """The meta-topic record describing ``topic`` (schemas/TopicInfo.avsc), under the key
+    ``topic.ident``; ``auto`` for a
     topic created on first use, whose commands go to the shared control topic."""
     exp = topic.expiration
     expiration = exp.mode if exp.mode != "default" else f"{exp.default_ms}ms"
@@ -1061,8 +1078,10 @@ def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> 
         "keys": list(topic.keys),
         "key_domain": topic.effective_key_domain,
         "partitions": topic.partitions,
-        "log_topic": names.log(topic.name),
-        "control_topic": names.auto_control if auto else names.control(topic.name),
+        "log_topic": names.log(topic.name, topic.message_type),
+        "control_topic": names.auto_control
+        if auto
+        else names.control(topic.name, topic.message_type),
         "hash_indexes": [list(i) for i in topic.hash_indexes],
         "expiration": expiration,
         "durability": topic.durability,
@@ -1070,4 +1089,5 @@ def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> 
         "key_generator": topic.key_generator.module if topic.key_generator else None,
         "key_generator_options": dict(topic.key_generator.options) if topic.key_generator else {},
         "auto": auto,
+        "schema": getattr(topic.codec, "schema_text", ""),
     }

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from sowstream.engine.store import PartitionStore, SendFn, is_record_key
+from sowstream.messagetypes import MessageType
 from sowstream.sow.memo import (
     BUILDING,
     MARKER_PREFIX,
@@ -88,7 +89,13 @@ def _first(keys: Iterator[bytes], n: int) -> list[bytes]:
     return out
 
 
-async def build(store: PartitionStore, path: str, send: SendFn, alive: Callable[[], bool]) -> bool:
+async def build(
+    store: PartitionStore,
+    path: str,
+    send: SendFn,
+    alive: Callable[[], bool],
+    mtype: MessageType,
+) -> bool:
     """(Re)build the memo index on ``path`` from the records; True once it is ready.
 
     ``alive`` is asked before each write: a partition taken away meanwhile is left alone (its
@@ -102,7 +109,7 @@ async def build(store: PartitionStore, path: str, send: SendFn, alive: Callable[
     for key, raw in store.scan():
         if not is_record_key(key):
             continue
-        for entry in memo_entries((path,), key, SowRecord.from_bytes(raw).parsed()):
+        for entry in memo_entries((path,), key, SowRecord.from_bytes(raw).parsed(mtype)):
             chunk[entry] = b""
         if len(chunk) >= CHUNK:
             # Entries sort before every record key, so writing them does not disturb the scan.

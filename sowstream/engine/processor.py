@@ -93,7 +93,6 @@ from sowstream.subscriptions.model import (
     Change,
     Delivery,
     SubscriptionSpec,
-    dumps,
 )
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
@@ -225,13 +224,15 @@ class TopicProcessor:
         entitlement: EntitlementLookup | None = None,
     ) -> None:
         self.topic = topic
+        self.codec = topic.codec
+        self._parse = self.codec.parse  # bound once: the scan and match loops call it per record
         self.subs = TopicSubscriptions(
             topic, entitlement, current=self._current_record if topic.sow else None
         )
         # Queues whose underlying topics include this one (set up by the engine).
         self.queues: list[QueueRuntime] = []
         self.names = names
-        self.log_topic = names.log(topic.name)
+        self.log_topic = names.log(topic.name, topic.message_type)
         self._sender = sender
         self._table = table
         self._log_reader = log_reader
@@ -642,10 +643,16 @@ class TopicProcessor:
                 stored = self._load_record(ps, overlay, key)
                 if key not in before:
                     before[key] = stored
-                new = apply_keyed(self.topic, stored, op)
+                try:
+                    new = apply_keyed(self.topic, stored, op)
+                except InvalidMessageError as exc:
+                    if not replay:
+                        outcome.dead.append((rec, exc))
+                        outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                    continue
                 overlay[key] = new
                 if self.queues and new is not None and op.command != h.SOW_DELETE:
-                    outcome.enqueued.append(self._queued(rec, new.data, new.parsed()))
+                    outcome.enqueued.append(self._queued(rec, new.data, self._parse(new.data)))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
@@ -685,7 +692,7 @@ class TopicProcessor:
                     outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
                 continue
             if self.queues and command != h.SOW_DELETE and rec.value is not None:
-                body = parse_body(self.topic.name, rec.value)
+                body = parse_body(self.topic, rec.value)
                 outcome.enqueued.append(self._queued(rec, rec.value, body))
             if sow_key is not None and events is not None:
                 assert rec.value is not None
@@ -729,7 +736,7 @@ class TopicProcessor:
             )
         if command == h.SOW_DELETE:
             return None
-        body = parse_body(self.topic.name, rec.value)
+        body = parse_body(self.topic, rec.value, delta=command == h.DELTA_PUBLISH)
         if not self.topic.user_supplied_keys:
             return resolve_sow_key(self.topic, body, None)
         return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"
@@ -779,7 +786,7 @@ class TopicProcessor:
         # Sorted: each removed record's message sequence must come out the same on a replay.
         for key in sorted(candidates) if events is not None else candidates:
             stored = self._load_record(ps, overlay, key)
-            if stored is None or not deleted_by_filter(stored, op):
+            if stored is None or not deleted_by_filter(self.topic, stored, op):
                 continue
             if key not in before:
                 before[key] = stored
@@ -836,7 +843,7 @@ class TopicProcessor:
         self, key: bytes, record: SowRecord | None, memo_fields: Iterable[str] = ()
     ) -> set[bytes]:
         """Hash-index and memo-index entries of a record (parsed once for both)."""
-        body = record.parsed() if record else None
+        body = self._parse(record.data) if record else None
         entries = index_entries(self._index_fields, key, body)
         if memo_fields:
             entries |= memo_entries(memo_fields, key, body)
@@ -872,6 +879,7 @@ class TopicProcessor:
             )
             letter = {
                 "topic": self.topic.name,
+                "message_type": self.topic.message_type,
                 "source_topic": self.log_topic,
                 "source_partition": rec.partition,
                 "source_offset": rec.offset,
@@ -883,7 +891,7 @@ class TopicProcessor:
                 "error": str(exc),
             }
             await self._sender.send(
-                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.name.encode()
+                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
             )
         for rec, count, status, reason, message in outcome.acks:
             reply_to = rec.headers.get(h.REPLY_TO)
@@ -1167,7 +1175,9 @@ class TopicProcessor:
         """Build the memo index on ``path`` (under the partition lock, nothing in flight)."""
         started = time.perf_counter()
         try:
-            built = await memo.build(ps.store, path, self._sender.send, self._holds(partition, ps))
+            built = await memo.build(
+                ps.store, path, self._sender.send, self._holds(partition, ps), self.topic.codec
+            )
         except SowstreamError as exc:
             # The store refused the writes (disk full, ...): queries scan instead, and the index
             # (still marked as building) is built again by the next query that needs it.
@@ -1268,7 +1278,7 @@ class TopicProcessor:
                 await asyncio.sleep(0)
             if now is not None and rec.expiration is not None and rec.expiration <= now:
                 continue
-            parsed = orjson.loads(rec.data) if need_parsed else None
+            parsed = self._parse(rec.data) if need_parsed else None
             if flt is not None and not flt.matches(parsed):  # type: ignore[arg-type]
                 continue
             if visible is not None and not visible.matches(parsed):  # type: ignore[arg-type]
@@ -1311,6 +1321,14 @@ class TopicProcessor:
             )
             bookmark = self._bookmark(cmd)
             aggregation = aggregation_of(cmd)
+            if not self.codec.has_fields and (
+                opts.filter is not None or opts.order_by or aggregation is not None
+            ):
+                raise InvalidCommandError(
+                    f"{self.topic.message_type} topic {self.topic.name!r}: its messages are not "
+                    "parsed, so a sow takes no content filter, OrderBy or aggregate (query by "
+                    "SowKeys instead)"
+                )
         except (FilterError, InvalidCommandError) as exc:
             reason = "bad_filter" if isinstance(exc, FilterError) else "bad_option"
             await self.reply(
@@ -1363,7 +1381,7 @@ class TopicProcessor:
         if aggregation is not None:
             # The client merges every partition's partial aggregates, then orders and trims.
             partials = aggregation.partial(
-                body if body is not None else r.parsed() for r, body in matched
+                body if body is not None else self._parse(r.data) for r, body in matched
             )
             await self._send_partials(reply_to, base, partials)
             await self.reply(reply_to, {**base, "command": "part_end", "count": len(matched)})
@@ -1469,7 +1487,7 @@ class TopicProcessor:
                         ps, FullScan(), everything, view.entitled
                     ):
                         assert body is None
-                        parsed = rec.parsed()
+                        parsed = self._parse(rec.data)
                         was = old is None or old.matches(parsed)
                         now = view.filter is None or view.filter.matches(parsed)
                         if now and not was:
@@ -1515,7 +1533,10 @@ class TopicProcessor:
         batch: list[dict[str, Any]] = []
         size = 0
         for rank, (rec, body) in enumerate(matched):
-            data = rec.data if select is None else dumps(project(body or rec.parsed(), select))
+            if select is not None:
+                data = self.codec.serialise(project(body or self._parse(rec.data), select))
+            else:
+                data = rec.data
             item = {
                 "sow_key": rec.sow_key,
                 "data": data,
@@ -1600,6 +1621,7 @@ def spec_from_command(cmd: dict[str, Any]) -> SubscriptionSpec:
         identity=cmd.get("identity") or "",
         order_by=cmd.get("order_by"),
         sow_keys=frozenset(cmd["sow_keys"]) if cmd.get("sow_keys") is not None else None,
+        message_type=cmd.get("message_type") or "json",
     )
 
 

@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import META_TIMEOUT_S
-from sowstream.pipeline.rebuild import RebuildResult
+from sowstream.pipeline.rebuild import RebuildResult, require_json
 from sowstream.sow.history import HISTORY_PREFIX
 from sowstream.sow.layout import (
     FAUST_OFFSET_KEY,
@@ -78,6 +78,7 @@ def _store_entries(
     """
     indexes = [tuple(f) for f in topic.hash_indexes]
     memo = tuple(topic.indexes)
+    codec = topic.codec
 
     def entries(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -97,7 +98,7 @@ def _store_entries(
         for p, records in by_partition.items():
             rows = [
                 {"partition": p, "key": k, "value": v}
-                for k, v in store_entries(indexes, records, watermarks[p], memo)
+                for k, v in store_entries(indexes, records, watermarks[p], codec, memo)
             ]
             yield pa.RecordBatch.from_pylist(rows, schema=_entry_schema())
 
@@ -183,6 +184,7 @@ def write_seed(
     from pyspark.sql import functions as F
 
     topic = config.topic(topic_name)
+    require_json(topic)
     if topic.durability != "persistent" or not topic.sow:
         raise PipelineError(
             f"topic {topic.name!r} keeps no persistent SOW: its workers rebuild it from the log"
@@ -201,7 +203,11 @@ def write_seed(
     entries = _store_entries(topic, result.state, watermarks, topic.partitions)
     # partitions with no record still get their watermark
     present = {r.log_partition for r in result.state.select("log_partition").distinct().collect()}
-    missing = [(p, *store_entries([], [], w)[0]) for p, w in watermarks.items() if p not in present]
+    missing = [
+        (p, *store_entries([], [], w, topic.codec)[0])
+        for p, w in watermarks.items()
+        if p not in present
+    ]
     if missing:
         entries = entries.unionByName(spark.createDataFrame(missing, ENTRY_SCHEMA))
     entries = entries.persist()

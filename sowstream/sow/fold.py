@@ -86,7 +86,7 @@ def fold_key(
     state: SowRecord | None = None
     last = -1
     for rec in records:
-        state = _apply_deletes(state, deletes.between(last, rec.offset), expires)
+        state = _apply_deletes(topic, state, deletes.between(last, rec.offset), expires)
         last = rec.offset
         try:
             op = decode_log_record(
@@ -98,21 +98,26 @@ def fold_key(
             continue
         if expires and _expired(state, op.timestamp):
             state = None
-        state = apply_keyed(topic, state, op)
+        try:
+            state = apply_keyed(topic, state, op)
+        except InvalidMessageError:
+            continue  # a merge the message type cannot write: rejected, as by the engine
     if state is not None:
-        state = _apply_deletes(state, deletes.between(last, 1 << 62), expires)
+        state = _apply_deletes(topic, state, deletes.between(last, 1 << 62), expires)
     if expires and _expired(state, until_ms):
         return None
     return state
 
 
-def _apply_deletes(state: SowRecord | None, ops: list[LogOp], expires: bool) -> SowRecord | None:
+def _apply_deletes(
+    topic: TopicConfig, state: SowRecord | None, ops: list[LogOp], expires: bool
+) -> SowRecord | None:
     for op in ops:
         if state is None:
             return None
         if expires and _expired(state, op.timestamp):
             return None
-        if deleted_by_filter(state, op):
+        if deleted_by_filter(topic, state, op):
             return None
     return state
 
@@ -143,10 +148,13 @@ def apply_record(topic: TopicConfig, state: dict[str, SowRecord], rec: RawRecord
     if op.rekey:
         return []
     if op.sow_key is None:
-        gone = [key for key in sorted(state) if deleted_by_filter(state[key], op)]
+        gone = [key for key in sorted(state) if deleted_by_filter(topic, state[key], op)]
         return [Step(key, state.pop(key), None, seq) for seq, key in enumerate(gone, 1)]
     old = state.get(op.sow_key)
-    new = apply_keyed(topic, old, op)
+    try:
+        new = apply_keyed(topic, old, op)
+    except InvalidMessageError:
+        return []
     if new is old:
         return []
     if new is None:

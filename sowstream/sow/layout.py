@@ -14,12 +14,15 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.keys import field_values
 from sowstream.sow.memo import READY, marker_key, memo_entries
 from sowstream.sow.record import SowRecord
+
+if TYPE_CHECKING:
+    from sowstream.messagetypes import MessageType
 
 RESERVED_PREFIX = b"\x00"
 WATERMARK_KEY = b"\x00sowstream.applied"
@@ -103,6 +106,7 @@ def store_entries(
     indexes: Sequence[Sequence[str]],
     records: Iterable[SowRecord],
     watermark: int,
+    mtype: MessageType,
     memo: Sequence[str] = (),
 ) -> list[tuple[bytes, bytes]]:
     """Everything a partition store holds for ``records`` applied up to ``watermark``, sorted.
@@ -115,7 +119,7 @@ def store_entries(
     out.extend((marker_key(path), READY) for path in dict.fromkeys(memo))
     for rec in records:
         key = rec.sow_key.encode()
-        body = rec.parsed()
+        body = rec.parsed(mtype)
         out.append((key, rec.to_bytes()))
         out.extend((entry, b"") for entry in index_entries(indexes, key, body))
         out.extend((entry, b"") for entry in memo_entries(dict.fromkeys(memo), key, body))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import orjson
+from typing import TYPE_CHECKING, Any
 
 from sowstream.wire.avro import decode, encode
+
+if TYPE_CHECKING:
+    from sowstream.messagetypes import MessageType
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +21,9 @@ class SowRecord:
     log_timestamp: int
     expiration: int | None = None
 
-    def parsed(self) -> dict[str, Any]:
-        """The message body as a dict."""
-        value: dict[str, Any] = orjson.loads(self.data)
-        return value
+    def parsed(self, mtype: MessageType) -> dict[str, Any]:
+        """The message body's fields, read by its topic's message type."""
+        return mtype.parse(self.data)
 
     def to_bytes(self) -> bytes:
         """Avro bytes for RocksDB and the changelog."""

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sowstream.config.models import TopicConfig
+from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, compile_filter
 from sowstream.filters.values import canonical_text, get_path
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.delta import (
-    changed_fields,
     has_changes,
     merge_deltas,
     project,
@@ -38,7 +38,6 @@ from sowstream.subscriptions.model import (
     Change,
     Delivery,
     SubscriptionSpec,
-    dumps,
 )
 
 # Resolves an identity to its row-level entitlement filter on this topic (None: sees everything).
@@ -119,6 +118,7 @@ class TopicSubscriptions:
         """``current`` reads the partition's state; given it, conflation intervals are journaled
         (see :mod:`sowstream.subscriptions.journal`) so a takeover can finish them."""
         self.topic = topic
+        self._codec = topic.codec
         self._entitlement = entitlement or (lambda identity: None)
         self._current = current
         # Journal changes per partition: entries of intervals' first changes, stored with the batch
@@ -152,8 +152,15 @@ class TopicSubscriptions:
         return active.view.spec if active is not None else None
 
     def view(self, spec: SubscriptionSpec) -> _View:
-        """Compile ``spec`` (FilterError on a bad filter)."""
-        flt = compile_filter(spec.filter) if spec.filter and spec.filter.strip() else None
+        """Compile ``spec`` (FilterError on a bad filter; InvalidCommandError for a filter or
+        select list on a topic whose messages have no fields)."""
+        has_filter = bool(spec.filter and spec.filter.strip())
+        if not self._codec.has_fields and (has_filter or spec.options.select is not None):
+            raise InvalidCommandError(
+                f"{self.topic.message_type} topic {self.topic.name!r}: its messages are not "
+                "parsed, so a subscription takes no content filter or select list"
+            )
+        flt = compile_filter(spec.filter) if spec.filter and has_filter else None
         return _View(spec, flt, self._entitlement(spec.identity))
 
     def visible(self, identity: str) -> Filter | None:
@@ -229,9 +236,10 @@ class TopicSubscriptions:
         if not self._subs:
             return []
         out: list[Delivery] = []
+        codec = self._codec
         for change in changes:
-            before = change.before_body()
-            after = change.after_body()
+            before = change.before_body(codec)
+            after = change.after_body(codec)
             keys = self._always.copy()
             if before is not None:
                 keys |= self._index.candidates(before)
@@ -300,8 +308,8 @@ class TopicSubscriptions:
             view = active.on(change.partition)
             if not view.spec.covers(change.sow_key):
                 continue
-            before = change.before_body()
-            after = change.after_body()
+            before = change.before_body(self._codec)
+            after = change.after_body(self._codec)
             was = view.in_focus(before)
             now = view.in_focus(after)
             if was or now:
@@ -335,7 +343,10 @@ class TopicSubscriptions:
     ) -> Delivery:
         if data is None:
             select = spec.options.select
-            data = record.data if select is None else dumps(project(record.parsed(), select))
+            if select is not None:
+                data = self._codec.serialise(project(record.parsed(self._codec), select))
+            else:
+                data = record.data
         return Delivery(
             spec,
             command,
@@ -359,11 +370,12 @@ class TopicSubscriptions:
     ) -> Delivery | None:
         """A publish of ``after``: whole, or only what changed since ``before`` for deltas."""
         assert after is not None
-        if not spec.delta or before is None or spec.paginated:
+        codec = self._codec
+        if not spec.delta or before is None or spec.paginated or not codec.supports_delta:
             return self._delivery(spec, PUBLISH, after, change)
-        body = after.parsed()
+        body = after.parsed(codec)
         if delta is None:
-            delta = changed_fields(before, body)
+            delta = codec.changed(before, body)
         options = spec.options
         if options.select is not None:
             delta = project_delta(delta, options.select)
@@ -371,7 +383,8 @@ class TopicSubscriptions:
             return None
         if options.send_keys:
             delta = with_fields(delta, body, self.topic.keys)
-        return self._delivery(spec, PUBLISH, after, change, data=dumps(delta), is_delta=True)
+        data = codec.serialise_delta(delta)
+        return self._delivery(spec, PUBLISH, after, change, data=data, is_delta=True)
 
     # -- conflation -------------------------------------------------------------------------------
 
@@ -379,7 +392,7 @@ class TopicSubscriptions:
         path = spec.options.conflation_key
         if path is None:
             return change.sow_key
-        body = change.after_body() or change.before_body() or {}
+        body = change.after_body(self._codec) or change.before_body(self._codec) or {}
         values = get_path(body, path)
         return canonical_text(values[0]) if values else change.sow_key
 
@@ -426,9 +439,9 @@ class TopicSubscriptions:
             if not was and pending.base is not None:
                 pending.went_out = True  # out and back in within the interval
             if was and not pending.went_out and view.spec.delta:
-                before, after = change.before_body(), change.after_body()
+                before, after = change.before_body(self._codec), change.after_body(self._codec)
                 assert before is not None and after is not None
-                pending.delta = merge_deltas(pending.delta, changed_fields(before, after))
+                pending.delta = merge_deltas(pending.delta, self._codec.changed(before, after))
             pending.latest = change.after
         else:
             pending.latest = None
@@ -597,7 +610,7 @@ class TopicSubscriptions:
     def _resolve(self, view: _View, item: _Pending) -> None:
         """A restored record's state now: what its flush sends (or the reason it left focus)."""
         record = self._current(item.partition, item.sow_key) if self._current else None
-        body = record.parsed() if record is not None else None
+        body = record.parsed(self._codec) if record is not None else None
         if view.in_focus(body):
             item.latest = record
         else:
@@ -626,12 +639,13 @@ class TopicSubscriptions:
             if not spec.options.oof or (item.base is None and not item.uncertain):
                 return None
             # The subscriber never saw the interval's updates: show what it last received.
-            last = item.base or SowRecord(item.sow_key, b"{}", item.offset, item.timestamp)
+            empty = self._codec.empty
+            last = item.base or SowRecord(item.sow_key, empty, item.offset, item.timestamp)
             return self._delivery(spec, OOF, last, item, reason=item.reason)
         if item.base is None or item.went_out or item.uncertain or not spec.delta:
             return self._delivery(spec, PUBLISH, item.latest, item)
-        base, latest = item.base.parsed(), item.latest.parsed()
+        base, latest = item.base.parsed(self._codec), item.latest.parsed(self._codec)
         # The interval's deltas merged; plus the net change, which also catches fields that an
         # intermediate whole-value replacement dropped from a nested object.
-        delta = merge_deltas(item.delta, changed_fields(base, latest))
+        delta = merge_deltas(item.delta, self._codec.changed(base, latest))
         return self._publish(spec, item, base, item.latest, delta=delta)

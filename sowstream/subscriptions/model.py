@@ -7,13 +7,17 @@ client (which registers them); ``schemas/Subscription.avsc`` is their wire form.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from sowstream.errors import InvalidCommandError
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.options import SubscriptionOptions, parse_options
+from sowstream.wire.topics import JSON, topic_ident
+
+if TYPE_CHECKING:
+    from sowstream.messagetypes import MessageType
 
 SUBSCRIBE = "subscribe"
 SOW_AND_SUBSCRIBE = "sow_and_subscribe"
@@ -45,7 +49,8 @@ class SubscriptionSpec:
     """One registered subscription: who gets what from which topic.
 
     ``key`` identifies it in the registry: one client's subscription id on one topic (a
-    subscription on a topic pattern is registered once per matching topic).
+    subscription on a topic pattern is registered once per matching topic). ``topic`` is the
+    topic's name and ``message_type`` its message type: together they name the topic.
     """
 
     sub_id: str
@@ -56,6 +61,7 @@ class SubscriptionSpec:
     options: SubscriptionOptions = field(default_factory=SubscriptionOptions)
     identity: str = ""
     order_by: str | None = None
+    message_type: str = JSON
     # SowKeys: only these records (the SOW part and live messages); None means every record.
     sow_keys: frozenset[str] | None = None
 
@@ -67,9 +73,14 @@ class SubscriptionSpec:
             )
 
     @property
+    def ident(self) -> str:
+        """The topic's identity (``wire.topics.topic_ident``): its name, typed unless json."""
+        return topic_ident(self.topic, self.message_type)
+
+    @property
     def key(self) -> str:
-        """Registry key: unique per client, subscription id and topic."""
-        return f"{self.reply_to}|{self.sub_id}|{self.topic}"
+        """Registry key: unique per client, subscription id and topic (its identity last)."""
+        return f"{self.reply_to}|{self.sub_id}|{self.ident}"
 
     @property
     def delta(self) -> bool:
@@ -93,6 +104,7 @@ class SubscriptionSpec:
             "identity": self.identity,
             "order_by": self.order_by,
             "sow_keys": sorted(self.sow_keys) if self.sow_keys is not None else None,
+            "message_type": self.message_type,
         }
 
     @classmethod
@@ -108,6 +120,7 @@ class SubscriptionSpec:
             identity=d.get("identity") or "",
             order_by=d.get("order_by"),
             sow_keys=frozenset(d["sow_keys"]) if d.get("sow_keys") is not None else None,
+            message_type=d.get("message_type") or JSON,
         )
 
     def covers(self, sow_key: str) -> bool:
@@ -138,16 +151,16 @@ class Change:
     _before_body: dict[str, Any] | None = None
     _after_body: dict[str, Any] | None = None
 
-    def before_body(self) -> dict[str, Any] | None:
-        """The previous state parsed (cached)."""
+    def before_body(self, mtype: MessageType) -> dict[str, Any] | None:
+        """The previous state parsed by the topic's message type (cached)."""
         if self._before_body is None and self.before is not None:
-            self._before_body = self.before.parsed()
+            self._before_body = self.before.parsed(mtype)
         return self._before_body
 
-    def after_body(self) -> dict[str, Any] | None:
-        """The new state parsed (cached)."""
+    def after_body(self, mtype: MessageType) -> dict[str, Any] | None:
+        """The new state parsed by the topic's message type (cached)."""
         if self._after_body is None and self.after is not None:
-            self._after_body = self.after.parsed()
+            self._after_body = self.after.parsed(mtype)
         return self._after_body
 
 

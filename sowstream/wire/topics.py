@@ -61,19 +61,38 @@ def name_of_kafka_part(part: str) -> str:
     return raw.decode()
 
 
+JSON = "json"
+
+
+def topic_ident(name: str, message_type: str = JSON) -> str:
+    """How the engine tells topics apart: AMPS scopes a topic by its message type, so a json and
+    an nvfix topic may both be called ``orders``. A json topic is known by its name alone (as it
+    always was); any other by ``<type>:<name>``, e.g. ``nvfix:orders``. The configuration refuses a
+    json topic whose name would equal another topic's identity."""
+    return name if message_type == JSON else f"{message_type}:{name}"
+
+
+def kafka_topic_part(name: str, message_type: str = JSON) -> str:
+    """A topic's part of the Kafka topic names: :func:`kafka_part` of its name, after
+    ``<type>.`` for message types other than json (json topics keep the names they always had:
+    ``sowstream.log.orders``; an nvfix topic ``orders`` has ``sowstream.log.nvfix.orders``)."""
+    part = kafka_part(name)
+    return part if message_type == JSON else f"{message_type}.{part}"
+
+
 @dataclass(frozen=True)
 class TopicNames:
     """The Kafka topic names under one prefix."""
 
     prefix: str = DEFAULT_PREFIX
 
-    def log(self, sow_topic: str) -> str:
+    def log(self, sow_topic: str, message_type: str = JSON) -> str:
         """The transaction log of a SOW topic: every publish, delta and delete, keyed by SowKey."""
-        return f"{self.prefix}.log.{kafka_part(sow_topic)}"
+        return f"{self.prefix}.log.{kafka_topic_part(sow_topic, message_type)}"
 
-    def control(self, sow_topic: str) -> str:
+    def control(self, sow_topic: str, message_type: str = JSON) -> str:
         """Commands that read a SOW topic (queries); co-partitioned with its log."""
-        return f"{self.prefix}.ctl.{kafka_part(sow_topic)}"
+        return f"{self.prefix}.ctl.{kafka_topic_part(sow_topic, message_type)}"
 
     @property
     def auto_control(self) -> str:

@@ -178,8 +178,11 @@ class EngineProcesses:
                 pass
             time.sleep(0.5)
 
-    def wait_ready(self, topics: list[str], timeout: float = 120.0) -> None:
-        """Block until all workers joined and every partition of every topic answers a query."""
+    def wait_ready(self, topics: list[str] | list[tuple[str, str]], timeout: float = 120.0) -> None:
+        """Block until all workers joined and every partition of every topic answers a query.
+
+        A topic is a name (json) or a (name, message type) pair.
+        """
         deadline = time.monotonic() + timeout
         self.wait_stable(deadline)
         last: Exception | None = None
@@ -190,7 +193,8 @@ class EngineProcesses:
                         raise RuntimeError(f"worker {name} died:\n{self.log_tail(name)}")
                 try:
                     for topic in topics:
-                        list(client.sow(topic, top_n=0))
+                        name, kind = topic if isinstance(topic, tuple) else (topic, "json")
+                        list(client.sow(name, top_n=0, message_type=kind))
                     return
                 except SowstreamError as exc:
                     last = exc
@@ -212,7 +216,7 @@ def running_engine(
     for name in workers:
         procs.start(name)
     try:
-        procs.wait_ready([t["Name"] for t in topics])
+        procs.wait_ready([(t["Name"], t.get("MessageType", "json").lower()) for t in topics])
         yield procs
     finally:
         procs.stop_all()

@@ -527,10 +527,11 @@ def test_amps_only_topic_keys_are_unsupported(key: str, caplog: pytest.LogCaptur
 
 
 def test_other_message_types_are_unsupported() -> None:
-    text = "sow:\n  - Name: a\n    MessageType: fix\n  - Name: b\n"
+    text = "sow:\n  - Name: a\n    MessageType: protobuf\n  - Name: b\n"
     err = load_error(text)
     assert err.element == "sow[0].MessageType"
-    assert "'fix' is not supported" in err.problem and "json" in err.problem
+    assert "'protobuf' is not supported" in err.problem
+    assert "json, fix, nvfix, xml, binary, avro" in err.problem
     assert [t.name for t in load(text, skip_unsupported=True).topics] == ["b"]
 
 

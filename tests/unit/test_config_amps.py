@@ -314,13 +314,13 @@ def json_topic(body: str, name: str = "t") -> str:
 # --- Chapter 05 SOW/Topic example ---
 
 
-def test_spec_05_example_strict_stops_at_the_nvfix_orders_topic() -> None:
+def test_spec_05_example_strict_stops_at_the_bflat_sales_reps_topic() -> None:
     err = load_error(SPEC_05_SOW_EXAMPLE)
     assert err.source == "amps.xml"
-    assert err.element == "SOW/Topic[orders]/MessageType"
-    assert "'nvfix' is not supported" in err.problem
-    assert "json" in err.problem
-    assert str(err) == f"amps.xml: SOW/Topic[orders]/MessageType: {err.problem}"
+    assert err.element == "SOW/Topic[sales-reps]/MessageType"
+    assert "'bflat' is not supported" in err.problem
+    assert "json, fix, nvfix, xml, binary, avro" in err.problem
+    assert str(err) == f"amps.xml: SOW/Topic[sales-reps]/MessageType: {err.problem}"
 
 
 def test_spec_05_example_skipping_keeps_customers_and_catalog(
@@ -329,7 +329,8 @@ def test_spec_05_example_skipping_keeps_customers_and_catalog(
     caplog.set_level(logging.INFO, logger="sowstream.config")
     config = load(SPEC_05_SOW_EXAMPLE, "amps.xml", skip_unsupported=True)
 
-    assert [t.name for t in config.topics] == ["customers", "catalog"]
+    assert [t.ident for t in config.topics] == ["nvfix:orders", "customers", "catalog"]
+    assert config.topic("orders").message_type == "nvfix"
     customers = config.topic("customers")
     assert customers.keys == ("/customerId",)
     assert customers.hash_indexes == (
@@ -347,9 +348,9 @@ def test_spec_05_example_skipping_keeps_customers_and_catalog(
 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(
-        "SOW/Topic[orders]/MessageType" in w and "skipping topic 'orders'" in w for w in warnings
+        "SOW/Topic[sales-reps]/MessageType" in w and "skipping topic 'sales-reps'" in w
+        for w in warnings
     )
-    assert any("SOW/Topic[sales-reps]" in w for w in warnings)
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any("SOW/Topic[customers]/FileName" in i and "RocksDB" in i for i in infos)
 
@@ -360,8 +361,9 @@ def test_spec_05_example_from_a_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert caught.value.source == str(path)
-    assert caught.value.element == "SOW/Topic[orders]/MessageType"
+    assert caught.value.element == "SOW/Topic[sales-reps]/MessageType"
     assert [t.name for t in load_config(path, skip_unsupported=True).topics] == [
+        "orders",
         "customers",
         "catalog",
     ]
@@ -370,17 +372,15 @@ def test_spec_05_example_from_a_file_names_the_file(tmp_path: Path) -> None:
 # --- Chapter 01 examples ---
 
 
-def test_spec_01_example_7_3_strict_rejects_the_xml_alerts_topic() -> None:
-    err = load_error(SPEC_01_EXAMPLE_7_3)
-    assert err.element == "SOW/Topic[ALERTS]/MessageType"
-    assert "'xml' is not supported" in err.problem
-
-
-def test_spec_01_example_7_3_skipping_keeps_orders(caplog: pytest.LogCaptureFixture) -> None:
+def test_spec_01_example_7_3_loads_the_json_orders_and_the_xml_alerts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     caplog.set_level(logging.INFO, logger="sowstream.config")
-    config = load(SPEC_01_EXAMPLE_7_3, "amps.xml", skip_unsupported=True)
+    config = load(SPEC_01_EXAMPLE_7_3, "amps.xml")
 
-    (orders,) = config.topics
+    orders, alerts = config.topics
+    assert (alerts.name, alerts.message_type, alerts.keys) == ("ALERTS", "xml", ("/alert/id",))
+    assert alerts.indexes == ("/alert/type",)
     assert orders.name == "ORDERS"
     assert orders.message_type == "json"
     assert orders.keys == ("/invoice", "/customerId")
@@ -389,15 +389,17 @@ def test_spec_01_example_7_3_skipping_keeps_orders(caplog: pytest.LogCaptureFixt
     assert orders.effective_key_domain == "ORDERS"
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any("SOW/Topic[ORDERS]/SlabSize" in i and "ignored" in i for i in infos)
-    assert any("skipping topic 'ALERTS'" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("example", [SPEC_01_EXAMPLE_7_1, SPEC_01_EXAMPLE_7_2])
-def test_spec_01_expiration_examples_use_fix_so_strict_fails(example: str) -> None:
-    err = load_error(example)
-    assert err.element == "SOW/Topic[ORDERS]/MessageType"
-    assert "'fix'" in err.problem
-    assert load(example, skip_unsupported=True).topics == ()
+def test_spec_01_expiration_examples_are_fix_topics_keyed_by_tags(example: str) -> None:
+    (orders,) = load(example).topics
+    assert (orders.message_type, orders.keys, orders.ident) == (
+        "fix",
+        ("/55", "/109"),
+        "fix:ORDERS",
+    )
+    assert TopicNames().log(orders.name, orders.message_type) == "sowstream.log.fix.ORDERS"
 
 
 def test_spec_01_example_7_1_as_json_expires_after_30s_by_default() -> None:
@@ -435,11 +437,18 @@ def test_spec_01_key_generator_names_its_native_library() -> None:
 # The queue examples are loaded in test_queue_config.py (they need their underlying topics).
 
 
-def test_spec_05_view_example_keeps_only_json_topics_when_skipping() -> None:
+def test_spec_05_view_example_keeps_the_topics_of_every_type_when_skipping_views() -> None:
     err = load_error(SPEC_05_VIEW_EXAMPLE)
-    assert err.element == "SOW/Topic[/ett/order]/MessageType"
+    assert err.element == "SOW/View[TOTAL_VALUE]"
     config = load(SPEC_05_VIEW_EXAMPLE, skip_unsupported=True)
-    assert [t.name for t in config.topics] == ["orders", "source-for-hash-sample", "example"]
+    assert [t.ident for t in config.topics] == [
+        "fix:/ett/order",
+        "orders",
+        "source-for-hash-sample",
+        "example",
+        "nvfix:ORDERS",
+        "nvfix:COMPANIES",
+    ]
 
 
 @pytest.mark.parametrize("tag", ["View", "ConflatedTopic"])

@@ -87,7 +87,7 @@ def expected_memo_entries(ps: PartitionState) -> set[bytes]:
     out: set[bytes] = set()
     for key, raw in ps.store.scan():
         if is_record_key(key):
-            out |= memo_entries(ps.memo, key, SowRecord.from_bytes(raw).parsed())
+            out |= memo_entries(ps.memo, key, SowRecord.from_bytes(raw).parsed(topic().codec))
     return out
 
 
@@ -311,7 +311,9 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
         await proc.ready(0)
         assert ps.memo == {"/a"}
         assert store.get(marker_key("/a")) == READY and store.get(marker_key("/b")) is None
-        assert stored_memo_entries(ps) == memo_entries(["/a"], rec.sow_key.encode(), rec.parsed())
+        assert stored_memo_entries(ps) == memo_entries(
+            ["/a"], rec.sow_key.encode(), rec.parsed(topic().codec)
+        )
         assert memo.load(store).ready == {"/a"} and not memo.load(store).partial
 
     asyncio.run(go())
@@ -356,7 +358,7 @@ def test_a_seed_store_holds_the_same_memo_index_as_one_the_engine_filled() -> No
         records = [SowRecord.from_bytes(v) for k, v in ps.store.scan() if is_record_key(k)]
         seed = {
             k: v
-            for k, v in store_entries([], records, ps.watermark, memo=["/a"])
+            for k, v in store_entries([], records, ps.watermark, topic().codec, memo=["/a"])
             if k.startswith((MEMO_PREFIX, b"\x00M/"))
         }
         # record 0 holds 0 and "0": one text and one number entry between them

@@ -40,17 +40,17 @@ def op(
 def test_publish_inserts_then_replaces() -> None:
     t = topic()
     rec = apply_keyed(t, None, op(t, {"id": 1, "a": 1}, 10))
-    assert rec is not None and rec.parsed() == {"id": 1, "a": 1} and rec.log_offset == 10
+    assert rec is not None and rec.parsed(t.codec) == {"id": 1, "a": 1} and rec.log_offset == 10
     rec2 = apply_keyed(t, rec, op(t, {"id": 1, "b": 2}, 11))
-    assert rec2 is not None and rec2.parsed() == {"id": 1, "b": 2}
+    assert rec2 is not None and rec2.parsed(t.codec) == {"id": 1, "b": 2}
 
 
 def test_delta_merges_and_inserts_when_absent() -> None:
     t = topic()
     rec = apply_keyed(t, None, op(t, {"id": 1, "a": 1}, 10, cmd="delta_publish"))
-    assert rec is not None and rec.parsed() == {"id": 1, "a": 1}
+    assert rec is not None and rec.parsed(t.codec) == {"id": 1, "a": 1}
     rec = apply_keyed(t, rec, op(t, {"id": 1, "b": 2}, 11, cmd="delta_publish"))
-    assert rec is not None and rec.parsed() == {"id": 1, "a": 1, "b": 2}
+    assert rec is not None and rec.parsed(t.codec) == {"id": 1, "a": 1, "b": 2}
 
 
 def test_replayed_op_is_ignored() -> None:
@@ -76,9 +76,9 @@ def test_filter_delete_spares_records_written_after_it() -> None:
     older = SowRecord("k", b'{"id": 1, "a": 1}', 40, 0)
     newer = SowRecord("k", b'{"id": 1, "a": 1}', 60, 0)
     other = SowRecord("k", b'{"id": 1, "a": 2}', 40, 0)
-    assert deleted_by_filter(older, flt)
-    assert not deleted_by_filter(newer, flt)
-    assert not deleted_by_filter(other, flt)
+    assert deleted_by_filter(t, older, flt)
+    assert not deleted_by_filter(t, newer, flt)
+    assert not deleted_by_filter(t, other, flt)
 
 
 def test_unkeyed_or_wrongly_keyed_records_are_rekeyed() -> None:
