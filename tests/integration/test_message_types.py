@@ -185,7 +185,7 @@ def test_binary_topics_take_publisher_sow_keys_and_send_whole_messages(
                 b"\x00two",
             ]
             publisher.delta_publish("blobs", b"\x00one-v3", sow_key="k1", message_type="binary")
-            publisher.sow_delete("blobs", keys=["k2"], message_type="binary")
+            publisher.sow_delete("blobs", sow_keys=["k2"], message_type="binary")
             update, oof = take(sub, 2)
         assert (update.command, update.delta, update.data) == ("publish", False, b"\x00one-v3")
         assert (oof.command, oof.reason, oof.sow_key) == ("oof", "deleted", "k2")
