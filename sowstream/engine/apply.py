@@ -1,0 +1,452 @@
+"""Applying log batches: fold under the partition lock, store in log order, then notify.
+
+A batch is folded synchronously inside the lock (so a query sees the state between two
+batches), its changelog records are queued inside it too (their order must match the RocksDB
+writes), and replies, subscription messages and queue hand-offs go out after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sowstream.engine import metrics
+from sowstream.engine.partition import (
+    MAX_IN_FLIGHT,
+    InFlight,
+    Outcome,
+    PartitionState,
+    ProcessorBase,
+    wall_clock_ms,
+)
+from sowstream.engine.store import APPLIED_RECORD_KEY, WATERMARK_KEY
+from sowstream.errors import InvalidMessageError
+from sowstream.sow.history import Version, version_changes
+from sowstream.sow.logcheck import fingerprint
+from sowstream.sow.ops import (
+    LogOp,
+    RawRecord,
+    apply_keyed,
+    decode_log_record,
+    deleted_by_filter,
+    parse_body,
+)
+from sowstream.sow.planner import plan
+from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.model import OOF_DELETED, Change
+from sowstream.wire import headers as h
+from sowstream.wire.avro import encode
+
+log = logging.getLogger("sowstream.engine")
+
+
+class Applier(ProcessorBase):
+    """The apply stage: log records in, store changes, replies and subscription messages out."""
+
+    async def process(self, records: Sequence[RawRecord]) -> None:
+        """Fold a batch of log records (any mix of partitions, each in log order) and send its
+        subscription messages; the state is stored once Kafka has acknowledged them.
+
+        Only partitions loaded by :meth:`ready` take records: a partition dropped by a rebalance
+        must be read again from its stored watermark, never continued from where this batch is.
+
+        Subscribers' messages must reach Kafka before the state that produced them is stored
+        (a crash in between replays the batch, so delivery is at-least-once), but waiting for
+        each batch's acknowledgements before folding the next would put a broker round trip,
+        the RocksDB write and the changelog sends in front of every later record. So batches
+        are pipelined: the next batch folds on top of the ones still in flight and a committer
+        task stores them in order as their acknowledgements come in.
+        """
+        by_partition: dict[int, list[RawRecord]] = {}
+        for rec in records:
+            by_partition.setdefault(rec.partition, []).append(rec)
+        for partition, recs in by_partition.items():
+            ps = self._parts.get(partition)
+            if ps is None or not ps.ready:
+                continue  # not held (any more): whoever loads it next reads from its watermark
+            async with ps.lock:
+                if self._parts.get(partition) is not ps:
+                    continue  # revoked while waiting: the new owner reads these records again
+                await self._settle(ps, keep=MAX_IN_FLIGHT - 1)
+                outcome = self._fold(ps, recs, replay=False)
+                sent: list[asyncio.Future[Any]] = []
+                if outcome.events:
+                    sent = await self.deliver(self.subs.dispatch(outcome.events, wall_clock_ms()))
+                    outcome.journal = self.subs.take_journal(partition)
+                for queue in self.queues if outcome.enqueued else ():
+                    outcome.journal.update(
+                        queue.append(self.topic.name, partition, outcome.enqueued)
+                    )
+                ps.folded = max(ps.folded, outcome.last)
+                self._enqueue(partition, ps, outcome, sent)
+
+    def _enqueue(
+        self,
+        partition: int,
+        ps: PartitionState,
+        outcome: Outcome,
+        sent: list[asyncio.Future[Any]],
+    ) -> None:
+        """Queue ``outcome`` to be stored, in order, once Kafka has ``sent`` (under ps.lock)."""
+        ps.in_flight.append(InFlight(outcome, sent))
+        if ps.committer is None:
+            ps.committer = asyncio.create_task(self._commit_in_order(partition, ps))
+
+    async def _commit_in_order(self, partition: int, ps: PartitionState) -> None:
+        """Store the partition's in-flight batches, oldest first, once their messages are in."""
+        try:
+            while ps.in_flight:
+                head = ps.in_flight[0]
+                if head.sent:
+                    await self._acknowledged(head.sent)
+                if self._parts.get(partition) is not ps:
+                    # Revoked: nothing of these batches is stored, so the new owner replays them.
+                    ps.in_flight.clear()
+                else:
+                    self._commit(ps, head.outcome)
+                    await ps.store.replicate(head.outcome.changes, self._sender.send)
+                    # Leaves the overlay only now: until its changelog sends are queued no later
+                    # batch may commit (the changelog keeps write order); readers looking
+                    # through the overlay meanwhile find the same records as in the store.
+                    ps.in_flight.popleft()
+                    await self._perform(head.outcome)
+                await ps.wake()
+        except Exception as exc:
+            log.error(
+                "topic %s partition %d: storing a batch failed",
+                self.topic.name,
+                partition,
+                exc_info=exc,
+            )
+            # Forget the partition: it is loaded again from what the store holds, and the batches
+            # that were in flight are read from the log again.
+            ps.failure = exc
+            ps.in_flight.clear()
+            if self._parts.get(partition) is ps:
+                del self._parts[partition]
+            await ps.wake()
+        finally:
+            # No await between the loop's last check and here: a batch appended after it finds
+            # no committer and starts one.
+            if ps.committer is asyncio.current_task():
+                ps.committer = None
+
+    async def drain(self) -> None:
+        """Wait until every batch folded so far is stored (before reading the stores directly)."""
+        for ps in list(self._parts.values()):
+            async with ps.lock:
+                await self._settle(ps)
+
+    def _apply(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
+        """Fold ``recs`` into the partition and write the result as one batch."""
+        outcome = self._fold(ps, recs, replay=replay)
+        self._commit(ps, outcome)
+        return outcome
+
+    def _commit(self, ps: PartitionState, outcome: Outcome) -> None:
+        if not self.topic.sow:
+            if self._table is not None and (outcome.last > ps.watermark or outcome.journal):
+                # A plain topic stores only what its queues hold, and its position.
+                changes = dict(outcome.journal)
+                if outcome.last > ps.watermark:
+                    changes.update(_position(outcome))
+                ps.store.write(changes)
+                outcome.changes = changes
+            ps.watermark = max(ps.watermark, outcome.last)
+            return
+        if outcome.last > ps.watermark or outcome.journal:
+            outcome.changes = self._write(
+                ps,
+                outcome.overlay,
+                outcome.before,
+                outcome.last if outcome.last > ps.watermark else None,
+                outcome.versions,
+                outcome.journal,
+                _position(outcome),
+            )
+
+    def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
+        """Compute what ``recs`` do to the partition, without writing it yet.
+
+        Every key an op touches is written again even when unchanged: after a crash the replayed
+        ops re-send their records, so a changelog that missed the last batch catches up. With
+        subscriptions present, each op's effect on its record is kept as a :class:`Change`.
+        """
+        if not self.topic.sow:
+            return self._fold_plain(ps, recs, replay=replay)
+        outcome = Outcome()
+        overlay = outcome.overlay
+        before = outcome.before
+        events = outcome.events if (self.subs and not replay) else None
+        versions = outcome.versions if self._history is not None else None
+        last = ps.folded
+        applied = 0
+        for rec in recs:
+            if rec.offset <= ps.folded:
+                continue
+            last = max(last, rec.offset)
+            outcome.last_record = rec
+            try:
+                op = decode_log_record(
+                    self.topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
+                )
+            except InvalidMessageError as exc:
+                if not replay:
+                    outcome.dead.append((rec, exc))
+                    outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                continue
+            if op.rekey:
+                if not replay and op.sow_key is not None:
+                    outcome.rekeys.append((op.sow_key, rec))
+                continue
+            if op.sow_key is None:
+                count = self._delete_by_filter(ps, overlay, before, op, events, rec, versions)
+            else:
+                key = op.sow_key.encode()
+                stored = self._load_record(ps, overlay, key)
+                if key not in before:
+                    before[key] = stored
+                try:
+                    new = apply_keyed(self.topic, stored, op)
+                except InvalidMessageError as exc:
+                    if not replay:
+                        outcome.dead.append((rec, exc))
+                        outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                    continue
+                overlay[key] = new
+                if self.queues and new is not None and op.command != h.SOW_DELETE:
+                    outcome.enqueued.append(self._queued(rec, new.data, self._parse(new.data)))
+                if versions is not None and new is not stored:
+                    versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
+                count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
+                if events is not None:
+                    self._note(events, op.sow_key, stored, new, rec)
+            applied += 1
+            if not replay and op.reply_to:
+                outcome.acks.append((rec, count, "success", "", ""))
+        outcome.last = last
+        metrics.UPDATES.labels(self.topic.name).inc(applied)
+        if outcome.dead:
+            metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
+        return outcome
+
+    def _fold_plain(
+        self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool
+    ) -> Outcome:
+        """A topic without a SOW: every publish goes to subscribers whole, nothing is stored.
+
+        With no stored state a delta_publish cannot be merged, so it is passed on as published
+        (as AMPS does); a sow_delete has nothing to delete.
+        """
+        outcome = Outcome()
+        events = outcome.events if (self.subs and not replay) else None
+        last = ps.folded
+        for rec in recs:
+            if rec.offset <= ps.folded:
+                continue
+            last = max(last, rec.offset)
+            outcome.last_record = rec
+            command = rec.headers.get(h.COMMAND) or h.PUBLISH
+            try:
+                sow_key = self._plain_key(rec, command)
+            except InvalidMessageError as exc:
+                if not replay:
+                    outcome.dead.append((rec, exc))
+                    outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                continue
+            if self.queues and command != h.SOW_DELETE and rec.value is not None:
+                body = parse_body(self.topic, rec.value)
+                outcome.enqueued.append(self._queued(rec, rec.value, body))
+            if sow_key is not None and events is not None:
+                assert rec.value is not None
+                after = SowRecord(sow_key, rec.value, rec.offset, rec.timestamp)
+                events.append(
+                    Change(sow_key, None, after, rec.partition, rec.offset, rec.timestamp)
+                )
+            if not replay and rec.headers.get(h.REPLY_TO):
+                outcome.acks.append((rec, int(sow_key is not None), "success", "", ""))
+        outcome.last = last
+        return outcome
+
+    @staticmethod
+    def _queued(
+        rec: RawRecord, data: bytes, body: dict[str, Any]
+    ) -> tuple[int, int, bytes, dict[str, Any], int | None]:
+        """An applied publish as a queue takes it (a delta_publish as the merged record)."""
+        raw = rec.headers.get(h.EXPIRATION)
+        expiration = int(float(raw) * 1000) if raw else None
+        return rec.offset, rec.timestamp, data, body, expiration
+
+    async def store_changes(self, partition: int, changes: Mapping[bytes, bytes | None]) -> None:
+        """Write ``changes`` (queue entries) into ``partition``'s store after the batches before
+        them, and return once they are stored. Nothing happens for a partition not held."""
+        ps = self._parts.get(partition)
+        if ps is None or not ps.ready or not changes:
+            return
+        async with ps.lock:
+            if self._parts.get(partition) is not ps:
+                return
+            self._enqueue(partition, ps, Outcome(journal=dict(changes)), [])
+            await self._settle(ps)
+
+    @staticmethod
+    def _note(
+        events: list[Change],
+        sow_key: str,
+        stored: SowRecord | None,
+        new: SowRecord | None,
+        rec: RawRecord,
+        seq: int = 0,
+    ) -> None:
+        """Record an op's effect for subscribers."""
+        if new is stored:
+            # Already applied before a crash: re-announce the stored result of exactly this op
+            # (its message may not have gone out); subscribers drop it if they have it.
+            if stored is not None and stored.log_offset == rec.offset:
+                events.append(
+                    Change(
+                        sow_key, None, stored, rec.partition, rec.offset, rec.timestamp, resent=True
+                    )
+                )
+            return
+        events.append(
+            Change(
+                sow_key, stored, new, rec.partition, rec.offset, rec.timestamp, OOF_DELETED, seq=seq
+            )
+        )
+
+    def _delete_by_filter(
+        self,
+        ps: PartitionState,
+        overlay: dict[bytes, SowRecord | None],
+        before: dict[bytes, SowRecord | None],
+        op: LogOp,
+        events: list[Change] | None = None,
+        rec: RawRecord | None = None,
+        versions: list[Version] | None = None,
+    ) -> int:
+        count = 0
+        how = plan(self.topic, op.filter, memo_ready=ps.memo)
+        candidates = dict.fromkeys(self._candidate_keys(ps, how))
+        for flight in ps.in_flight:
+            candidates.update(dict.fromkeys(flight.outcome.overlay))
+        candidates.update(dict.fromkeys(overlay))
+        # Sorted: each removed record's message sequence must come out the same on a replay.
+        for key in sorted(candidates) if events is not None else candidates:
+            stored = self._load_record(ps, overlay, key)
+            if stored is None or not deleted_by_filter(self.topic, stored, op):
+                continue
+            if key not in before:
+                before[key] = stored
+            overlay[key] = None
+            count += 1
+            if versions is not None:
+                versions.append(Version(stored.sow_key, stored, None, op.offset, op.timestamp))
+            if events is not None and rec is not None:
+                self._note(events, stored.sow_key, stored, None, rec, seq=count)
+        return count
+
+    def _write(
+        self,
+        ps: PartitionState,
+        overlay: dict[bytes, SowRecord | None],
+        before: dict[bytes, SowRecord | None],
+        watermark: int | None = None,
+        versions: Sequence[Version] = (),
+        journal: Mapping[bytes, bytes | None] | None = None,
+        position: Mapping[bytes, bytes | None] | None = None,
+    ) -> dict[bytes, bytes | None]:
+        """Write the batch's final records (and index entries) as one store batch.
+
+        A log batch passes its highest offset: it is written last, so a changelog prefix that
+        holds the watermark holds the whole batch. Expiry deletes change no watermark.
+        """
+        changes: dict[bytes, bytes | None] = {}
+        for key, new in overlay.items():
+            if self._index_fields or ps.memo:
+                self._index_changes(changes, key, before.get(key), new, ps.memo)
+            changes[key] = new.to_bytes() if new is not None else None
+            if new is not None and new.expiration is not None and self._expires:
+                heapq.heappush(ps.expiry, (new.expiration, key))
+        if versions and self._history is not None:
+            for key, value in version_changes(self._history, versions).items():
+                # A version is only ever written by its own log operation, so one that exists
+                # came from the first application; an operation replayed after a crash may see
+                # a different state before it (its record was deleted since) and must not
+                # rewrite history.
+                if value is not None and ps.store.get(key) is not None:
+                    continue
+                changes[key] = value
+        if journal:
+            changes.update(journal)
+        if watermark is not None:
+            # The watermark goes last; its record's fingerprint with it (see sow.logcheck).
+            changes.update(position or {WATERMARK_KEY: str(watermark).encode()})
+        ps.store.write(changes)
+        if watermark is not None:
+            ps.watermark = watermark
+        return changes
+
+    async def _perform(self, outcome: Outcome) -> None:
+        for sow_key, rec in outcome.rekeys:
+            hdrs = {**rec.headers, h.ORIGIN: f"{rec.partition}:{rec.offset}"}
+            await self._sender.send(
+                self.log_topic,
+                rec.value,
+                key=sow_key.encode(),
+                headers=h.to_kafka_headers(dict(hdrs)),
+            )
+        for rec, exc in outcome.dead:
+            log.warning(
+                "rejected record %s[%d]@%d: %s", self.log_topic, rec.partition, rec.offset, exc
+            )
+            letter = {
+                "topic": self.topic.name,
+                "message_type": self.topic.message_type,
+                "source_topic": self.log_topic,
+                "source_partition": rec.partition,
+                "source_offset": rec.offset,
+                "timestamp": rec.timestamp,
+                "key": rec.key,
+                "value": rec.value,
+                "headers": rec.headers,
+                "reason": exc.reason,
+                "error": str(exc),
+            }
+            await self._sender.send(
+                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
+            )
+        for rec, count, status, reason, message in outcome.acks:
+            reply_to = rec.headers.get(h.REPLY_TO)
+            if not reply_to:
+                continue
+            await self.reply(
+                reply_to,
+                {
+                    "command": "ack",
+                    "command_id": rec.headers.get(h.COMMAND_ID, ""),
+                    "topic": self.topic.name,
+                    "partition": rec.partition,
+                    "log_offset": rec.offset,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "count": count,
+                },
+            )
+
+
+def _position(outcome: Outcome) -> dict[bytes, bytes | None]:
+    """The store entries that record how far a batch applied the log: the fingerprint of its
+    last record, then the watermark (last, see ``_write``)."""
+    rec = outcome.last_record
+    mark = str(outcome.last).encode()
+    if rec is None or rec.offset != outcome.last:
+        return {WATERMARK_KEY: mark}
+    return {
+        APPLIED_RECORD_KEY: fingerprint(rec.offset, rec.timestamp, rec.key),
+        WATERMARK_KEY: mark,
+    }

@@ -1,0 +1,91 @@
+"""Time-driven upkeep of a topic's partitions: record expiry and History pruning."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+
+from sowstream.engine import metrics
+from sowstream.engine.apply import Applier
+from sowstream.engine.partition import HISTORY_PRUNE_SECONDS, wall_clock_ms
+from sowstream.sow.history import HISTORY_PREFIX, expired_versions
+from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.model import OOF_EXPIRED, Change
+
+log = logging.getLogger("sowstream.engine")
+
+
+class Maintenance(Applier):
+    """The maintenance stage, run by the worker's timers."""
+
+    async def expire_due(self, now_ms: int | None = None) -> int:
+        """Delete every record whose expiration has passed; returns how many were deleted."""
+        if not self._expires:
+            return 0
+        now = now_ms if now_ms is not None else wall_clock_ms()
+        total = 0
+        for p, ps in list(self._parts.items()):
+            if not ps.ready or not ps.expiry or ps.expiry[0][0] > now:
+                continue
+            async with ps.lock:
+                await self._settle(ps)
+                overlay: dict[bytes, SowRecord | None] = {}
+                before: dict[bytes, SowRecord | None] = {}
+                while ps.expiry and ps.expiry[0][0] <= now:
+                    due, key = heapq.heappop(ps.expiry)
+                    stored = self._load_record(ps, overlay, key)
+                    # Entries go stale when an update moves the expiration; only the current one
+                    # counts.
+                    if stored is None or stored.expiration != due:
+                        continue
+                    before[key] = stored
+                    overlay[key] = None
+                if overlay and self.subs:
+                    # Not a log operation: placed after everything the partition has applied,
+                    # ordered by expiry time (so the same on a replay).
+                    gone = sorted((r.expiration or 0, r.sow_key, r) for r in before.values() if r)
+                    expired = [
+                        Change(
+                            r.sow_key,
+                            r,
+                            None,
+                            p,
+                            ps.watermark,
+                            now,
+                            OOF_EXPIRED,
+                            seq=due * 1000 + i + 1,
+                        )
+                        for i, (due, _, r) in enumerate(gone)
+                    ]
+                    await self.deliver(self.subs.dispatch(expired, now), wait=True)
+                if overlay:
+                    journal = self.subs.take_journal(p)
+                    changes = self._write(ps, overlay, before, journal=journal)
+                    await ps.store.replicate(changes, self._sender.send)
+                    total += len(overlay)
+        if total:
+            metrics.EXPIRED.labels(self.topic.name).inc(total)
+        return total
+
+    async def prune_history(self, now_ms: int | None = None) -> int:
+        """Drop versions that left the History Window (at most once a minute)."""
+        if self._history is None or self._history.window_ms is None:
+            return 0
+        if time.monotonic() - self._pruned_at < HISTORY_PRUNE_SECONDS:
+            return 0
+        self._pruned_at = time.monotonic()
+        cutoff = (now_ms if now_ms is not None else wall_clock_ms()) - self._history.window_ms
+        total = 0
+        for ps in list(self._parts.values()):
+            if not ps.ready:
+                continue
+            async with ps.lock:
+                await self._settle(ps)
+                drop = expired_versions(ps.store.scan(prefix=HISTORY_PREFIX), cutoff)
+                if drop:
+                    changes: dict[bytes, bytes | None] = dict.fromkeys(drop)
+                    ps.store.write(changes)
+                    await ps.store.replicate(changes, self._sender.send)
+                    total += len(drop)
+        return total

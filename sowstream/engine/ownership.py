@@ -1,0 +1,225 @@
+"""Taking a partition on: loading or rebuilding its state, checking its log, reporting it."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from typing import Any
+
+import orjson
+
+from sowstream.engine import memo, metrics
+from sowstream.engine.apply import Applier
+from sowstream.engine.partition import PartitionState, wall_clock_ms
+from sowstream.engine.store import APPLIED_RECORD_KEY, WARNINGS_KEY, WATERMARK_KEY, is_record_key
+from sowstream.queues.store import queue_prefix
+from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
+from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.journal import JOURNAL_PREFIX
+from sowstream.subscriptions.model import LOG_RESET
+from sowstream.wire import headers as h
+
+log = logging.getLogger("sowstream.engine")
+
+
+class Ownership(Applier):
+    """The ownership stage: a partition's state made ready when the worker is assigned it."""
+
+    async def ready(self, partition: int) -> PartitionState:
+        """The partition's state, loading it on first use after an assignment."""
+        ps = self._parts.get(partition)
+        if ps is None:
+            ps = self._parts[partition] = PartitionState(self._new_store(partition))
+        if not ps.ready:
+            async with ps.lock:
+                if not ps.ready:
+                    await self._load(partition, ps)
+                    ps.folded = ps.watermark
+                    ps.ready = True
+        return ps
+
+    async def _load(self, partition: int, ps: PartitionState) -> None:
+        if self.topic.sow:
+            # Before the state: a transient topic's rebuild from the log keeps them current.
+            await self._load_memo(partition, ps)
+        await self._load_state(partition, ps)
+        for queue in self.queues:
+            entries = ps.store.scan(prefix=queue_prefix(queue.name))
+            queue.load(self.topic.name, partition, entries, ps.watermark)
+
+    async def _load_state(self, partition: int, ps: PartitionState) -> None:
+        if not self.topic.sow:
+            raw = ps.store.get(WATERMARK_KEY) if self._table is not None else None
+            if raw is not None:
+                ps.watermark = int(raw)  # a plain topic feeding queues goes on where it was
+                await self._check_log(partition, ps)
+            elif self._log_reader is not None and (
+                self._table is None or self.topic.recovery_point == "now"
+            ):
+                # Nothing is stored, so nothing to rebuild: serve what is published from now on.
+                ps.watermark = await self._log_reader.end_offset(partition)
+            return
+        raw = ps.store.get(WATERMARK_KEY)
+        transient = self.topic.durability == "transient"
+        if raw is not None and not transient:
+            ps.watermark = int(raw)
+            await self._check_log(partition, ps)
+            self.subs.restore(partition, ps.store.scan(prefix=JOURNAL_PREFIX), wall_clock_ms())
+        elif self._log_reader is not None:
+            await self._recover(partition, ps, transient)
+        if self._expires:
+            for key, value in ps.store.scan():
+                if is_record_key(key):
+                    rec = SowRecord.from_bytes(value)
+                    if rec.expiration is not None:
+                        heapq.heappush(ps.expiry, (rec.expiration, key))
+
+    async def _recover(self, partition: int, ps: PartitionState, transient: bool) -> None:
+        """Start a partition that has no state: fold the log from the RecoveryPoint.
+
+        Transient topics always come here; a persistent topic only when its state is new (or
+        lost), where ``epoch`` is left to the normal consumer (it starts at the beginning), and
+        ``now`` or a timestamp store the position just before the first record to apply, so
+        records older than the point never enter the SOW.
+        """
+        assert self._log_reader is not None
+        end = await self._log_reader.end_offset(partition)
+        start = await self._recovery_start(partition, end)
+        if transient:
+            if start <= end:
+                async for batch in self._log_reader.batches(partition, end, start):
+                    self._apply(ps, [r for r in batch if r.offset >= start], replay=True)
+            ps.watermark = max(ps.watermark, end)
+        elif start == 0:
+            return
+        else:
+            ps.watermark = start - 1
+            mark = {APPLIED_RECORD_KEY: None, WATERMARK_KEY: str(ps.watermark).encode()}
+            ps.store.write(mark)
+            await ps.store.replicate(mark, self._sender.send)
+        log.info(
+            "topic %s partition %d recovered from the log (RecoveryPoint %s, from offset %d) "
+            "up to offset %d",
+            self.topic.name,
+            partition,
+            self.topic.recovery_point,
+            start,
+            ps.watermark,
+        )
+
+    async def _recovery_start(self, partition: int, end: int) -> int:
+        """The first log offset the RecoveryPoint lets into the SOW (``end + 1``: none yet)."""
+        assert self._log_reader is not None
+        if self.topic.recovery_point == "now":
+            return end + 1
+        at_ms = self.topic.recovery_point_ms
+        if at_ms is None:
+            return 0
+        return await self._log_reader.offset_for_time(partition, at_ms)
+
+    async def verify_log(self, partition: int) -> bool:
+        """Check the partition's log is still the one it applied (the pump saw signs it is not:
+        its topic vanished or its offsets went back); True when it was found recreated.
+
+        Raises what the log reader raises while the log topic does not exist again yet.
+        """
+        ps = self._parts.get(partition)
+        if ps is None or not ps.ready:
+            return False
+        async with ps.lock:
+            if self._parts.get(partition) is not ps:
+                return False
+            await self._settle(ps)
+            return await self._check_log(partition, ps)
+
+    async def _check_log(self, partition: int, ps: PartitionState) -> bool:
+        """Compare the stored watermark with the log (under ps.lock, nothing in flight); if the
+        log was deleted and made again, keep the SOW and apply the new log from its start."""
+        if self._log_reader is None or ps.watermark < 0:
+            return False
+        end = await self._log_reader.end_offset(partition)
+        stored = ps.store.get(APPLIED_RECORD_KEY)
+        found = None
+        if stored is not None and end >= ps.watermark:
+            start = await self._log_reader.start_offset(partition)
+            if start <= ps.watermark:
+                async for batch in self._log_reader.batches(partition, ps.watermark, ps.watermark):
+                    rec = next((r for r in batch if r.offset == ps.watermark), None)
+                    if rec is not None:
+                        found = fingerprint(rec.offset, rec.timestamp, rec.key)
+                        break
+        reason = recreation(ps.watermark, end, stored, found)
+        if reason is None:
+            return False
+        await self._rebase(partition, ps, reason, end)
+        return True
+
+    async def _rebase(self, partition: int, ps: PartitionState, reason: str, end: int) -> None:
+        """Follow AMPS for a SOW newer than its log: take no action on the SOW, say so (log,
+        metric, ``sowstream status``), and apply the new log from its first record on."""
+        assert self._log_reader is not None
+        start = await self._log_reader.start_offset(partition)
+        entry = warning(
+            self.topic.name, partition, ps.watermark, start, end, reason, wall_clock_ms()
+        )
+        log.warning("%s", entry["message"])
+        metrics.LOGS_RECREATED.labels(self.topic.name, str(partition)).inc()
+        changes: dict[bytes, bytes | None] = {}
+        if self.topic.sow:
+            for key, value in ps.store.scan():
+                if is_record_key(key):
+                    changes[key] = rebased(SowRecord.from_bytes(value)).to_bytes()
+        changes[WARNINGS_KEY] = orjson.dumps(add_warning(self.warnings(ps), entry))
+        changes[APPLIED_RECORD_KEY] = None
+        changes[WATERMARK_KEY] = str(start - 1).encode()
+        ps.store.write(changes)
+        await ps.store.replicate(changes, self._sender.send)
+        ps.watermark = ps.folded = start - 1
+        # Subscribers drop messages at or below the last offset they saw: tell them the
+        # partition's offsets start over, or the new log's first messages would look like repeats.
+        reset = str(ps.watermark).encode()
+        for spec in self.subs.specs():
+            await self._sender.send_reply(
+                spec.reply_to,
+                b"",
+                [
+                    (h.COMMAND, LOG_RESET.encode()),
+                    (h.SUB_ID, spec.sub_id.encode()),
+                    (h.TOPIC, spec.topic.encode()),
+                    (h.PARTITION, str(partition).encode()),
+                    (h.OFFSET, reset),
+                ],
+            )
+
+    @staticmethod
+    def warnings(ps: PartitionState) -> list[dict[str, Any]]:
+        """The partition's stored status warnings, oldest first."""
+        raw = ps.store.get(WARNINGS_KEY)
+        return list(orjson.loads(raw)) if raw else []
+
+    async def partition_status(self, partition: int) -> dict[str, Any]:
+        """What ``sowstream status`` shows for one partition (loading it if needed)."""
+        ps = await self.ready(partition)
+        return {
+            "topic": self.topic.name,
+            "partition": partition,
+            "sow": self.topic.sow,
+            "watermark": ps.watermark,
+            "warnings": self.warnings(ps),
+        }
+
+    async def _load_memo(self, partition: int, ps: PartitionState) -> None:
+        """Take over the memo indexes the store holds; rebuild partial ones, build configured
+        ones that are missing (``Index``), so they are ready before the first query."""
+        found = memo.load(ps.store)
+        ps.memo = set(found.ready)
+        for path in sorted(found.partial):
+            if path in self.topic.indexes:
+                await self._build_memo(partition, ps, path)
+            else:
+                # Built on demand and never finished (a crash, a lost assignment): drop it, the
+                # next query that needs it builds it again.
+                await memo.drop(ps.store, path, self._sender.send, self._holds(partition, ps))
+        for path in self.topic.indexes:
+            if path not in ps.memo:
+                await self._build_memo(partition, ps, path)

@@ -1,0 +1,498 @@
+"""A topic processor's partitions: their state, how it is read, and what every stage shares.
+
+The stages of the processor (apply, ownership, queries, placement, maintenance) are layers of
+one class, each in its own module; this base holds the per-partition state, the store reads and
+index planning they all use, and the way replies and messages leave the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sowstream.config.models import TopicConfig
+from sowstream.engine import memo, metrics
+from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition, is_record_key
+from sowstream.errors import InvalidMessageError, SowstreamError, StateStoreError
+from sowstream.filters import Filter
+from sowstream.sow.expiration import processes_expiration
+from sowstream.sow.history import Version
+from sowstream.sow.layout import index_entries
+from sowstream.sow.memo import memo_entries
+from sowstream.sow.ops import RawRecord, parse_body, resolve_sow_key
+from sowstream.sow.planner import (
+    FullScan,
+    IndexLookup,
+    KeyLookup,
+    MemoLookup,
+    Plan,
+    UnionLookup,
+    describe,
+    memo_paths,
+    plan,
+    plan_name,
+)
+from sowstream.sow.query import QueryOptions
+from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
+from sowstream.subscriptions.model import Change, Delivery
+from sowstream.wire import headers as h
+from sowstream.wire.avro import encode
+from sowstream.wire.topics import TopicNames
+
+if TYPE_CHECKING:
+    from sowstream.engine.queues import QueueRuntime
+
+log = logging.getLogger("sowstream.engine")
+
+# Kafka's default max message size is 1 MB; stay well under it when packing a reply batch.
+MAX_REPLY_BYTES = 900_000
+SCAN_YIELD_EVERY = 5_000
+APPLIED_WAIT_SECONDS = 30.0
+DELIVERY_WAIT_SECONDS = 10.0
+HISTORY_PRUNE_SECONDS = 60.0
+# Batches of a partition whose subscription messages may be in flight at once (see process()).
+MAX_IN_FLIGHT = 4
+# Entries counted at most per memo lookup when choosing the most selective conjunct of an AND.
+ESTIMATE_CAP = 10_000
+
+
+class LogReader(Protocol):
+    """Reads a log partition directly, for rebuilding state that is not in a changelog."""
+
+    async def end_offset(self, partition: int) -> int:
+        """Offset of the last record in the partition (-1 when empty)."""
+
+    def batches(self, partition: int, until: int, start: int = 0) -> AsyncIterator[list[RawRecord]]:
+        """The partition's records from ``start`` (default: the beginning) up to ``until``."""
+
+    async def offset_for_time(self, partition: int, at_ms: int) -> int:
+        """The first offset whose log time is at or after ``at_ms`` (the end if none is)."""
+
+    async def start_offset(self, partition: int) -> int:
+        """Offset of the first record the partition still holds (its end when empty)."""
+
+
+class Sender:
+    """How the processor talks to Kafka; the worker supplies one backed by faust's producer."""
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any] | None:
+        """Queue one record for production; returns its delivery future when there is one."""
+        raise NotImplementedError
+
+    async def send_reply(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any] | None:
+        """Queue a reply for a client; a client that has gone away must not hold the engine up.
+
+        Returns the delivery future, or None when the reply was dropped (client gone).
+        """
+        raise NotImplementedError
+
+
+@dataclass
+class Outcome:
+    """What applying a batch produced: store changes to replicate, then messages to send."""
+
+    changes: dict[bytes, bytes | None] = field(default_factory=dict)
+    overlay: dict[bytes, SowRecord | None] = field(default_factory=dict)
+    before: dict[bytes, SowRecord | None] = field(default_factory=dict)
+    last: int = -1
+    last_record: RawRecord | None = None  # the record at ``last``: its fingerprint is stored
+    events: list[Change] = field(default_factory=list)
+    rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
+    dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
+    acks: list[tuple[RawRecord, int, str, str, str]] = field(default_factory=list)
+    versions: list[Version] = field(default_factory=list)
+    journal: dict[bytes, bytes | None] = field(default_factory=dict)  # conflation journal, queues
+    # Applied publishes for queues: (offset, timestamp, data, body, expiration ms or None).
+    enqueued: list[tuple[int, int, bytes, dict[str, Any], int | None]] = field(default_factory=list)
+
+
+@dataclass
+class InFlight:
+    """A folded batch whose subscription messages are sent but not yet acknowledged by Kafka."""
+
+    outcome: Outcome
+    sent: list[asyncio.Future[Any]]
+
+
+@dataclass
+class PartitionState:
+    """State of one assigned partition: its store, applied offset and expiry schedule.
+
+    ``watermark`` is the last log offset stored; ``folded`` the last one folded, which runs ahead
+    while batches wait in ``in_flight`` for their messages' acknowledgements.
+    """
+
+    store: PartitionStore
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    watermark: int = -1
+    folded: int = -1
+    applied: asyncio.Condition = field(default_factory=asyncio.Condition)
+    expiry: list[tuple[int, bytes]] = field(default_factory=list)
+    ready: bool = False
+    in_flight: deque[InFlight] = field(default_factory=deque)
+    committer: asyncio.Task[None] | None = None
+    failure: Exception | None = None  # why storing a batch failed; the partition is unusable
+    memo: set[str] = field(default_factory=set)  # fields whose memo index is complete and kept
+
+    async def wake(self) -> None:
+        """Wake everyone waiting on this partition's progress (they re-check what they need)."""
+        async with self.applied:
+            self.applied.notify_all()
+
+
+class PartitionMoved(Exception):
+    """The partition was revoked while a command waited for it."""
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ProcessorBase:
+    """The state and shared reads of one topic's processor; see :class:`TopicProcessor`."""
+
+    def __init__(
+        self,
+        topic: TopicConfig,
+        names: TopicNames,
+        sender: Sender,
+        *,
+        table: Any | None = None,
+        log_reader: LogReader | None = None,
+        entitlement: EntitlementLookup | None = None,
+    ) -> None:
+        self.topic = topic
+        self.codec = topic.codec
+        self._parse = self.codec.parse  # bound once: the scan and match loops call it per record
+        self.subs = TopicSubscriptions(
+            topic, entitlement, current=self._current_record if topic.sow else None
+        )
+        # Queues whose underlying topics include this one (set up by the engine).
+        self.queues: list[QueueRuntime] = []
+        self.names = names
+        self.log_topic = names.log(topic.name, topic.message_type)
+        self._sender = sender
+        self._table = table
+        self._log_reader = log_reader
+        self._parts: dict[int, PartitionState] = {}
+        self._expires = processes_expiration(topic.expiration)
+        self._index_fields = [tuple(f) for f in topic.hash_indexes]
+        self._history = topic.history if topic.sow else None
+        self._pruned_at = 0.0
+
+    def _new_store(self, partition: int) -> PartitionStore:
+        if self.topic.durability == "transient" or self._table is None:
+            return MemoryPartition()
+        return RocksPartition(self._table, partition)
+
+    async def drop(self, partitions: Iterable[int]) -> None:
+        """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
+        for p in partitions:
+            self.subs.drop_partition(p)
+            for queue in self.queues:
+                queue.drop(self.topic.name, p)
+            ps = self._parts.pop(p, None)
+            if ps is not None:
+                await ps.wake()  # queries waiting on it give up
+
+    def state(self, partition: int) -> PartitionState | None:
+        """The partition's current state, None when it is not held."""
+        return self._parts.get(partition)
+
+    @property
+    def partitions(self) -> list[int]:
+        """Partitions this worker currently holds state for."""
+        return sorted(self._parts)
+
+    async def _settle(self, ps: PartitionState, keep: int = 0) -> None:
+        """Wait until at most ``keep`` batches are in flight (by default: all stored).
+
+        Readers of the store (queries, placements, expiry) call it under the partition lock, so
+        what they read is complete and nothing new is folded meanwhile.
+        """
+        async with ps.applied:
+            while True:
+                if ps.failure is not None:
+                    raise StateStoreError(
+                        f"topic {self.topic.name!r}: storing a batch failed: {ps.failure}"
+                    ) from ps.failure
+                if len(ps.in_flight) <= keep:
+                    return
+                await ps.applied.wait()
+
+    def _load_record(
+        self, ps: PartitionState, overlay: dict[bytes, SowRecord | None], key: bytes
+    ) -> SowRecord | None:
+        if key in overlay:
+            return overlay[key]
+        for flight in reversed(ps.in_flight):
+            if key in flight.outcome.overlay:
+                return flight.outcome.overlay[key]
+        raw = ps.store.get(key)
+        return SowRecord.from_bytes(raw) if raw is not None else None
+
+    def _plain_key(self, rec: RawRecord, command: str) -> str | None:
+        """The message's key on a plain topic (None for a delete, which does nothing here)."""
+        if command not in h.LOG_COMMANDS:
+            raise InvalidMessageError(
+                f"topic {self.topic.name!r}: unknown command {command!r} in header {h.COMMAND}",
+                topic=self.topic.name,
+                reason="unknown_command",
+            )
+        if command == h.SOW_DELETE:
+            return None
+        body = parse_body(self.topic, rec.value, delta=command == h.DELTA_PUBLISH)
+        if not self.topic.user_supplied_keys:
+            return resolve_sow_key(self.topic, body, None)
+        return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"
+
+    def _index_entries(
+        self, key: bytes, record: SowRecord | None, memo_fields: Iterable[str] = ()
+    ) -> set[bytes]:
+        """Hash-index and memo-index entries of a record (parsed once for both)."""
+        body = self._parse(record.data) if record else None
+        entries = index_entries(self._index_fields, key, body)
+        if memo_fields:
+            entries |= memo_entries(memo_fields, key, body)
+        return entries
+
+    def _index_changes(
+        self,
+        changes: dict[bytes, bytes | None],
+        key: bytes,
+        old: SowRecord | None,
+        new: SowRecord | None,
+        memo_fields: Iterable[str] = (),
+    ) -> None:
+        old_entries = self._index_entries(key, old, memo_fields)
+        new_entries = self._index_entries(key, new, memo_fields)
+        for entry in old_entries - new_entries:
+            changes[entry] = None
+        for entry in new_entries - old_entries:
+            changes[entry] = b""
+
+    async def reply(self, reply_to: str, body: dict[str, Any]) -> None:
+        """Send one Reply message to a client's reply topic (dropped if the client is gone)."""
+        await self._sender.send_reply(reply_to, encode("Reply", body))
+
+    async def deliver(
+        self, deliveries: Sequence[Delivery], *, wait: bool = False
+    ) -> list[asyncio.Future[Any]]:
+        """Send subscription messages; with ``wait``, until Kafka has them all.
+
+        Returns the delivery futures of the messages sent.
+        """
+        futures: list[asyncio.Future[Any]] = []
+        if not deliveries:
+            return futures
+        for d in deliveries:
+            fut = await self._sender.send_reply(d.spec.reply_to, d.data, live_headers(d))
+            if fut is not None:
+                futures.append(fut)
+        metrics.DELIVERED.labels(self.topic.name).inc(len(deliveries))
+        if wait:
+            await self._acknowledged(futures)
+        return futures
+
+    async def _acknowledged(self, futures: list[asyncio.Future[Any]]) -> None:
+        """Wait until Kafka has acknowledged ``futures``, for a bounded time."""
+        if futures:
+            # Bounded: a reply topic deleted under us must not hold the partition for the
+            # producer's whole delivery timeout (its client is gone anyway).
+            _, late = await asyncio.wait(futures, timeout=DELIVERY_WAIT_SECONDS)
+            if late:
+                log.warning(
+                    "topic %s: %d subscription messages not acknowledged by Kafka within %.0fs",
+                    self.topic.name,
+                    len(late),
+                    DELIVERY_WAIT_SECONDS,
+                )
+
+    def _current_record(self, partition: int, sow_key: str) -> SowRecord | None:
+        """The record ``partition`` holds under ``sow_key`` now, batches in flight included."""
+        ps = self._parts.get(partition)
+        return self._load_record(ps, {}, sow_key.encode()) if ps is not None else None
+
+    def _holds(self, partition: int, ps: PartitionState) -> Callable[[], bool]:
+        """Whether ``ps`` is still this worker's state of ``partition`` (not revoked)."""
+        return lambda: self._parts.get(partition) is ps
+
+    async def _build_memo(self, partition: int, ps: PartitionState, path: str) -> None:
+        """Build the memo index on ``path`` (under the partition lock, nothing in flight)."""
+        started = time.perf_counter()
+        try:
+            built = await memo.build(
+                ps.store, path, self._sender.send, self._holds(partition, ps), self.topic.codec
+            )
+        except SowstreamError as exc:
+            # The store refused the writes (disk full, ...): queries scan instead, and the index
+            # (still marked as building) is built again by the next query that needs it.
+            log.error(
+                "topic %s partition %d: building the memo index on %s failed, scanning instead: %s",
+                self.topic.name,
+                partition,
+                path,
+                exc,
+            )
+            return
+        if built:
+            ps.memo.add(path)
+            metrics.MEMO_BUILDS.labels(self.topic.name).inc()
+            log.info(
+                "topic %s partition %d: memo index on %s built in %.3fs",
+                self.topic.name,
+                partition,
+                path,
+                time.perf_counter() - started,
+            )
+
+    async def _query_plan(
+        self,
+        partition: int,
+        ps: PartitionState,
+        flt: Filter | None,
+        sow_keys: Sequence[str] | None = None,
+    ) -> Plan:
+        """Plan a query under the partition lock, building the memo indexes it needs first.
+
+        A range, BEGINS WITH, ENDS WITH or LIKE on a field without a memo index builds one
+        here, on the query that first needs it; afterwards every write keeps it current.
+        """
+
+        def estimate(lookup: MemoLookup) -> int:
+            return memo.count(ps.store, lookup, ESTIMATE_CAP)
+
+        how = plan(self.topic, flt, sow_keys, memo_ready=ps.memo, memo_auto=True, estimate=estimate)
+        for path in sorted(memo_paths(how) - ps.memo):
+            await self._build_memo(partition, ps, path)
+        if not memo_paths(how) <= ps.memo:
+            how = FullScan()  # a build gave up (the partition moved): the scan is always right
+        metrics.QUERY_PLANS.labels(self.topic.name, plan_name(how)).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "topic %s partition %d: filter %r answered by %s",
+                self.topic.name,
+                partition,
+                flt.text if flt is not None else None,
+                describe(how),
+            )
+        return how
+
+    def _candidate_keys(self, ps: PartitionState, how: Plan) -> Iterator[bytes]:
+        if isinstance(how, KeyLookup):
+            yield from (k.encode() for k in how.sow_keys)
+        elif isinstance(how, IndexLookup):
+            for prefix in how.prefixes:
+                for entry, _ in ps.store.scan(prefix=prefix):
+                    yield entry[len(prefix) :]
+        elif isinstance(how, MemoLookup):
+            # Key order, repeats dropped: the records come out as a scan would give them.
+            yield from sorted(set(memo.candidates(ps.store, how)))
+        elif isinstance(how, UnionLookup):
+            keys: set[bytes] = set()
+            for part in how.parts:
+                keys.update(self._candidate_keys(ps, part))
+            yield from sorted(keys)
+        else:
+            for key, _ in ps.store.scan():
+                if is_record_key(key):
+                    yield key
+
+    async def _matching(
+        self,
+        ps: PartitionState,
+        how: Plan,
+        opts: QueryOptions,
+        visible: Filter | None = None,
+        records: Iterable[SowRecord] | None = None,
+    ) -> list[tuple[SowRecord, dict[str, Any] | None]]:
+        """Records of the partition that match (and ``visible`` allows), read under its lock.
+
+        ``records`` replaces the stored state (a historical query passes the state as of then).
+        """
+        out: list[tuple[SowRecord, dict[str, Any] | None]] = []
+        flt = opts.filter
+        need_parsed = flt is not None or visible is not None or bool(opts.order_by)
+        # An expired record may still wait for the next expiry sweep; never show it.
+        now = wall_clock_ms() if self._expires else None
+        seen = 0
+        for rec in records if records is not None else self._stored(ps, how):
+            seen += 1
+            if seen % SCAN_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if now is not None and rec.expiration is not None and rec.expiration <= now:
+                continue
+            parsed = self._parse(rec.data) if need_parsed else None
+            if flt is not None and not flt.matches(parsed):  # type: ignore[arg-type]
+                continue
+            if visible is not None and not visible.matches(parsed):  # type: ignore[arg-type]
+                continue
+            out.append((rec, parsed))
+        return out
+
+    def _stored(self, ps: PartitionState, how: Plan) -> Iterator[SowRecord]:
+        if isinstance(how, FullScan):
+            for key, raw in ps.store.scan():
+                if is_record_key(key):
+                    yield SowRecord.from_bytes(raw)
+            return
+        for key in self._candidate_keys(ps, how):
+            value = ps.store.get(key)
+            if value is not None:
+                yield SowRecord.from_bytes(value)
+
+    async def _wait_applied(self, partition: int, ps: PartitionState, offset: int) -> None:
+        if offset < 0 or ps.watermark >= offset:
+            return
+        deadline = time.monotonic() + APPLIED_WAIT_SECONDS
+        async with ps.applied:
+            while ps.watermark < offset:
+                if self._parts.get(partition) is not ps:
+                    raise PartitionMoved
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SowstreamError(
+                        f"topic {self.topic.name!r}: the log was not applied up to offset "
+                        f"{offset} within {APPLIED_WAIT_SECONDS:.0f}s"
+                    )
+                try:
+                    await asyncio.wait_for(ps.applied.wait(), remaining)
+                except TimeoutError:
+                    continue
+
+
+def live_headers(d: Delivery) -> list[tuple[str, bytes]]:
+    """Kafka headers of a live subscription message (documented in docs/protocol.md)."""
+    pairs = [
+        (h.COMMAND, d.command.encode()),
+        (h.SUB_ID, d.spec.sub_id.encode()),
+        (h.TOPIC, d.spec.topic.encode()),
+        (h.PARTITION, str(d.partition).encode()),
+        (h.OFFSET, str(d.offset).encode()),
+        (h.TIMESTAMP, str(d.timestamp).encode()),
+    ]
+    if not d.spec.options.no_sowkey:
+        pairs.append((h.SOW_KEY, d.sow_key.encode()))
+    if d.reason:
+        pairs.append((h.REASON, d.reason.encode()))
+    if d.is_delta:
+        pairs.append((h.DELTA, b"1"))
+    if d.seq:
+        pairs.append((h.SEQ, str(d.seq).encode()))
+    return pairs
