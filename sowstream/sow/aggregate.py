@@ -49,7 +49,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,11 +173,11 @@ class _Source:
             raise self.error(exc.position, f"{problem} (in {what})" if what else problem) from None
 
 
-def _filter_problem(exc: FilterError) -> str:
+def _filter_problem(exc: FilterError, aggregates: Collection[str] = AGGREGATE_FUNCTIONS) -> str:
     """The filter parser's complaint, with the aggregate functions named where they could help."""
     if exc.reason.startswith("unknown function"):
         return (
-            f"{exc.reason}: the aggregate functions are {', '.join(AGGREGATE_FUNCTIONS)} and the "
+            f"{exc.reason}: the aggregate functions are {', '.join(aggregates)} and the "
             f"other functions {', '.join(sorted(ast.FUNCTIONS))}"
         )
     return exc.reason
@@ -279,7 +279,9 @@ def _closing(masked: str, open_at: int) -> int:
     return len(masked)  # unreachable for text the parser accepted up to the call's end
 
 
-def _parse_expression(src: _Source, start: int, end: int) -> tuple[ast.Expr, dict[int, _Call]]:
+def _parse_expression(
+    src: _Source, start: int, end: int, aggregates: Collection[str] = AGGREGATE_FUNCTIONS
+) -> tuple[ast.Expr, dict[int, _Call]]:
     """Parse ``text[start:end]``, a filter expression that may hold aggregate calls.
 
     The filter grammar knows no aggregates, so each call surfaces as an "unknown function" error
@@ -298,8 +300,8 @@ def _parse_expression(src: _Source, start: int, end: int) -> tuple[ast.Expr, dic
         except FilterError as exc:
             unknown = _UNKNOWN_FUNCTION.fullmatch(exc.reason)
             name = unknown.group(1).upper() if unknown else ""
-            if name not in _AGGREGATES:
-                raise src.error(exc.position, _filter_problem(exc)) from None
+            if name not in aggregates:
+                raise src.error(exc.position, _filter_problem(exc, aggregates)) from None
             at = exc.position
         open_at = masked.index("(", at)
         close_at = _closing(masked, open_at)
@@ -331,7 +333,9 @@ class _Entry:
     calls: dict[int, _Call]  # keyed by the position of the path standing for the call
 
 
-def _projection_entry(src: _Source, start: int, end: int) -> _Entry:
+def _projection_entry(
+    src: _Source, start: int, end: int, aggregates: Collection[str] = AGGREGATE_FUNCTIONS
+) -> _Entry:
     masked = src.masked
     depths = _depths(masked, start, end)
     hits = [m for m in _AS.finditer(masked, start, end) if depths[m.start() - start] == 0]
@@ -360,7 +364,7 @@ def _projection_entry(src: _Source, start: int, end: int) -> _Entry:
         output = target
         expr_end = len(masked[:expr_end].rstrip())
 
-    expr, by_pos = _parse_expression(src, start, expr_end)
+    expr, by_pos = _parse_expression(src, start, expr_end, aggregates)
 
     if output is None:
         if not isinstance(expr, ast.Path) or expr.pos in by_pos:
@@ -1014,3 +1018,54 @@ def parse_aggregation(
                 )
         entries.append(entry)
     return Aggregation(paths, entries, grouping_text=grouping, projection_text=projection)
+
+
+# ---------------------------------------------------------------------------- shared with views
+# Maintained views (sowstream.views) read projection fields with this parser and group, compare
+# and spell values with these rules, so that an aggregated query and a view with the same
+# projection give the same records.
+
+ProjectionEntry = _Entry
+"""A parsed projection field: ``output`` path, ``expr`` with each aggregate call replaced by a
+path at the call's position, and ``calls`` (:class:`AggregateCall`) keyed by that position."""
+AggregateCall = _Call
+field_value = _field_value
+group_component = _component
+spelling_rank = _spelling_rank
+rewrite_expr = _rewrite
+set_output_path = _set_path
+output_number = _output_number
+finite_number = _number
+mask_strings = _mask_strings
+
+
+def parse_projection_field(
+    text: str, *, aggregates: Collection[str] = AGGREGATE_FUNCTIONS
+) -> ProjectionEntry:
+    """Parse one projection entry (``SUM(/qty) AS /total``), without the surrounding list.
+
+    ``aggregates`` names the functions read as aggregate calls (views accept more than queries).
+    Raises :class:`AggregationError` with the 0-based position in ``text``.
+    """
+    src = _source("projection", text, 0)
+    masked = src.masked
+    start = len(masked) - len(masked.lstrip())
+    end = len(masked.rstrip())
+    if start >= end:
+        raise src.error(0, "the projection field is empty")
+    return _projection_entry(src, start, end, tuple(aggregates))
+
+
+def parse_grouping_field(text: str) -> str:
+    """The field path of one grouping entry (``/region``); AggregationError if it is not one."""
+    src = _source("grouping", text, 0)
+    start = len(text) - len(text.lstrip())
+    try:
+        node: ast.Expr | None = parse_filter(text)
+    except FilterError:
+        node = None
+    if not isinstance(node, ast.Path):
+        raise src.error(
+            start, f"grouping lists field paths such as /region, not {src.fragment(0, len(text))!r}"
+        )
+    return node.text

@@ -1,0 +1,212 @@
+"""Keep one view up to date from its underlying topics' changes, and recompute it naively.
+
+:meth:`ViewMaintainer.apply` takes one underlying change (topic, SowKey, before and after
+images, and ``seq``, the change's position in the view's input) and returns the view records it
+creates, updates or deletes. No group is ever recomputed from scratch: a change retracts the
+old contribution of the rows it touches and adds the new one.
+
+:meth:`ViewMaintainer.recompute` computes the view from the underlying topics' current state by
+the definition alone (nested-loop join, grouping by dict, aggregates over plain lists). It is the
+reference the incremental state must equal after every change, and the recovery check.
+
+Replays: a change whose ``seq`` is not above the last one applied is a duplicate (an engine
+that restarts from an older input offset replays changes the saved state already holds) and is
+ignored, so applying a change twice is harmless as long as ``seq`` strictly increases along the
+view's input and is saved with the state (:meth:`to_bytes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sowstream.config.views import ViewConfig
+from sowstream.sow.aggregate import spelling_rank
+from sowstream.sow.keys import sow_key_from_values
+from sowstream.views.accumulators import ACCUMULATORS, StateError
+from sowstream.views.groups import GroupTable
+from sowstream.views.joins import PRESERVE, JoinState, Side, StoredRow, join_rows_naive
+from sowstream.views.projection import Row, group_key, key_texts
+
+__all__ = ["ViewChange", "ViewMaintainer"]
+
+STATE_VERSION = 1
+
+UnderlyingState = Mapping[str, Mapping[str, tuple[dict[str, Any], int]]]
+"""Per underlying topic, per SowKey: (current record, seq of its latest change)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChange:
+    """One view record written or removed by a change.
+
+    ``record`` is the new state, or None when the group emptied and the record is deleted (its
+    subscribers get an ``oof``, reason ``deleted``, with ``previous`` as the body). ``previous``
+    is the record before the change (None for a new group).
+    """
+
+    sow_key: str
+    record: dict[str, Any] | None
+    previous: dict[str, Any] | None
+
+    @property
+    def deleted(self) -> bool:
+        return self.record is None
+
+
+class ViewMaintainer:
+    """Incremental state of one view: its groups and, for joins, the joined topics' rows."""
+
+    def __init__(self, view: ViewConfig, *, preserve: Side = PRESERVE, outer: bool = True) -> None:
+        compiled = view.compile(preserve)
+        self.view = view
+        self.projection = compiled.projection
+        self.plan = compiled.plan
+        self.outer = outer
+        self.groups = GroupTable(self.projection, view.effective_key_domain)
+        self.joins: JoinState | None = None
+        if self.plan is not None:
+            self.joins = JoinState(
+                self.plan, null_equivalent=view.join_null_equivalency, outer=outer
+            )
+        self._topic_index = {t.topic: i for i, t in enumerate(self.projection.topics)}
+        self.last_seq = -1
+
+    # ---- incremental
+
+    def apply(
+        self,
+        topic: str,
+        sow_key: str,
+        before: Mapping[str, Any] | None,
+        after: Mapping[str, Any] | None,
+        *,
+        seq: int,
+    ) -> list[ViewChange]:
+        """Apply one underlying change; returns the view changes, one per touched group.
+
+        ``before`` is the record's previous image (None for an insert), ``after`` its new one
+        (None for a delete). Join views keep their rows and read the previous image from there.
+        """
+        if topic not in self._topic_index:
+            raise ValueError(f"view {self.view.name!r} does not read topic {topic!r}")
+        if seq <= self.last_seq:
+            return []  # already applied: a replay after a restart
+        touched: dict[str, dict[str, Any] | None] = {}
+
+        def touch(key: str) -> None:
+            if key not in touched:
+                touched[key] = self.groups.record(key)
+
+        if self.joins is None:
+            p = self.projection
+            if before is not None and p.matches(before):
+                touch(self.groups.key_of(before))
+                self.groups.retract(before, sow_key)
+            if after is not None and p.matches(after):
+                touch(self.groups.key_of(after))
+                self.groups.add(after, sow_key, seq)
+        else:
+            stored = None if after is None else StoredRow(dict(after), seq)
+            removed, added = self.joins.apply(self._topic_index[topic], sow_key, stored)
+            for row in removed:
+                data = row.as_row()
+                touch(self.groups.key_of(data))
+                self.groups.retract(data, row.row_id)
+            for row in added:
+                data = row.as_row()
+                touch(self.groups.key_of(data))
+                self.groups.add(data, row.row_id, row.seq)
+        self.last_seq = seq
+        changes: list[ViewChange] = []
+        for key, previous in touched.items():
+            record = self.groups.record(key)
+            if record is None and previous is None:
+                continue  # a group that appeared and vanished within this change
+            changes.append(ViewChange(self.groups.sow_key(key), record, previous))
+        return changes
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """The view as it stands: SowKey -> record."""
+        return dict(self.groups.records())
+
+    # ---- the reference
+
+    def recompute(self, underlying: UnderlyingState) -> dict[str, dict[str, Any]]:
+        """The view computed from scratch from the underlying topics' state (SowKey -> record).
+
+        Used as the reference: the incremental state must always equal it.
+        """
+        p = self.projection
+        rows: list[tuple[Row, str, int]] = []
+        if self.plan is None:
+            topic = p.topics[0].topic
+            for sow_key, (record, seq) in underlying.get(topic, {}).items():
+                if p.matches(record):
+                    rows.append((record, sow_key, seq))
+        else:
+            tables = [
+                {k: StoredRow(r, s) for k, (r, s) in underlying.get(t.topic, {}).items()}
+                for t in self.plan.topics
+            ]
+            for joined in join_rows_naive(
+                self.plan,
+                tables,
+                null_equivalent=self.view.join_null_equivalency,
+                outer=self.outer,
+            ):
+                rows.append((joined.as_row(), joined.row_id, joined.seq))
+        grouped: dict[str, list[tuple[Row, str, int]]] = {}
+        for item in rows:
+            grouped.setdefault(group_key(p.group_values(item[0])), []).append(item)
+        out: dict[str, dict[str, Any]] = {}
+        for members in grouped.values():
+            values_per_field = list(zip(*(p.group_values(r) for r, _, _ in members), strict=True))
+            shown = [min(vs, key=spelling_rank) for vs in values_per_field]
+            inputs = [p.inputs(r) for r, _, _ in members]
+            results = [
+                ACCUMULATORS[agg.name].compute([v for row in inputs for v in row[slot]])
+                for slot, agg in enumerate(p.aggregates)
+            ]
+            latest = max(members, key=lambda m: (m[2], m[1]))
+            loose = p.loose_values(latest[0]) if p.loose else []
+            sow_key = sow_key_from_values(self.groups.key_domain, key_texts(shown))
+            out[sow_key] = p.assemble(shown, results, loose)
+        return out
+
+    # ---- state
+
+    def to_bytes(self) -> bytes:
+        """The whole state (groups, join rows, last seq) as one orjson document."""
+        return orjson.dumps(
+            {
+                "version": STATE_VERSION,
+                "last_seq": self.last_seq,
+                "groups": self.groups.encode(),
+                "rows": None if self.joins is None else self.joins.encode(),
+            }
+        )
+
+    def load_bytes(self, data: bytes) -> None:
+        """Replace this maintainer's state with one :meth:`to_bytes` produced."""
+        try:
+            state = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise StateError(f"view {self.view.name!r}: state is not JSON: {exc}") from None
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise StateError(f"view {self.view.name!r}: unknown state version")
+        self.groups.load(state["groups"])
+        if self.joins is not None:
+            self.joins.load(state["rows"])
+        self.last_seq = int(state["last_seq"])
+
+    @classmethod
+    def from_bytes(
+        cls, view: ViewConfig, data: bytes, *, preserve: Side = PRESERVE, outer: bool = True
+    ) -> ViewMaintainer:
+        maintainer = cls(view, preserve=preserve, outer=outer)
+        maintainer.load_bytes(data)
+        return maintainer
