@@ -127,7 +127,7 @@ def _publish(
 ) -> None:
     with Client(bootstrap, prefix=prefix, message_type=message_type) as client:
         send = client.publish if command == "publish" else client.delta_publish
-        codec = client.topic_info(topic).codec
+        codec = client.topic_info(topic, declare=True).codec
         count = 0
         for body in _messages(payload):
             data = payload_for(body, codec, soh)

@@ -300,9 +300,14 @@ class Client:
         """The message type a command targets: its own, else the client's."""
         return self.message_type if message_type is None else _type_name(message_type)
 
-    def topic_info(self, topic: str, message_type: str | None = None) -> TopicInfo:
+    def topic_info(
+        self, topic: str, message_type: str | None = None, *, declare: bool = False
+    ) -> TopicInfo:
         """The definition of ``topic`` of ``message_type`` (default: the client's), refreshing
-        once if it is not known yet."""
+        once if it is not known yet. With ``declare``, a json topic in no configuration is
+        created first, as a publish to it would (``engine.auto_create_topics``)."""
+        if declare:
+            return self._topic_or_declare(topic, message_type)
         ident = topic_ident(topic, self._type(message_type))
         info = self._topics.get(ident) or self.refresh_topics().get(ident)
         if info is None:
