@@ -1,7 +1,7 @@
 """Reading the ``<SOW>`` section of an AMPS configuration file as-is, so AMPS users can migrate.
 
-Topics and queues are read; what sowstream cannot honour yet (other message types, key
-generators, enrichment, views, ...) is an error, or with ``skip_unsupported`` a warning that
+Topics, queues and views are read; what sowstream cannot honour yet (enrichment, conflated
+topics, ...) is an error, or with ``skip_unsupported`` a warning that
 skips the topic or element.
 Storage-sizing elements are accepted and ignored: RocksDB manages storage here.
 """
@@ -28,6 +28,15 @@ from sowstream.config.queues import (
     check_queues,
 )
 from sowstream.config.units import parse_size
+from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
+from sowstream.config.views import (
+    VIEW_TAGS,
+    ViewConfig,
+    ViewProblem,
+    check_view_sources,
+    check_views,
+    view_from_xml,
+)
 from sowstream.messagetypes import registry
 
 log = logging.getLogger("sowstream.config")
@@ -35,7 +44,7 @@ log = logging.getLogger("sowstream.config")
 ROOTS = ("AMPSConfig", "SOW", "TopicMetaData")
 SOW_SECTIONS = ("SOW", "TopicMetaData")
 TOPIC_ELEMENTS = ("Topic", "TopicDefinition")
-UNSUPPORTED_DEFINITIONS = ("View", "ConflatedTopic")
+UNSUPPORTED_DEFINITIONS = ("ConflatedTopic",)
 UNSUPPORTED_TOPIC_ELEMENTS = ("Preprocessing", "Enrichment", "Pattern")
 
 _STORAGE_FILE = "sowstream keeps SOW state in RocksDB under engine.data_dir, not in a SOW file"
@@ -130,15 +139,23 @@ def load_amps_xml(
     topics: list[TopicConfig] = []
     defined_at: dict[str, str] = {}
     queues: list[tuple[QueueConfig, str, dict[str, str]]] = []
+    views: list[tuple[ViewConfig, str]] = []
+    order: list[str] = []  # every definition's name in document order (views read earlier ones)
     for section in sections:
         position = 0
         queue_position = 0
+        view_position = 0
         for child in section:
             if child.tag in ELEMENT_KINDS:
                 queue_position += 1
                 queue = _queue(child, section.tag, queue_position, source, skip_unsupported)
                 if queue is not None:
                     queues.append(queue)
+                    order.append(queue[0].name)
+            elif child.tag in VIEW_TAGS:
+                view_position += 1
+                views.append(view_from_xml(child, section.tag, view_position, source))
+                order.append(views[-1][0].name)
             elif child.tag in TOPIC_ELEMENTS:
                 position += 1
                 found = _topic(child, section.tag, position, source, skip_unsupported, modules)
@@ -155,6 +172,7 @@ def load_amps_xml(
                     )
                 defined_at[topic.ident] = path
                 topics.append(topic)
+                order.append(topic.name)
             else:
                 _not_a_topic(child, section.tag, source, skip_unsupported)
     try:
@@ -164,8 +182,18 @@ def load_amps_xml(
         tag = tag_of.get(exc.field, FIELD_ELEMENTS.get(exc.field, exc.field))
         raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
     try:
+        check_views([v for v, _ in views], order)
+        check_view_sources([v for v, _ in views], topics, [q.name for q, _, _ in queues])
+    except ViewProblem as exc:
+        view_path = views[exc.index][1]
+        tag = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)
+        raise ConfigError(source=source, element=f"{view_path}/{tag}", problem=str(exc)) from None
+    try:
         return SowstreamConfig(
-            topics=tuple(topics), queues=tuple(q for q, _, _ in queues), source=source
+            topics=tuple(topics),
+            queues=tuple(q for q, _, _ in queues),
+            views=tuple(v for v, _ in views),
+            source=source,
         )
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "SOW") from None

@@ -43,6 +43,14 @@ from sowstream.config.queues import (
     QueueProblem,
     check_queues,
 )
+from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
+from sowstream.config.views import (
+    ViewConfig,
+    ViewProblem,
+    check_view_sources,
+    check_views,
+    view_from_yaml,
+)
 
 # YAML key -> TopicConfig field.
 TOPIC_KEYS: dict[str, str] = {
@@ -166,7 +174,9 @@ def load_yaml_text(
             element="document",
             problem=f"expected a mapping with 'engine' and 'sow' keys, got {_kind(document)}",
         )
-    _check_keys(document, ("engine", "sow", "topics", "queues", "entitlements"), "", source)
+    _check_keys(
+        document, ("engine", "sow", "topics", "queues", "views", "entitlements"), "", source
+    )
     engine = _engine(document.get("engine"), source)
 
     sow = _items(document.get("sow"), "sow", "topics ('- Name: orders' items)", source)
@@ -213,8 +223,11 @@ def load_yaml_text(
         defined_at[topic.ident] = element
         topics.append(topic.model_copy(update={"sow": False}))
     queues = _queues(document.get("queues"), topics, source, skip_unsupported)
+    views = _views(document.get("views"), topics, queues, source)
     try:
-        config = SowstreamConfig(engine=engine, topics=tuple(topics), queues=queues, source=source)
+        config = SowstreamConfig(
+            engine=engine, topics=tuple(topics), queues=queues, views=views, source=source
+        )
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "sow") from None
     entitlements = document.get("entitlements")
@@ -333,6 +346,24 @@ def _queues(
             source=source, element=f"{elements[exc.index]}.{key}", problem=str(exc)
         ) from None
     return tuple(queues)
+
+
+def _views(
+    raw: Any, topics: list[TopicConfig], queues: tuple[QueueConfig, ...], source: str
+) -> tuple[ViewConfig, ...]:
+    """The ``views:`` list, checked against the topics and queues (which all come before it)."""
+    items = _items(raw, "views", "views ('- Name: by_region' items)", source)
+    views = [view_from_yaml(item, f"views[{n}]", source) for n, item in enumerate(items)]
+    names = [t.name for t in topics] + [q.name for q in queues] + [v.name for v in views]
+    try:
+        check_views(views, names)
+        check_view_sources(views, topics, [q.name for q in queues])
+    except ViewProblem as exc:
+        key = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)
+        raise ConfigError(
+            source=source, element=f"views[{exc.index}].{key}", problem=str(exc)
+        ) from None
+    return tuple(views)
 
 
 def _queue(item: Any, element: str, source: str, skip: bool) -> QueueConfig | None:

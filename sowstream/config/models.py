@@ -732,6 +732,7 @@ class SowstreamConfig(_Frozen):
     engine: EngineConfig = EngineConfig()
     topics: tuple[TopicConfig, ...] = ()
     queues: tuple[QueueConfig, ...] = ()
+    views: tuple[ViewConfig, ...] = ()
     entitlements: Entitlements = Entitlements()
     source: str = "<string>"
 
@@ -768,7 +769,26 @@ class SowstreamConfig(_Frozen):
                 )
             seen[topic.kafka_name] = topic
         check_queues(self.queues, self.topics)
+        # Loaders check views in document order first; here they come after every topic.
+        names = [t.name for t in self.topics] + [q.name for q in self.queues]
+        try:
+            check_views(self.views, [*names, *(v.name for v in self.views)])
+            check_view_sources(self.views, self.topics, [q.name for q in self.queues])
+        except ViewProblem as exc:
+            raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
         return self
+
+    @property
+    def view_topics(self) -> tuple[TopicConfig, ...]:
+        """Each view as the SOW topic readers see (:meth:`ViewConfig.topic_config`)."""
+        return tuple(v.topic_config() for v in self.views)
+
+    def view(self, name: str) -> ViewConfig:
+        """The view called ``name``; UnknownTopicError if there is none."""
+        for view in self.views:
+            if view.name == name:
+                return view
+        raise UnknownTopicError(name)
 
     def topic(self, name: str, message_type: str | None = None) -> TopicConfig:
         """The topic called ``name`` of ``message_type``; UnknownTopicError if there is none.
@@ -808,7 +828,13 @@ class SowstreamConfig(_Frozen):
         return [t for t in self.topics if t.name in names]
 
 
-# queues.py builds on the helpers above, so it is imported once they exist.
+# queues.py and views.py build on the helpers above, so they are imported once they exist.
 from sowstream.config.queues import QueueConfig, check_queues  # noqa: E402
+from sowstream.config.views import (  # noqa: E402
+    ViewConfig,
+    ViewProblem,
+    check_view_sources,
+    check_views,
+)
 
 SowstreamConfig.model_rebuild()

@@ -23,7 +23,16 @@ from typing import Any, Literal
 from pydantic import ValidationError, field_validator, model_validator
 
 from sowstream.config.errors import ConfigError, FieldProblem, Loc, from_validation_error
-from sowstream.config.models import SUPPORTED_MESSAGE_TYPES, _choice, _Frozen, _topic_name
+from sowstream.config.models import (
+    MAX_PARTITIONS,
+    MIN_PARTITIONS,
+    SUPPORTED_MESSAGE_TYPES,
+    TopicConfig,
+    _bounded_int,
+    _choice,
+    _Frozen,
+    _topic_name,
+)
 from sowstream.views.joins import PRESERVE, JoinPlan, Side
 from sowstream.views.projection import (
     JoinCondition,
@@ -41,6 +50,7 @@ __all__ = [
     "CompiledView",
     "ViewConfig",
     "ViewProblem",
+    "check_view_sources",
     "check_views",
     "view_from_xml",
     "view_from_yaml",
@@ -61,6 +71,7 @@ VIEW_ELEMENTS: dict[str, str] = {
     "HashIndex": "hash_indexes",
     "JoinNullEquivalency": "join_null_equivalency",
     "FileName": "file_name",
+    "Partitions": "partitions",  # sowstream's own, as on SOW topics
 }
 FIELD_ELEMENTS: dict[str, str] = {field: tag for tag, field in VIEW_ELEMENTS.items()}
 FIELD_ELEMENTS["joins"] = "UnderlyingTopic"
@@ -95,6 +106,12 @@ class ViewConfig(_Frozen):
     conflation: Conflation = "none"
     join_null_equivalency: bool = False
     file_name: str | None = None  # accepted for AMPS files, unused (as in AMPS)
+    partitions: int = 4  # the view's own log, table and input topic
+
+    @field_validator("partitions", mode="before")
+    @classmethod
+    def _partitions(cls, value: object) -> int:
+        return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @field_validator("name", mode="before")
     @classmethod
@@ -235,6 +252,17 @@ class ViewConfig(_Frozen):
         extra = tuple(k for k in self.hash_indexes if k != automatic)
         return ((automatic,) if automatic else ()) + extra
 
+    def topic_config(self) -> TopicConfig:
+        """The view as a SOW topic for readers: no Key fields (the maintainer supplies each
+        record's SowKey, made from the Grouping values with the KeyDomain), its own partitions,
+        and the hash indexes of the view (the Grouping one first)."""
+        return TopicConfig(
+            name=self.name,
+            message_type=self.message_type,
+            partitions=self.partitions,
+            hash_indexes=self.all_hash_indexes,
+        )
+
     def compile(self, preserve: Side = PRESERVE) -> CompiledView:
         """The join plan and compiled projection; FieldProblem names the element at fault."""
         try:
@@ -306,6 +334,54 @@ def check_views(views: Sequence[ViewConfig], definitions: Sequence[str]) -> None
                     _field(view),
                     f"view {view.name!r} reads {topic!r}, which is defined after it; a view can "
                     "only read definitions that come earlier in the configuration",
+                )
+
+
+def check_view_sources(
+    views: Sequence[ViewConfig], topics: Sequence[TopicConfig], queues: Sequence[str] = ()
+) -> None:
+    """What the engine needs of each underlying topic: a SOW it can follow.
+
+    A view reads a SOW topic or an earlier view; a topic without a SOW (``topics:``) has no
+    before images to retract, and views over queues are not supported yet. A view's name must
+    not take the Kafka topics of a SOW topic. Raises :class:`ViewProblem`.
+    """
+    by_name: dict[str, list[TopicConfig]] = {}
+    for topic in topics:
+        by_name.setdefault(topic.name, []).append(topic)
+    view_names = {v.name for v in views}
+    kafka_names = {t.kafka_name: t for t in topics}
+    for i, view in enumerate(views):
+        clash = kafka_names.get(view.topic_config().kafka_name)
+        if clash is not None:
+            raise ViewProblem(
+                i,
+                "name",
+                f"view {view.name!r} would share the Kafka topics of {clash.message_type} topic "
+                f"{clash.name!r}; a view needs a name of its own",
+            )
+        for ref in view.topics:
+            if ref.topic in view_names:
+                continue
+            if ref.topic in queues and ref.topic not in by_name:
+                raise ViewProblem(
+                    i,
+                    _field(view),
+                    f"view {view.name!r} reads queue {ref.topic!r}: views over queues are not "
+                    "supported yet; read the queue's underlying topic instead",
+                )
+            found = [
+                t
+                for t in by_name.get(ref.topic, ())
+                if ref.message_type is None or t.message_type == ref.message_type
+            ]
+            if found and not any(t.sow for t in found):
+                raise ViewProblem(
+                    i,
+                    _field(view),
+                    f"view {view.name!r} reads topic {ref.topic!r}, which keeps no SOW (it is "
+                    "declared under topics:); a view needs the records' previous states, so "
+                    "declare the topic under sow:",
                 )
 
 

@@ -161,7 +161,7 @@ def test_xml_join_with_no_condition() -> None:
             "is not a qualified field",
         ),
         ({"MessageType": "binary"}, "views[0].MessageType", "binary message type has no fields"),
-        ({"MessageType": "fix"}, "views[0].MessageType", "not supported for views"),
+        ({"MessageType": "protobuf"}, "views[0].MessageType", "not supported for views"),
         ({"Conflation": "sometimes"}, "views[0].Conflation", "must be one of none, inline"),
         ({"JoinNullEquivalency": "maybe"}, "views[0].JoinNullEquivalency", "enabled, disabled"),
         ({"Projection": []}, "views[0].Projection", "at least one Field"),
@@ -270,3 +270,105 @@ def test_check_views_self_reference_and_duplicates() -> None:
         check_views(views(("V1", "V1")), ["V1"])
     with pytest.raises(ViewProblem, match="defined more than once"):
         check_views(views(("orders", "x")), ["x", "orders", "orders"])
+
+
+# ---- the views: list of a whole YAML configuration
+
+
+def load_views_yaml(views: str, extra: str = "") -> Any:
+    from sowstream.config.loader import load_yaml_text
+
+    text = f"""
+sow:
+  - Name: orders
+    Key: /orderId
+  - Name: limits
+    Key: /desk
+topics:
+  - Name: ticks
+{extra}
+views:
+{views}
+"""
+    return load_yaml_text(text, "test.yaml")
+
+
+def load_views_error(views: str, extra: str = "") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_views_yaml(views, extra)
+    return info.value
+
+
+def test_yaml_configuration_holds_views_and_their_topics() -> None:
+    config = load_views_yaml(
+        """
+  - Name: BY_REGION
+    UnderlyingTopic: orders
+    Projection: ["/region", "SUM(/qty) AS /total"]
+    Grouping: ["/region"]
+    Partitions: 2
+  - Name: TOP
+    UnderlyingTopic: BY_REGION
+    Projection: ["COUNT(/region) AS /regions", "/one AS /one"]
+    Grouping: ["/one"]
+"""
+    )
+    assert [v.name for v in config.views] == ["BY_REGION", "TOP"]
+    topic = config.view_topics[0]
+    assert (topic.name, topic.keys, topic.partitions, topic.sow) == ("BY_REGION", (), 2, True)
+    assert topic.hash_indexes == (("/region",),)
+    assert config.view("TOP").underlying_names == ("BY_REGION",)
+
+
+@pytest.mark.parametrize(
+    ("views", "element", "problem"),
+    [
+        (
+            "  - {Name: v, UnderlyingTopic: nope, Projection: ['/a'], Grouping: ['/a']}",
+            "views[0].UnderlyingTopic",
+            "reads topic 'nope', which is not defined",
+        ),
+        (
+            "  - {Name: v, UnderlyingTopic: {Join: [null]}, Projection: ['/a'], Grouping: ['/a']}",
+            "views[0].UnderlyingTopic",
+            "Join[1] has no condition",
+        ),
+        (
+            "  - {Name: v, UnderlyingTopic: w, Projection: ['/a'], Grouping: ['/a']}\n"
+            "  - {Name: w, UnderlyingTopic: v, Projection: ['/a'], Grouping: ['/a']}",
+            "views[0].UnderlyingTopic",
+            "views form a cycle: v -> w -> v",
+        ),
+        (
+            "  - {Name: v, UnderlyingTopic: ticks, Projection: ['/a'], Grouping: ['/a']}",
+            "views[0].UnderlyingTopic",
+            "reads topic 'ticks', which keeps no SOW",
+        ),
+        (
+            "  - {Name: orders, UnderlyingTopic: limits, Projection: ['/a'], Grouping: ['/a']}",
+            "views[0].Name",
+            "'orders' is defined more than once",
+        ),
+        (
+            "  - {Name: v, UnderlyingTopic: orders, Projection: ['/a'], Grouping: ['/a'],"
+            " Partitions: 0}",
+            "views[0].Partitions",
+            "Partitions must be between 1 and",
+        ),
+    ],
+)
+def test_yaml_configuration_view_errors_name_the_view(
+    views: str, element: str, problem: str
+) -> None:
+    err = load_views_error(views)
+    assert err.element == element
+    assert problem in err.problem
+
+
+def test_a_view_over_a_queue_is_refused_by_name() -> None:
+    queue = "queues:\n  - {Name: WQ, UnderlyingTopic: orders}"
+    err = load_views_error(
+        "  - {Name: v, UnderlyingTopic: WQ, Projection: ['/a'], Grouping: ['/a']}", queue
+    )
+    assert err.element == "views[0].UnderlyingTopic"
+    assert "views over queues are not supported yet" in err.problem
