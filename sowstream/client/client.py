@@ -108,6 +108,7 @@ class TopicInfo:
     auto: bool = False  # in no configuration: created by the engine on first use
     message_type: str = JSON
     schema: str = ""  # an avro topic's record schema
+    view_of: tuple[str, ...] = ()  # a view: the topics it is computed from (only the engine writes)
 
     @property
     def queue(self) -> bool:
@@ -142,7 +143,17 @@ class TopicInfo:
             d.get("auto", False),
             d.get("message_type") or JSON,
             d.get("schema") or "",
+            tuple(d.get("view_of") or ()),
         )
+
+    def refuse_writes(self) -> None:
+        """Raise InvalidCommandError if this topic is a view: only the engine writes views."""
+        if self.view_of:
+            raise InvalidCommandError(
+                f"topic {self.name!r} is a view of {', '.join(self.view_of)}: views are "
+                "computed by the engine and cannot be published to or deleted from; publish to "
+                "the underlying topics instead"
+            )
 
 
 class Client:
@@ -487,6 +498,7 @@ class Client:
         message_type: str | None = None,
     ) -> str | None:
         info = self._topic_or_declare(topic, message_type)
+        info.refuse_writes()
         raw, parsed = self._body(info, data, delta=command == h.DELTA_PUBLISH)
         key = self._sow_key(info, parsed, sow_key)
         command_id = uuid.uuid4().hex if ack else None
@@ -532,6 +544,7 @@ class Client:
         info = self._known(topic, message_type)
         if info is None:
             return 0  # a topic in no configuration keeps no SOW: nothing to delete
+        info.refuse_writes()
 
         command_id = uuid.uuid4().hex
         base: dict[str, str | None] = {

@@ -33,6 +33,7 @@ from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.queues import QUEUE_MESSAGE_TYPES
+from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
@@ -41,18 +42,24 @@ from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
+from sowstream.engine.views import ViewRunner
 from sowstream.errors import InvalidCommandError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
+from sowstream.views.projection import TopicRef
+from sowstream.views.routing import ViewFeed, input_partitions
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
-from sowstream.wire.topics import TopicNames, kafka_topic_part
+from sowstream.wire.topics import TopicNames, kafka_topic_part, topic_ident
 
 log = logging.getLogger("sowstream.engine")
 
 LOG_BATCH_MAX = 2_000
 APPLY_CHUNK = 500  # records folded in one go (one event-loop step) out of a fetched batch
+VIEW_BATCH_MAX = 2_000  # change events a view maintainer applies and stores in one go
+VIEW_BATCH_WITHIN = 0.01  # seconds a view maintainer waits to fill a batch
+VIEW_INPUT_RETENTION_MS = 7 * 24 * 3_600_000  # change events only matter until applied
 CONFLATION_TICK = 0.02
 REPLY_METADATA_WAIT = 5.0
 PUMP_RETRY_SECONDS = 1.0
@@ -249,6 +256,11 @@ class KafkaLogReader:
                     return
         finally:
             consumer.close()
+
+
+def _event_record(msg: Any) -> RawRecord:
+    """A faust message of a view's input topic as a RawRecord."""
+    return RawRecord(msg.partition, msg.offset, int(msg.timestamp * 1000), msg.key, msg.value, {})
 
 
 def _decode_command(msg: Any) -> dict[str, Any] | None:
@@ -457,6 +469,10 @@ class Engine:
         metrics_port: int | None = None,
         seed_dir: str | Path | None = None,
     ) -> None:
+        if config.views:
+            # A view is a SOW topic to readers: its log, control topic, table and processor
+            # are made like any declared topic's.
+            config = config.model_copy(update={"topics": (*config.topics, *config.view_topics)})
         self.config = config
         self.seed_dir = Path(seed_dir) if seed_dir is not None else None
         self.tables: dict[str, Any] = {}
@@ -524,6 +540,9 @@ class Engine:
             for proc in self.processors.values():
                 if proc.topic.ident in self._fed and runtime.feeds_on(proc.topic.name):
                     proc.queues.append(runtime)
+        self.view_runners: dict[str, ViewRunner] = {}
+        for view in config.views:
+            self._wire_view(view)
         self._wire_lifecycle()
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -570,6 +589,63 @@ class Engine:
                 await self._command(proc, event)
 
         app.agent(ctl_topic, name=f"sowstream.ctl.{topic.ident}")(answer_commands)
+
+    def _wire_view(self, view: ViewConfig) -> None:
+        """A view's maintainer: its input topic, its state table and the agent between them;
+        and the feeds that make its underlying topics' processors fill the input topic."""
+        app = self.app
+        own = view.topic_config()
+        self.processors[own.ident].view_name = view.name
+        partitions = input_partitions(view)
+        input_name = self.names.view_input(view.name, view.message_type)
+        rocks = self.config.engine.rocksdb
+        table = app.Table(
+            f"view-{own.kafka_name}",
+            partitions=partitions,
+            default=None,
+            options={
+                "block_cache_size": rocks.block_cache_size,
+                "write_buffer_size": rocks.write_buffer_size,
+                "max_write_buffer_number": rocks.max_write_buffer_number,
+            },
+            key_type=bytes,
+            value_type=bytes,
+        )
+        runner = ViewRunner(
+            view,
+            self.sender,
+            table,
+            KafkaLogReader(self.bootstrap, input_name, self.config.engine.kafka),
+            input_topic=input_name,
+            log_topic=self.names.log(view.name, view.message_type),
+            codec=own.codec,
+        )
+        self.view_runners[own.ident] = runner
+        for ref in view.topics:
+            self._underlying(ref).views.append(ViewFeed(view, ref.topic, input_name))
+        input_topic = app.topic(
+            input_name,
+            partitions=partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+        async def maintain(stream: Any) -> None:
+            async for events in stream.take_events(VIEW_BATCH_MAX, VIEW_BATCH_WITHIN):
+                await runner.handle([_event_record(e.message) for e in events])
+
+        app.agent(input_topic, name=f"sowstream.view.{own.ident}")(maintain)
+
+    def _underlying(self, ref: TopicRef) -> TopicProcessor:
+        """The processor of a view's underlying topic (json when the reference names no type
+        and topics of several types share the name)."""
+        if ref.message_type is not None:
+            return self.processors[topic_ident(ref.topic, ref.message_type)]
+        found = [p for p in self.processors.values() if p.topic.name == ref.topic]
+        json = [p for p in found if p.topic.message_type == "json"]
+        return (json or found)[0]
 
     def _processor(self, topic: TopicConfig, table: Any, ctl_topic: str) -> LogPump:
         """The processor of ``topic`` and the pump that feeds it from its log (registered)."""
@@ -972,6 +1048,8 @@ class Engine:
         async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
             for pump in self.pumps:
                 await pump.proc.drop(tp.partition for tp in revoked if tp.topic == pump.ctl_topic)
+            for runner in self.view_runners.values():
+                runner.drop(tp.partition for tp in revoked if tp.topic == runner.input_topic)
 
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
 
@@ -1000,6 +1078,14 @@ class Engine:
             )
         for queue in self.config.queues:
             specs.append(TopicSpec(self.names.queue_expired(queue.name), 1, {"retention.ms": "-1"}))
+        for view in self.config.views:
+            specs.append(
+                TopicSpec(
+                    self.names.view_input(view.name, view.message_type),
+                    input_partitions(view),
+                    {"retention.ms": str(VIEW_INPUT_RETENTION_MS)},
+                )
+            )
         return specs
 
     def prepare(self) -> None:
@@ -1063,6 +1149,9 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
         target = config.topic(queue.publish_target, queue.message_type)
         info = infos.get(queue.name) or {**topic_info(target, names), "name": queue.name}
         infos[queue.name] = {**info, "queue_of": underlying}
+    for view in config.views:
+        ident = topic_ident(view.name, view.message_type)
+        infos[ident] = {**infos[ident], "view_of": list(view.underlying_names)}
     return infos
 
 

@@ -76,6 +76,9 @@ class Applier(ProcessorBase):
                 if outcome.events:
                     sent = await self.deliver(self.subs.dispatch(outcome.events, wall_clock_ms()))
                     outcome.journal = self.subs.take_journal(partition)
+                    if self.views:
+                        # Like subscribers' messages: in Kafka before the state is stored.
+                        sent += await self.feed_views(outcome.events)
                 for queue in self.queues if outcome.enqueued else ():
                     outcome.journal.update(
                         queue.append(self.topic.name, partition, outcome.enqueued)
@@ -180,7 +183,7 @@ class Applier(ProcessorBase):
         outcome = Outcome()
         overlay = outcome.overlay
         before = outcome.before
-        events = outcome.events if (self.subs and not replay) else None
+        events = outcome.events if ((self.subs or self.views) and not replay) else None
         versions = outcome.versions if self._history is not None else None
         last = ps.folded
         applied = 0
@@ -190,6 +193,13 @@ class Applier(ProcessorBase):
             last = max(last, rec.offset)
             outcome.last_record = rec
             try:
+                if self.view_name is not None and rec.headers.get(h.VIEW) != self.view_name:
+                    raise InvalidMessageError(
+                        f"topic {self.topic.name!r} is a view: only the engine writes it; "
+                        "publish to its underlying topics instead",
+                        topic=self.topic.name,
+                        reason="view",
+                    )
                 op = decode_log_record(
                     self.topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
                 )

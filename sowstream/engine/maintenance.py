@@ -41,7 +41,7 @@ class Maintenance(Applier):
                         continue
                     before[key] = stored
                     overlay[key] = None
-                if overlay and self.subs:
+                if overlay and (self.subs or self.views):
                     # Not a log operation: placed after everything the partition has applied,
                     # ordered by expiry time (so the same on a replay).
                     gone = sorted((r.expiration or 0, r.sow_key, r) for r in before.values() if r)
@@ -59,6 +59,7 @@ class Maintenance(Applier):
                         for i, (due, _, r) in enumerate(gone)
                     ]
                     await self.deliver(self.subs.dispatch(expired, now), wait=True)
+                    await self._acknowledged(await self.feed_views(expired))
                 if overlay:
                     journal = self.subs.take_journal(p)
                     changes = self._write(ps, overlay, before, journal=journal)

@@ -36,3 +36,13 @@ LOGS_RECREATED = Counter(
     "applied from its start)",
     ["topic", "partition"],
 )
+VIEW_EVENTS = Counter(
+    "sowstream_view_events_total",
+    "Change events sent to views' input topics, by underlying topic",
+    ["topic"],
+)
+VIEW_CHANGES = Counter(
+    "sowstream_view_changes_total",
+    "View records written or deleted by view maintainers",
+    ["view"],
+)

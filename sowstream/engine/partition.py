@@ -47,6 +47,7 @@ from sowstream.wire.topics import TopicNames
 
 if TYPE_CHECKING:
     from sowstream.engine.queues import QueueRuntime
+    from sowstream.views.routing import ViewFeed
 
 log = logging.getLogger("sowstream.engine")
 
@@ -185,6 +186,10 @@ class ProcessorBase:
         )
         # Queues whose underlying topics include this one (set up by the engine).
         self.queues: list[QueueRuntime] = []
+        # Views reading this topic (set up by the engine): each applied change goes to them.
+        self.views: list[ViewFeed] = []
+        # Set when this topic is a view: only its maintainer may write the log.
+        self.view_name: str | None = None
         self.names = names
         self.log_topic = names.log(topic.name, topic.message_type)
         self._sender = sender
@@ -308,6 +313,32 @@ class ProcessorBase:
         metrics.DELIVERED.labels(self.topic.name).inc(len(deliveries))
         if wait:
             await self._acknowledged(futures)
+        return futures
+
+    async def feed_views(self, changes: Sequence[Change]) -> list[asyncio.Future[Any]]:
+        """Send the change events of ``changes`` to the input topics of the views reading this
+        topic; returns their delivery futures (the batch is stored once Kafka has them).
+
+        A change re-announced after a crash (``resent``) sends nothing: its events were
+        acknowledged before its result was stored, which is how it came to be stored.
+        """
+        futures: list[asyncio.Future[Any]] = []
+        codec = self.codec
+        for change in changes:
+            if change.resent:
+                continue
+            before = change.before_body(codec)
+            after = change.after_body(codec)
+            source = (self.topic.ident, change.partition, change.offset, change.seq)
+            for feed in self.views:
+                for event in feed.events(change.sow_key, before, after, source):
+                    fut = await self._sender.send(
+                        feed.input_topic, event.value, key=event.key, partition=event.partition
+                    )
+                    if fut is not None:
+                        futures.append(fut)
+        if futures:
+            metrics.VIEW_EVENTS.labels(self.topic.name).inc(len(futures))
         return futures
 
     async def _acknowledged(self, futures: list[asyncio.Future[Any]]) -> None:

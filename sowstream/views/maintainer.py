@@ -17,7 +17,7 @@ view's input and is saved with the state (:meth:`to_bytes`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,14 @@ from sowstream.views.projection import Row, group_key, key_texts
 __all__ = ["ViewChange", "ViewMaintainer"]
 
 STATE_VERSION = 1
+GROUP_PREFIX = b"g/"
+ROW_PREFIX = b"r/"
+LAST_SEQ_KEY = b"seq"
+
+
+def _row_key(topic: int, sow_key: str) -> bytes:
+    return ROW_PREFIX + f"{topic}/{sow_key}".encode()
+
 
 UnderlyingState = Mapping[str, Mapping[str, tuple[dict[str, Any], int]]]
 """Per underlying topic, per SowKey: (current record, seq of its latest change)."""
@@ -74,6 +82,9 @@ class ViewMaintainer:
             )
         self._topic_index = {t.topic: i for i, t in enumerate(self.projection.topics)}
         self.last_seq = -1
+        # What changed since the last take_entries(): group keys, and (topic index, SowKey) rows.
+        self._dirty_groups: set[str] = set()
+        self._dirty_rows: set[tuple[int, str]] = set()
 
     # ---- incremental
 
@@ -111,6 +122,7 @@ class ViewMaintainer:
                 self.groups.add(after, sow_key, seq)
         else:
             stored = None if after is None else StoredRow(dict(after), seq)
+            self._dirty_rows.add((self._topic_index[topic], sow_key))
             removed, added = self.joins.apply(self._topic_index[topic], sow_key, stored)
             for row in removed:
                 data = row.as_row()
@@ -121,6 +133,7 @@ class ViewMaintainer:
                 touch(self.groups.key_of(data))
                 self.groups.add(data, row.row_id, row.seq)
         self.last_seq = seq
+        self._dirty_groups.update(touched)
         changes: list[ViewChange] = []
         for key, previous in touched.items():
             record = self.groups.record(key)
@@ -177,7 +190,50 @@ class ViewMaintainer:
             out[sow_key] = p.assemble(shown, results, loose)
         return out
 
-    # ---- state
+    # ---- state, entry by entry (what an engine keeps in a key-value store)
+
+    def take_entries(self) -> dict[bytes, bytes | None]:
+        """The store entries changed since the last call: one per touched group and joined
+        topic row (None: deleted), then ``last_seq``. Written together they keep the store equal
+        to this state; :meth:`load_entries` reads them back."""
+        out: dict[bytes, bytes | None] = {}
+        accumulators = self.groups.accumulators
+        for key in sorted(self._dirty_groups):
+            group = self.groups.groups.get(key)
+            out[GROUP_PREFIX + key.encode()] = (
+                None if group is None else orjson.dumps(group.encode(accumulators))
+            )
+        if self.joins is not None:
+            for topic, sow_key in sorted(self._dirty_rows):
+                row = self.joins.rows[topic].get(sow_key)
+                out[_row_key(topic, sow_key)] = (
+                    None if row is None else orjson.dumps([row.record, row.seq])
+                )
+        self._dirty_groups.clear()
+        self._dirty_rows.clear()
+        out[LAST_SEQ_KEY] = str(self.last_seq).encode()
+        return out
+
+    def load_entries(self, entries: Iterable[tuple[bytes, bytes]]) -> None:
+        """Replace the state with what :meth:`take_entries` wrote (other keys are ignored)."""
+        groups: dict[str, Any] = {}
+        rows: list[dict[str, Any]] = [{} for _ in self.projection.topics]
+        self.last_seq = -1
+        for key, value in entries:
+            if key.startswith(GROUP_PREFIX):
+                groups[key[len(GROUP_PREFIX) :].decode()] = orjson.loads(value)
+            elif key.startswith(ROW_PREFIX):
+                topic, _, sow_key = key[len(ROW_PREFIX) :].decode().partition("/")
+                rows[int(topic)][sow_key] = orjson.loads(value)
+            elif key == LAST_SEQ_KEY:
+                self.last_seq = int(value)
+        self.groups.load(groups)
+        if self.joins is not None:
+            self.joins.load(rows)
+        self._dirty_groups.clear()
+        self._dirty_rows.clear()
+
+    # ---- state, whole
 
     def to_bytes(self) -> bytes:
         """The whole state (groups, join rows, last seq) as one orjson document."""

@@ -13,6 +13,7 @@ EXPIRATION = "sow.expiration"  # per-message expiration in seconds; 0 = never
 FILTER = "sow.filter"  # sow_delete by content filter (partition-scoped: send one per partition)
 REPLY_TO = "sow.reply_to"  # reply topic for the processed ack
 COMMAND_ID = "sow.cmd_id"  # correlates the ack with the command
+VIEW = "sow.view"  # on a view's log: the view whose maintainer wrote the record (only it may)
 ORIGIN = "sow.origin"  # "partition:offset" of the unkeyed record this keyed copy came from
 
 # Live subscription messages on a reply topic: the value is the JSON body, the rest is here, so a

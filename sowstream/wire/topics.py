@@ -119,6 +119,10 @@ class TopicNames:
         """Expiry events of a queue (time limit, forced, MaxCancels, MaxDeliveries) as JSON."""
         return f"{self.prefix}.queue.{kafka_part(queue)}.expired"
 
+    def view_input(self, view: str, message_type: str = JSON) -> str:
+        """Change events of a view's underlying topics, keyed by the view's routing key."""
+        return f"{self.prefix}.view-in.{kafka_topic_part(view, message_type)}"
+
     def reply(self, client_id: str) -> str:
         """A client's private reply topic."""
         return f"{self.prefix}.reply.{client_id}"

@@ -33,6 +33,7 @@ def write_config(
     entitlements: dict[str, dict[str, str]] | None = None,
     plain_topics: list[dict[str, Any]] | None = None,
     queues: list[dict[str, Any]] | None = None,
+    views: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write a YAML config with an isolated app id and topic prefix."""
     engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix, **(engine_extra or {})}
@@ -45,6 +46,8 @@ def write_config(
         doc["topics"] = plain_topics
     if queues:
         doc["queues"] = queues
+    if views:
+        doc["views"] = views
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -63,6 +66,7 @@ class EngineProcesses:
         entitlements: dict[str, dict[str, str]] | None = None,
         plain_topics: list[dict[str, Any]] | None = None,
         queues: list[dict[str, Any]] | None = None,
+        views: list[dict[str, Any]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
@@ -77,7 +81,9 @@ class EngineProcesses:
             entitlements=entitlements,
             plain_topics=plain_topics,
             queues=queues,
+            views=views,
         )
+        self.views = [v["Name"] for v in views or ()]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *extra_args: str) -> None:
@@ -216,7 +222,8 @@ def running_engine(
     for name in workers:
         procs.start(name)
     try:
-        procs.wait_ready([(t["Name"], t.get("MessageType", "json").lower()) for t in topics])
+        ready = [(t["Name"], t.get("MessageType", "json").lower()) for t in topics]
+        procs.wait_ready([*ready, *((v, "json") for v in procs.views)])
         yield procs
     finally:
         procs.stop_all()

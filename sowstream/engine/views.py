@@ -1,0 +1,247 @@
+"""Maintained views on a worker: a view's input topic in, the view's own log out.
+
+Each view has an input topic (``<prefix>.view-in.<view>``) that the processors of its
+underlying topics fill with change events (``sowstream.views.routing``), a faust agent that
+consumes it, and a table (RocksDB, replicated to its changelog) that keeps, per input
+partition, the :class:`~sowstream.views.maintainer.ViewMaintainer` state: one entry per group
+and per joined row, the position of the last event taken from each source partition, and the
+input offset applied (the *watermark*, written last in each batch).
+
+A batch of events is applied in input order; the view records it creates, changes or deletes
+are produced to the view's log (publishes keyed by the record's SowKey, ``sow_delete`` for a
+group that emptied, each marked with the ``sow.view`` header), and only once Kafka has
+acknowledged them is the state stored. The view's own topic processor then applies its log like
+any SOW topic, so readers get ``sow``, subscriptions, deltas, ``oof`` and views over the view.
+
+At-least-once, made exact: a crash can lose state writes, never acknowledged outputs. The input
+is read again from the stored watermark (events faust's committed offset skipped are fetched
+directly), so no event is lost; events at or below the watermark are skipped, and events an
+underlying worker produced twice (it replayed its log) are skipped by their source position.
+Outputs repeated after a crash are the same records again, in the same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from sowstream.config.views import ViewConfig
+from sowstream.engine import metrics
+from sowstream.engine.partition import LogReader, Sender
+from sowstream.engine.store import PartitionStore, RocksPartition
+from sowstream.messagetypes import MessageType
+from sowstream.sow.ops import RawRecord
+from sowstream.views.accumulators import StateError
+from sowstream.views.maintainer import ViewChange, ViewMaintainer
+from sowstream.views.routing import decode_event, source_mark
+from sowstream.wire import headers as h
+
+log = logging.getLogger("sowstream.engine.views")
+
+WATERMARK = b"wm"
+MARK_PREFIX = b"src/"
+ACK_WAIT_SECONDS = 30.0
+_NO_MARK = (-1, -1, -1)
+
+
+@dataclass
+class ViewPartition:
+    """One input partition's maintainer and positions, as loaded from its store."""
+
+    store: PartitionStore
+    maintainer: ViewMaintainer
+    watermark: int = -1
+    marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ViewRunner:
+    """Keeps one view on this worker, for the input partitions faust assigned it."""
+
+    def __init__(
+        self,
+        view: ViewConfig,
+        sender: Sender,
+        table: Any,
+        input_reader: LogReader,
+        *,
+        input_topic: str,
+        log_topic: str,
+        codec: MessageType,
+    ) -> None:
+        self.view = view
+        self.input_topic = input_topic
+        self.log_topic = log_topic
+        self._sender = sender
+        self._table = table
+        self._reader = input_reader
+        self._codec = codec
+        self._parts: dict[int, ViewPartition] = {}
+        self._view_header = (h.VIEW, view.name.encode())
+
+    # -- partitions -------------------------------------------------------------------------------
+
+    def _new_store(self, partition: int) -> PartitionStore:
+        return RocksPartition(self._table, partition)
+
+    def ready(self, partition: int) -> ViewPartition:
+        """The partition's state, loaded from its store on first use after an assignment."""
+        vp = self._parts.get(partition)
+        if vp is None:
+            store = self._new_store(partition)
+            maintainer = ViewMaintainer(self.view)
+            entries = list(store.scan(start=b""))
+            maintainer.load_entries(entries)
+            vp = ViewPartition(store, maintainer)
+            for key, value in entries:
+                if key == WATERMARK:
+                    vp.watermark = int(value)
+                elif key.startswith(MARK_PREFIX):
+                    offset, seq, part = orjson.loads(value)
+                    vp.marks[key[len(MARK_PREFIX) :].decode()] = (offset, seq, part)
+            self._parts[partition] = vp
+            log.info(
+                "view %s partition %d: %d groups loaded, input applied up to offset %d",
+                self.view.name,
+                partition,
+                len(maintainer.groups),
+                vp.watermark,
+            )
+        return vp
+
+    def drop(self, partitions: Iterable[int]) -> None:
+        """Forget partitions taken away by a rebalance (their state stays in the store)."""
+        for p in partitions:
+            self._parts.pop(p, None)
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """The view records of the partitions held here (for tests and status)."""
+        out: dict[str, dict[str, Any]] = {}
+        for vp in self._parts.values():
+            out.update(vp.maintainer.records())
+        return out
+
+    # -- applying events --------------------------------------------------------------------------
+
+    async def handle(self, records: Sequence[RawRecord]) -> None:
+        """Apply a batch of input records (any mix of partitions, each in offset order)."""
+        by_partition: dict[int, list[RawRecord]] = {}
+        for rec in records:
+            by_partition.setdefault(rec.partition, []).append(rec)
+        for partition, recs in by_partition.items():
+            try:
+                await self._apply_partition(partition, recs)
+            except Exception:
+                # Nothing is lost: the partition is loaded again from its store, and the next
+                # event makes it read what it missed from the input topic.
+                log.exception(
+                    "view %s partition %d: applying events failed", self.view.name, partition
+                )
+                self._parts.pop(partition, None)
+
+    async def _apply_partition(self, partition: int, recs: list[RawRecord]) -> None:
+        vp = self.ready(partition)
+        async with vp.lock:
+            if self._parts.get(partition) is not vp:
+                return
+            recs = [r for r in recs if r.offset > vp.watermark]
+            if not recs:
+                return
+            if recs[0].offset > vp.watermark + 1:
+                # faust committed past what the store holds (a crash between the two): read
+                # the events in between from the input topic itself.
+                missed: list[RawRecord] = []
+                async for batch in self._reader.batches(
+                    partition, recs[0].offset - 1, vp.watermark + 1
+                ):
+                    missed.extend(r for r in batch if r.offset > vp.watermark)
+                log.info(
+                    "view %s partition %d: read %d events between offsets %d and %d again",
+                    self.view.name,
+                    partition,
+                    len(missed),
+                    vp.watermark + 1,
+                    recs[0].offset - 1,
+                )
+                recs = missed + recs
+            changes = self._fold(vp, recs)
+            entries_marks = {
+                MARK_PREFIX + stream.encode(): orjson.dumps(list(mark))
+                for stream, mark in vp.marks.items()
+            }
+            futures = await self._produce(changes)
+            if futures:
+                _, late = await asyncio.wait(futures, timeout=ACK_WAIT_SECONDS)
+                failed = [f for f in futures if f.done() and f.exception() is not None]
+                if late or failed:
+                    raise RuntimeError(
+                        f"{len(late) + len(failed)} view records not acknowledged by Kafka"
+                    )
+            entries = vp.maintainer.take_entries()
+            entries.update(entries_marks)
+            entries[WATERMARK] = str(vp.watermark).encode()  # last: see the module docstring
+            vp.store.write(entries)
+            await vp.store.replicate(entries, self._sender.send)
+            metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
+
+    def _fold(self, vp: ViewPartition, recs: Sequence[RawRecord]) -> list[ViewChange]:
+        """Apply events to the maintainer; returns the view changes in order."""
+        out: list[ViewChange] = []
+        maintainer = vp.maintainer
+        for rec in recs:
+            vp.watermark = max(vp.watermark, rec.offset)
+            if rec.value is None:
+                continue
+            try:
+                topic, sow_key, before, after, position = decode_event(rec.value)
+                stream, place = source_mark(position)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "view %s: ignored malformed change event %s[%d]@%d: %s",
+                    self.view.name,
+                    self.input_topic,
+                    rec.partition,
+                    rec.offset,
+                    exc,
+                )
+                continue
+            if place <= vp.marks.get(stream, _NO_MARK):
+                continue  # produced again by a worker that replayed its log
+            vp.marks[stream] = place
+            try:
+                out.extend(maintainer.apply(topic, sow_key, before, after, seq=rec.offset))
+            except (StateError, ValueError) as exc:
+                log.error(
+                    "view %s: change of %s %s at %s[%d]@%d not applied: %s",
+                    self.view.name,
+                    topic,
+                    sow_key,
+                    self.input_topic,
+                    rec.partition,
+                    rec.offset,
+                    exc,
+                )
+        return out
+
+    async def _produce(self, changes: Sequence[ViewChange]) -> list[asyncio.Future[Any]]:
+        """Write the view changes to the view's log: publishes, and sow_deletes by SowKey."""
+        futures: list[asyncio.Future[Any]] = []
+        json = self._codec.name == "json"
+        for change in changes:
+            key = change.sow_key.encode()
+            if change.record is None:
+                headers = [(h.COMMAND, h.SOW_DELETE.encode()), self._view_header]
+                value = None
+            else:
+                headers = [self._view_header]
+                record = change.record
+                value = orjson.dumps(record) if json else self._codec.serialise(record)
+            fut = await self._sender.send(self.log_topic, value, key=key, headers=headers)
+            if fut is not None:
+                futures.append(fut)
+        return futures
