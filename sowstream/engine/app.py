@@ -1010,6 +1010,12 @@ class Engine:
                     await pump.proc.ready(partition)
                 await pump.proc.expire_due()
                 await pump.proc.prune_history()
+            if self.view_runners:
+                actives = app.assignor.assigned_actives()
+                for runner in self.view_runners.values():
+                    await runner.warm(
+                        tp.partition for tp in actives if tp.topic == runner.input_topic
+                    )
 
         @app.task
         async def pump_logs() -> None:

@@ -33,7 +33,7 @@ import orjson
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.partition import LogReader, Sender
-from sowstream.engine.store import PartitionStore, RocksPartition
+from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
 from sowstream.views.accumulators import StateError
@@ -58,6 +58,7 @@ class ViewPartition:
     watermark: int = -1
     marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    caught_up: bool = False  # read the input from the watermark to its end once, when loaded
 
 
 class ViewRunner:
@@ -67,7 +68,7 @@ class ViewRunner:
         self,
         view: ViewConfig,
         sender: Sender,
-        table: Any,
+        table: Any | None,
         input_reader: LogReader,
         *,
         input_topic: str,
@@ -82,11 +83,15 @@ class ViewRunner:
         self._reader = input_reader
         self._codec = codec
         self._parts: dict[int, ViewPartition] = {}
+        self._memory: dict[int, MemoryPartition] = {}
         self._view_header = (h.VIEW, view.name.encode())
 
     # -- partitions -------------------------------------------------------------------------------
 
     def _new_store(self, partition: int) -> PartitionStore:
+        if self._table is None:
+            # No table (tests): kept in memory for the runner's lifetime.
+            return self._memory.setdefault(partition, MemoryPartition())
         return RocksPartition(self._table, partition)
 
     def ready(self, partition: int) -> ViewPartition:
@@ -113,6 +118,27 @@ class ViewRunner:
                 vp.watermark,
             )
         return vp
+
+    async def warm(self, partitions: Iterable[int]) -> None:
+        """Load newly assigned partitions and apply what their input holds past the stored
+        watermark: faust starts the agent at the group's committed offset, which a crash can
+        leave ahead of the state, and no later event may come to reveal the gap."""
+        for partition in partitions:
+            vp = self._parts.get(partition)
+            if vp is not None and vp.caught_up:
+                continue
+            try:
+                vp = self.ready(partition)
+                end = await self._reader.end_offset(partition)
+                if end > vp.watermark:
+                    recs: list[RawRecord] = []
+                    async for batch in self._reader.batches(partition, end, vp.watermark + 1):
+                        recs.extend(batch)
+                    await self._apply_partition(partition, recs)
+                vp.caught_up = True
+            except Exception:
+                log.exception("view %s partition %d: catching up failed", self.view.name, partition)
+                self._parts.pop(partition, None)
 
     def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (their state stays in the store)."""
