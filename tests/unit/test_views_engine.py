@@ -261,14 +261,14 @@ def test_duplicated_events_and_restarts_leave_the_view_equal_to_a_recomputation(
         memory: dict[int, Any] = {}
         runner = new_runner(sender, memory)
         inputs = {p: recs for (t, p), recs in sender.topics.items() if t == "in"}
-        for p, recs in inputs.items():
+        for recs in inputs.values():
             await runner.handle(recs[: cut % (len(recs) + 1)])
         # The maintainer restarts: its state comes back from the store, and faust hands it
         # events from an older committed offset (repeats) or a later one (a gap to fetch).
         runner = new_runner(sender, memory)
         if replay_from % 2:
             await runner.warm(inputs)  # the worker's timer, before or after faust's events
-        for p, recs in inputs.items():
+        for recs in inputs.values():
             start = replay_from % (len(recs) + 1)
             await runner.handle(recs[start:])
             if start > 0:
