@@ -256,24 +256,22 @@ def test_publish_to_a_view_is_refused(engine: EngineProcesses, client: Client) -
 
 
 def recomputed(client: Client, view: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The view computed from scratch (ViewMaintainer.recompute) from the underlying SOW."""
+    """The view computed from scratch (ViewMaintainer.recompute) from the underlying SOW.
+
+    Each record's position is its log time: fields shown from a group's last processed row
+    then agree with the engine wherever that row is not a tie within one millisecond.
+    """
+    underlying = view["UnderlyingTopic"]
     config = ViewConfig(
         name=view["Name"],
-        underlying_topic=view.get("UnderlyingTopic")
-        if isinstance(view.get("UnderlyingTopic"), str)
-        else None,
-        joins=tuple(view["UnderlyingTopic"]["Join"])
-        if isinstance(view.get("UnderlyingTopic"), dict)
-        else (),
+        underlying_topic=underlying if isinstance(underlying, str) else None,
+        joins=tuple(underlying["Join"]) if isinstance(underlying, dict) else (),
         projection=tuple(view["Projection"]),
         grouping=tuple(view["Grouping"]),
         filter=view.get("Filter"),
     )
-    underlying = {
-        topic: {
-            m.sow_key: (m.json(), i)
-            for i, m in enumerate(m for m in client.sow(topic) if m.command == "sow")
-        }
+    state = {
+        topic: {m.sow_key: (m.json(), m.timestamp) for m in client.sow(topic) if m.command == "sow"}
         for topic in config.underlying_names
     }
-    return ViewMaintainer(config).recompute(underlying)
+    return ViewMaintainer(config).recompute(state)
