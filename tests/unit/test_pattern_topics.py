@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import pytest
 
+from sowstream.client.client import TopicInfo
+from sowstream.client.subscription import Subscription, _Live
 from sowstream.config import load_config_text
 from sowstream.config.errors import ConfigError
 from sowstream.engine.app import topic_info
@@ -30,6 +33,7 @@ from sowstream.sow.planner import FullScan, KeyLookup, plan
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import Change, SubscriptionSpec
+from sowstream.subscriptions.options import SubscriptionOptions
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode
 from sowstream.wire.topics import TopicNames
@@ -374,3 +378,40 @@ def test_the_processor_keeps_and_answers_each_name_apart() -> None:
     us5 = ("orders.us", key("orders.us", 5), 5)
     assert answers["us after delete"] == [us5]
     assert answers["all after delete"] == sorted([eu1, eu2, us5])
+
+
+# -- the client's view of a Pattern topic ------------------------------------------------------
+
+
+def client_info(**changes: Any) -> TopicInfo:
+    info = TopicInfo("orders", ("/id",), "", 4, "p.log.orders", "p.ctl.orders")
+    return replace(info, pattern="orders\\..*", **changes)
+
+
+def test_a_name_addresses_its_pattern_topic_and_the_name_all_of_it() -> None:
+    us = client_info().addressed_as("orders.us")
+    assert us.topic_regex == "orders\\.us" and us.published_name == "orders.us"
+    whole = client_info().addressed_as("orders")  # its Name, which the Pattern does not match
+    assert whole.topic_regex is None and whole.published_name is None
+    assert client_info(topic_regex="orders\\..*").published_name is None
+    plain = TopicInfo("ticks", (), "ticks", 4, "p.log.ticks", "p.ctl.ticks")
+    assert plain.addressed_as("ticks") is plain
+
+
+def test_a_subscription_orders_a_pattern_topic_per_topic_not_per_name() -> None:
+    spec = SubscriptionSpec("s", "r", "orders", "subscribe", topic_regex="orders\\..*")
+    sub = Subscription(
+        "s", [spec], SubscriptionOptions(), key_fields={}, patterns={"orders": "orders\\..*"}
+    )
+    sub.set_cut("orders", 0, 10)  # the placement's part_end names the Pattern topic
+    sub.release()
+
+    def live(name: str, offset: int) -> _Live:
+        return _Live("publish", name, 0, offset, "k", b"{}", 0, "", False)
+
+    for name, offset in [("orders.us", 9), ("orders.eu", 11), ("orders.us", 12), ("orders.eu", 12)]:
+        sub.on_live(live(name, offset))
+    got = []
+    while (msg := sub.next(timeout=0)) is not None:
+        got.append((msg.topic, msg.bookmark.split("|")[-1]))
+    assert got == [("orders.eu", "11"), ("orders.us", "12")]
