@@ -32,7 +32,7 @@ from sowstream.client.subscription import (
     SubscriptionDroppedError,
     _Live,
 )
-from sowstream.config.models import match_topic_names
+from sowstream.config.models import ambiguous_pattern, match_topic_names
 from sowstream.errors import (
     CommandFailedError,
     CommandTimeoutError,
@@ -54,6 +54,7 @@ from sowstream.sow.aggregate import Aggregation, merge_partials, parse_aggregati
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, message_bookmark, parse_bookmark
 from sowstream.sow.keygen import KeyGeneratorError, generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
+from sowstream.sow.patterns import literal_name, name_regex
 from sowstream.sow.query import (
     CLIENT_DEFAULT_BATCH_SIZE,
     QueryOptions,
@@ -109,6 +110,10 @@ class TopicInfo:
     message_type: str = JSON
     schema: str = ""  # an avro topic's record schema
     view_of: tuple[str, ...] = ()  # a view: the topics it is computed from (only the engine writes)
+    pattern: str = ""  # a regular expression topic: the Pattern its topic names match
+    # How a command addresses a Pattern topic: the regex its records' topic names must match
+    # (one name escaped); None: every name. Not part of the definition on the meta topic.
+    topic_regex: str | None = None
 
     @property
     def queue(self) -> bool:
@@ -130,20 +135,21 @@ class TopicInfo:
     def from_wire(cls, d: dict[str, Any]) -> TopicInfo:
         """Build from a decoded TopicInfo Avro record."""
         return cls(
-            d["name"],
-            tuple(d["keys"]),
-            d["key_domain"],
-            d["partitions"],
-            d["log_topic"],
-            d["control_topic"],
-            d.get("sow", True),
-            tuple(d.get("queue_of") or ()),
-            d.get("key_generator"),
-            tuple(sorted((d.get("key_generator_options") or {}).items())),
-            d.get("auto", False),
-            d.get("message_type") or JSON,
-            d.get("schema") or "",
-            tuple(d.get("view_of") or ()),
+            name=d["name"],
+            keys=tuple(d["keys"]),
+            key_domain=d["key_domain"],
+            partitions=d["partitions"],
+            log_topic=d["log_topic"],
+            control_topic=d["control_topic"],
+            sow=d.get("sow", True),
+            queue_of=tuple(d.get("queue_of") or ()),
+            key_generator=d.get("key_generator"),
+            key_generator_options=tuple(sorted((d.get("key_generator_options") or {}).items())),
+            auto=d.get("auto", False),
+            message_type=d.get("message_type") or JSON,
+            schema=d.get("schema") or "",
+            view_of=tuple(d.get("view_of") or ()),
+            pattern=d.get("pattern") or "",
         )
 
     def refuse_writes(self) -> None:
@@ -154,6 +160,18 @@ class TopicInfo:
                 "computed by the engine and cannot be published to or deleted from; publish to "
                 "the underlying topics instead"
             )
+
+    def addressed_as(self, name: str) -> TopicInfo:
+        """This topic as a command on ``name`` reads it: a Pattern topic addressed by a name its
+        Pattern matches reads that name's records only; by its own Name otherwise, every name."""
+        if self.pattern and re.fullmatch(self.pattern, name):
+            return replace(self, topic_regex=name_regex(name))
+        return self
+
+    @property
+    def published_name(self) -> str | None:
+        """The one topic name a Pattern topic is addressed by (None: several or none)."""
+        return literal_name(self.topic_regex) if self.topic_regex is not None else None
 
 
 class Client:
@@ -320,7 +338,7 @@ class Client:
         if declare:
             return self._topic_or_declare(topic, message_type)
         ident = topic_ident(topic, self._type(message_type))
-        info = self._topics.get(ident) or self.refresh_topics().get(ident)
+        info = self._known(topic, message_type)
         if info is None:
             if ident != topic:
                 raise UnknownTopicError(f"{topic} ({self._type(message_type)})")
@@ -328,9 +346,35 @@ class Client:
         return info
 
     def _known(self, topic: str, message_type: str | None = None) -> TopicInfo | None:
-        """The definition of ``topic`` if the engine has one (refreshing once), else None."""
-        ident = topic_ident(topic, self._type(message_type))
-        return self._topics.get(ident) or self.refresh_topics().get(ident)
+        """The definition of ``topic`` if the engine has one (refreshing once), else None.
+
+        A name in no definition that a Pattern topic's Pattern matches is that topic, addressed
+        by the name (:meth:`TopicInfo.addressed_as`); a topic declared with the name wins.
+        """
+        kind = self._type(message_type)
+        ident = topic_ident(topic, kind)
+        for refresh in (False, True):
+            topics = self.refresh_topics() if refresh else self._topics
+            if ident in topics:
+                return topics[ident].addressed_as(topic)
+            owner = self._pattern_owner(topic, kind)
+            if owner is not None:
+                return owner
+        return None
+
+    def _pattern_owner(self, name: str, kind: str) -> TopicInfo | None:
+        """The Pattern topic of message type ``kind`` whose Pattern matches ``name`` (addressed
+        by it), None if there is none or ``name`` is a regular expression itself."""
+        if _PATTERN_ONLY.search(name):
+            return None
+        found = [
+            info
+            for info in self._topics.values()
+            if info.pattern and info.message_type == kind and re.fullmatch(info.pattern, name)
+        ]
+        if len(found) > 1:
+            raise InvalidCommandError(ambiguous_pattern(name, sorted(i.name for i in found)))
+        return found[0].addressed_as(name) if found else None
 
     def _topic_or_declare(self, topic: str, message_type: str | None = None) -> TopicInfo:
         """The definition of ``topic``; a json topic in no configuration is created first, as a
@@ -405,7 +449,29 @@ class Client:
                 f"{label} {topic!r}: {exc}", topic=topic, reason=reason
             ) from exc
 
-    def _sow_key(self, info: TopicInfo, parsed: dict[str, Any], sow_key: str | None) -> str | None:
+    @staticmethod
+    def _published_name(info: TopicInfo) -> str | None:
+        """The topic name a publish or delete on a Pattern topic goes under (None elsewhere):
+        the name the command addressed, which its Pattern must match."""
+        if not info.pattern:
+            return None
+        name = info.published_name
+        if name is None or not re.fullmatch(info.pattern, name):
+            raise InvalidCommandError(
+                f"topic {info.name!r} is a regular expression topic (Pattern {info.pattern!r}): "
+                "publish or delete under a topic name its Pattern matches"
+            )
+        return name
+
+    def _sow_key(
+        self,
+        info: TopicInfo,
+        parsed: dict[str, Any],
+        sow_key: str | None,
+        name: str | None = None,
+    ) -> str | None:
+        """The SowKey the engine gives a record of ``info`` (published under ``name`` on a
+        Pattern topic, whose names are their own key domains unless KeyDomain is set)."""
         if info.key_generator is not None:
             # The engine recomputes it; the same generator here routes the publish right.
             try:
@@ -420,6 +486,8 @@ class Client:
             if not info.sow and sow_key is None:
                 return None  # a plain topic needs no key: Kafka spreads the messages
             return validate_user_sow_key(info.name, sow_key)
+        if name is not None:
+            return generated_sow_key(name, info.key_domain or name, info.keys, parsed)
         return generated_sow_key(info.name, info.key_domain, info.keys, parsed)
 
     def _plain_partition(self, info: TopicInfo) -> int:
@@ -499,8 +567,9 @@ class Client:
     ) -> str | None:
         info = self._topic_or_declare(topic, message_type)
         info.refuse_writes()
+        name = self._published_name(info)
         raw, parsed = self._body(info, data, delta=command == h.DELTA_PUBLISH)
-        key = self._sow_key(info, parsed, sow_key)
+        key = self._sow_key(info, parsed, sow_key, name)
         command_id = uuid.uuid4().hex if ack else None
         self._produce(
             info.log_topic,
@@ -512,6 +581,7 @@ class Client:
                 h.EXPIRATION: str(expiration) if expiration is not None else None,
                 h.REPLY_TO: self.reply_topic if ack else None,
                 h.COMMAND_ID: command_id,
+                h.TOPIC: name,
             },
         )
         if command_id is not None:
@@ -546,11 +616,13 @@ class Client:
             return 0  # a topic in no configuration keeps no SOW: nothing to delete
         info.refuse_writes()
 
+        name = self._published_name(info)
         command_id = uuid.uuid4().hex
         base: dict[str, str | None] = {
             h.COMMAND: h.SOW_DELETE,
             h.REPLY_TO: self.reply_topic,
             h.COMMAND_ID: command_id,
+            h.TOPIC: name,  # a Pattern topic: only this name's records
         }
         if filter is not None:
             compile_filter(filter)  # a bad filter fails here, with its position
@@ -565,7 +637,8 @@ class Client:
             expected = len(sow_keys)
         else:
             raw, parsed = self._body(info, data)
-            self._produce(info.log_topic, raw, key=self._sow_key(info, parsed, None), headers=base)
+            key = self._sow_key(info, parsed, None, name)
+            self._produce(info.log_topic, raw, key=key, headers=base)
             expected = 1
         self.flush()
         return self._await_acks(command_id, expected) if expected else 0
@@ -691,14 +764,22 @@ class Client:
         ``declare`` a json name no topic matches is created (a plain topic) if the engine
         allows it."""
         kind = self._type(message_type)
-        ident = topic_ident(topic, kind)
-        if ident in self._topics or ident in self.refresh_topics():
-            return [self._topics[ident]]
+        known = self._known(topic, message_type)
+        if known is not None:
+            return [known]
         if _REGEX_CHARS.search(topic):
             of_type = {i.name: i for i in self._topics.values() if i.message_type == kind}
             matched = match_topic_names(topic, sorted(of_type))
-            if matched:
-                return [of_type[name] for name in matched]
+            # A regular expression (not a name) may match names of every Pattern topic: each
+            # reads those of its records.
+            scoped = [
+                replace(i, topic_regex=topic)
+                for i in of_type.values()
+                if i.pattern and _PATTERN_ONLY.search(topic)
+            ]
+            plain = [of_type[name] for name in matched if not of_type[name].pattern]
+            if plain or scoped:
+                return [*plain, *sorted(scoped, key=lambda i: i.name)]
         if declare and kind == JSON and not _PATTERN_ONLY.search(topic):
             return [self._declare(topic)]
         raise UnknownTopicError(topic if kind == JSON else f"{topic} ({kind})")
@@ -777,6 +858,7 @@ class Client:
                     batch_size=batch_size,
                     after_offset=self._written.get((info.log_topic, partition), -1),
                     options=options,
+                    topic_regex=info.topic_regex,
                 )
                 producer.produce(
                     info.control_topic, value=encode("Command", command), partition=partition
@@ -826,7 +908,7 @@ class Client:
                 partial[answer].extend(
                     Message(
                         "oof",
-                        topic=reply["topic"],
+                        topic=rec.get("topic") or reply["topic"],
                         sow_key=rec["sow_key"],
                         query_id=query_id,
                         data=rec["data"],
@@ -850,7 +932,7 @@ class Client:
                 partial[answer].extend(
                     Message(
                         "sow",
-                        topic=reply["topic"],
+                        topic=rec.get("topic") or reply["topic"],
                         sow_key=rec["sow_key"],
                         query_id=query_id,
                         data=rec["data"],
@@ -1156,6 +1238,7 @@ class Client:
                 order_by=order_by,
                 sow_keys=frozenset(sow_keys) if sow_keys is not None else None,
                 message_type=info.message_type,
+                topic_regex=info.topic_regex,
             )
             for info in infos
         ]
@@ -1171,6 +1254,7 @@ class Client:
             specs,
             user,
             key_fields={info.name: info.keys for info in infos},
+            patterns={info.name: info.pattern for info in infos if info.pattern},
             codec=_codec_of(infos),
             window=window,
             on_message=on_message,
@@ -1333,6 +1417,7 @@ class Client:
             "sub_options": "",
             "previous_filter": None,
             "message_type": JSON,
+            "topic_regex": None,
         }
         body.update(fields)
         return body
@@ -1447,6 +1532,7 @@ class Client:
                     sub_options=options.to_text(),
                     previous_filter=previous_filter,
                     sow_keys=keys,
+                    topic_regex=info.topic_regex,
                 )
                 producer.produce(
                     info.control_topic, value=encode("Command", body), partition=partition
@@ -1487,7 +1573,10 @@ class Client:
                     raise InvalidCommandError(
                         f"replace must give {name} again: the subscription was placed with it"
                     )
-        infos = [self.topic_info(spec.topic, spec.message_type) for spec in sub.specs]
+        infos = [
+            replace(self.topic_info(spec.topic, spec.message_type), topic_regex=spec.topic_regex)
+            for spec in sub.specs
+        ]
         wire = replace(user, replace=False)
         if old.paginated:
             wire = replace(wire, oof=True, select=None, no_empties=False)

@@ -11,6 +11,7 @@ Paginated subscriptions (top_n) keep their window here, over their own sorted re
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -95,6 +96,7 @@ class Subscription:
         user_options: SubscriptionOptions,
         *,
         key_fields: dict[str, tuple[str, ...]],
+        patterns: dict[str, str] | None = None,
         codec: MessageType | None = None,
         window: PageWindow | None = None,
         on_message: MessageHandler | None = None,
@@ -104,6 +106,10 @@ class Subscription:
         self.specs = specs
         self.options = user_options
         self._keys = key_fields
+        # Pattern topics: live messages carry the name a record was published under; order and
+        # cuts are kept per topic (one log), so each name is mapped back to its Pattern topic.
+        self._own = {spec.topic for spec in specs}
+        self._patterns = [(re.compile(p), topic) for topic, p in (patterns or {}).items()]
         # The topics' message type when not json: messages carry it (Message.fields), and a
         # window reads and writes records with it.
         self._codec = codec
@@ -172,7 +178,7 @@ class Subscription:
         with self._lock:
             keep: list[_Live] = []
             for live in self._held:
-                if live.offset <= cuts.get((live.topic, live.partition), -1):
+                if live.offset <= cuts.get((self._stream(live.topic), live.partition), -1):
                     self._accept(live)
                 else:
                     keep.append(live)
@@ -239,8 +245,17 @@ class Subscription:
 
     # -- rules -------------------------------------------------------------------------------------
 
+    def _stream(self, topic: str) -> str:
+        """The topic whose log a message with topic name ``topic`` came from."""
+        if topic in self._own or not self._patterns:
+            return topic
+        for regex, owner in self._patterns:
+            if regex.fullmatch(topic):
+                return owner
+        return topic
+
     def _accept(self, live: _Live) -> None:
-        where = (live.topic, live.partition)
+        where = (self._stream(live.topic), live.partition)
         seq = (live.offset, live.seq)
         if seq <= self._last.get(where, (-1, 0)):
             return  # already covered by the snapshot, or a replay after a failover
@@ -329,7 +344,7 @@ class Subscription:
                 delta = self._type.changed(previous, event.record)
                 if self.options.select is not None:
                     delta = project_delta(delta, self.options.select)
-                keys = self._keys.get(live.topic, ())
+                keys = self._keys.get(self._stream(live.topic), ())
                 if self.options.no_empties and not has_changes(delta, keys):
                     continue
                 delta = with_fields(delta, event.record, keys)

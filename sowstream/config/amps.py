@@ -45,7 +45,9 @@ ROOTS = ("AMPSConfig", "SOW", "TopicMetaData")
 SOW_SECTIONS = ("SOW", "TopicMetaData")
 TOPIC_ELEMENTS = ("Topic", "TopicDefinition")
 UNSUPPORTED_DEFINITIONS = ("ConflatedTopic",)
-UNSUPPORTED_TOPIC_ELEMENTS = ("Preprocessing", "Enrichment", "Pattern")
+UNSUPPORTED_TOPIC_ELEMENTS = ("Preprocessing", "Enrichment")
+# What a regular expression topic (with a Pattern) may not have, as AMPS documents.
+NOT_WITH_PATTERN = ("History", "Preprocessing", "Enrichment")
 
 _STORAGE_FILE = "sowstream keeps SOW state in RocksDB under engine.data_dir, not in a SOW file"
 _STORAGE_SIZE = "RocksDB manages storage growth itself, so AMPS slab and record sizing do not apply"
@@ -72,6 +74,7 @@ _SCALARS: dict[str, str] = {
     "Expiration": "expiration",
     "Partitions": "partitions",
     "Schema": "schema_file",  # sowstream's own: the record schema file of an avro topic
+    "Pattern": "pattern",
 }
 _NAME_TAGS = ("Name", "Topic")
 _REPEATABLE = ("Key", "HashIndex", "Index")
@@ -90,6 +93,12 @@ _DEFAULT_TAGS = {
     "history": "History",
     "key_generator": "KeyGenerator",
 }
+
+
+def not_with_pattern(element: str, name: str | None) -> str:
+    """The error for an element a regular expression topic may not have."""
+    topic = f"topic {name!r}" if name else "this topic"
+    return f"{element} cannot be used with Pattern: {topic} is a regular expression topic"
 
 
 def message_type_supported(
@@ -248,6 +257,14 @@ def _topic(
                 element=f"{path}/{tag}",
                 problem=f"<{tag}> appears {count} times; it may appear only once",
             )
+    if any(c.tag == "Pattern" for c in children):
+        for child in children:
+            if child.tag in NOT_WITH_PATTERN:
+                raise ConfigError(
+                    source=source,
+                    element=f"{path}/{child.tag}",
+                    problem=not_with_pattern(child.tag, name),
+                )
     for child in children:
         if child.tag in UNSUPPORTED_TOPIC_ELEMENTS or child.tag not in _KNOWN_TOPIC_ELEMENTS:
             problem = (

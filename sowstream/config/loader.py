@@ -16,9 +16,11 @@ import yaml
 from pydantic import ValidationError
 
 from sowstream.config.amps import (
+    NOT_WITH_PATTERN,
     UNSUPPORTED_TOPIC_ELEMENTS,
     load_amps_xml,
     message_type_supported,
+    not_with_pattern,
 )
 from sowstream.config.errors import (
     ConfigError,
@@ -67,6 +69,7 @@ TOPIC_KEYS: dict[str, str] = {
     "Partitions": "partitions",
     "History": "history",
     "Schema": "schema_file",
+    "Pattern": "pattern",
 }
 # What a plain (non-SOW) topic under ``topics:`` may set.
 PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions", "Schema"})
@@ -275,6 +278,14 @@ def _topic(item: Any, element: str, source: str, skip: bool) -> TopicConfig | No
         )
     name = item.get("Name")
     skipping = f"topic {name!r}" if isinstance(name, str) else f"topic {element}"
+    if item.get("Pattern") is not None:
+        for key in item:
+            if key in NOT_WITH_PATTERN:
+                raise ConfigError(
+                    source=source,
+                    element=f"{element}.{key}",
+                    problem=not_with_pattern(key, name if isinstance(name, str) else None),
+                )
     for key in item:
         if key in UNSUPPORTED_TOPIC_ELEMENTS:
             error = ConfigError(

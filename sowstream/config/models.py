@@ -28,6 +28,7 @@ from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageType as MessageTypeImpl
 from sowstream.messagetypes import MessageTypeConfigError, registry
 from sowstream.sow.keygen import KeyGeneratorError, load_key_generator
+from sowstream.sow.patterns import compile_pattern
 from sowstream.sow.timestamps import parse_timestamp
 from sowstream.wire.topics import kafka_part, kafka_topic_part, topic_ident
 
@@ -345,6 +346,9 @@ class TopicConfig(_Frozen):
     partitions: int = 4
     history: HistoryConfig | None = None
     sow: bool = True  # False: a plain topic (subscriptions only, nothing is stored)
+    # A regular expression topic (AMPS ``Pattern``): the records of every topic name it matches
+    # whole share this definition, its Kafka topics and its stores (see sowstream.sow.patterns).
+    pattern: str | None = None
 
     @field_validator("name", mode="before")
     @classmethod
@@ -441,6 +445,22 @@ class TopicConfig(_Frozen):
     def _partitions(cls, value: object) -> int:
         return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
+    @field_validator("pattern", mode="before")
+    @classmethod
+    def _pattern(cls, value: object) -> object:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(
+                f"Pattern must be a regular expression over topic names, got {value!r}"
+            )
+        text = value.strip()
+        try:
+            compile_pattern(text)
+        except re.error as exc:
+            raise ValueError(f"Pattern {text!r} is not a valid regular expression: {exc}") from None
+        return text
+
     @model_validator(mode="after")
     def _message_type_fits(self) -> TopicConfig:
         kind = self.message_type
@@ -478,6 +498,16 @@ class TopicConfig(_Frozen):
                 "key_domain",
                 "KeyDomain is only valid with Key fields: without them publishers supply the "
                 "SowKey and no key is generated",
+            )
+        if self.pattern is not None and self.history is not None:
+            raise FieldProblem(
+                "history",
+                f"topic {self.name!r} has a Pattern: a regular expression topic cannot have "
+                "History",
+            )
+        if self.pattern is not None and not self.sow:
+            raise FieldProblem(
+                "pattern", f"topic {self.name!r}: Pattern applies to SOW topics only"
             )
         if self.history is not None and self.expiration.mode != "disabled":
             raise FieldProblem(
@@ -522,6 +552,19 @@ class TopicConfig(_Frozen):
     def effective_key_domain(self) -> str:
         """The seed of generated SowKeys: ``key_domain`` if set, else the topic name."""
         return self.key_domain if self.key_domain is not None else self.name
+
+    def key_domain_of(self, name: str) -> str:
+        """The key domain of records published under topic ``name``: on a Pattern topic each
+        name is its own domain unless ``key_domain`` is set; elsewhere the topic's."""
+        if self.pattern is None or self.key_domain is not None:
+            return self.effective_key_domain
+        return name
+
+    def matches_name(self, name: str) -> bool:
+        """Whether ``name`` belongs to this Pattern topic (its Pattern matches it whole)."""
+        return (
+            self.pattern is not None and compile_pattern(self.pattern).fullmatch(name) is not None
+        )
 
     @property
     def user_supplied_keys(self) -> bool:
@@ -678,6 +721,15 @@ def match_topic_names(pattern: str, names: Iterable[str]) -> list[str]:
     return [name for name in names if regex.fullmatch(name)]
 
 
+def ambiguous_pattern(name: str, topics: Iterable[str]) -> str:
+    """The error for a topic name that the Patterns of several topics match."""
+    listed = ", ".join(repr(t) for t in topics)
+    return (
+        f"topic name {name!r} matches the Pattern of several topics ({listed}): publish under "
+        "a name only one Pattern matches, or declare the name as a topic of its own"
+    )
+
+
 ANY_IDENTITY = "*"
 
 
@@ -818,6 +870,19 @@ class SowstreamConfig(_Frozen):
             if queue.name == name:
                 return queue
         raise UnknownTopicError(name)
+
+    def pattern_topic_for(self, name: str, message_type: str = "json") -> TopicConfig | None:
+        """The Pattern topic of ``message_type`` that topic name ``name`` belongs to, or None.
+
+        A topic declared with exactly that name wins over any Pattern (so None); a name that
+        several Pattern topics match is ambiguous: InvalidCommandError names them.
+        """
+        if any(t.name == name and t.message_type == message_type for t in self.topics):
+            return None
+        found = [t for t in self.topics if t.message_type == message_type and t.matches_name(name)]
+        if len(found) > 1:
+            raise InvalidCommandError(ambiguous_pattern(name, [t.name for t in found]))
+        return found[0] if found else None
 
     def topics_matching(self, pattern: str) -> list[TopicConfig]:
         """Topics whose whole name matches the regular expression ``pattern``, as AMPS queries do.

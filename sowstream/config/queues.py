@@ -468,6 +468,13 @@ def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -
                 "topic (under sow or topics) so that its log exists",
             )
         for name in fed_by:
+            if by_name[name].pattern is not None:
+                raise QueueProblem(
+                    index,
+                    "underlying_topic",
+                    f"topic {name!r} is a regular expression topic (Pattern): queues over "
+                    "Pattern topics are not supported yet",
+                )
             if by_name[name].message_type != queue.message_type:
                 raise QueueProblem(
                     index,

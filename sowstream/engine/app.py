@@ -721,6 +721,16 @@ class Engine:
 
     def _auto_refusal(self, name: str) -> str | None:
         """Why ``name`` may not be created on first use, or None."""
+        try:
+            owner = self.config.pattern_topic_for(name)
+        except InvalidCommandError as exc:
+            return str(exc)
+        if owner is not None:
+            return (
+                f"topic {name!r} matches the Pattern {owner.pattern!r} of topic {owner.name!r}: "
+                "its records go to that regular expression topic (publish with the name in the "
+                f"{h.TOPIC} header to {self.names.log(owner.name, owner.message_type)})"
+            )
         if not self.config.engine.auto_create_topics:
             return (
                 f"topic {name!r} is not declared and engine.auto_create_topics is false: declare "
@@ -1171,7 +1181,10 @@ def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> 
         "name": topic.name,
         "message_type": topic.message_type,
         "keys": list(topic.keys),
-        "key_domain": topic.effective_key_domain,
+        # A Pattern topic's names are their own key domains unless KeyDomain is set ("").
+        "key_domain": topic.effective_key_domain
+        if topic.pattern is None
+        else topic.key_domain or "",
         "partitions": topic.partitions,
         "log_topic": names.log(topic.name, topic.message_type),
         "control_topic": names.auto_control
@@ -1185,4 +1198,5 @@ def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> 
         "key_generator_options": dict(topic.key_generator.options) if topic.key_generator else {},
         "auto": auto,
         "schema": getattr(topic.codec, "schema_text", ""),
+        "pattern": topic.pattern or "",
     }

@@ -34,6 +34,7 @@ from sowstream.sow.ops import (
     deleted_by_filter,
     parse_body,
 )
+from sowstream.sow.patterns import name_regex
 from sowstream.sow.planner import plan
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.model import OOF_DELETED, Change
@@ -209,8 +210,8 @@ class Applier(ProcessorBase):
                     outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
                 continue
             if op.rekey:
-                if not replay and op.sow_key is not None:
-                    outcome.rekeys.append((op.sow_key, rec))
+                if not replay and op.kafka_key is not None:
+                    outcome.rekeys.append((op.kafka_key, rec))
                 continue
             if op.sow_key is None:
                 count = self._delete_by_filter(ps, overlay, before, op, events, rec, versions)
@@ -339,8 +340,10 @@ class Applier(ProcessorBase):
         versions: list[Version] | None = None,
     ) -> int:
         count = 0
-        how = plan(self.topic, op.filter, memo_ready=ps.memo)
-        candidates = dict.fromkeys(self._candidate_keys(ps, how))
+        # On a Pattern topic a delete by filter takes the records of its own topic name only.
+        scope = self.scope(name_regex(op.name)) if op.name is not None else None
+        how = plan(self.topic, op.filter, memo_ready=ps.memo, scope=scope)
+        candidates = dict.fromkeys(self._candidate_keys(ps, how, scope))
         for flight in ps.in_flight:
             candidates.update(dict.fromkeys(flight.outcome.overlay))
         candidates.update(dict.fromkeys(overlay))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -18,13 +19,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sowstream.config.models import TopicConfig
 from sowstream.engine import memo, metrics
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition, is_record_key
-from sowstream.errors import InvalidMessageError, SowstreamError, StateStoreError
+from sowstream.errors import (
+    InvalidCommandError,
+    InvalidMessageError,
+    SowstreamError,
+    StateStoreError,
+)
 from sowstream.filters import Filter
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.history import Version
 from sowstream.sow.layout import index_entries
 from sowstream.sow.memo import memo_entries
 from sowstream.sow.ops import RawRecord, parse_body, resolve_sow_key
+from sowstream.sow.patterns import NameScope
 from sowstream.sow.planner import (
     FullScan,
     IndexLookup,
@@ -200,6 +207,21 @@ class ProcessorBase:
         self._index_fields = [tuple(f) for f in topic.hash_indexes]
         self._history = topic.history if topic.sow else None
         self._pruned_at = 0.0
+
+    def scope(
+        self, topic_regex: str | None, sow_keys: Iterable[str] | None = None
+    ) -> NameScope | None:
+        """Which records a command reads, on a Pattern topic (None elsewhere: every record, the
+        SowKeys being looked up directly). InvalidCommandError for a regex that does not compile.
+        """
+        if self.topic.pattern is None:
+            return None
+        try:
+            return NameScope(topic_regex, frozenset(sow_keys) if sow_keys is not None else None)
+        except re.error as exc:
+            raise InvalidCommandError(
+                f"topic pattern {topic_regex!r} is not a valid regular expression: {exc}"
+            ) from None
 
     def _new_store(self, partition: int) -> PartitionStore:
         if self.topic.durability == "transient" or self._table is None:
@@ -399,6 +421,7 @@ class ProcessorBase:
         ps: PartitionState,
         flt: Filter | None,
         sow_keys: Sequence[str] | None = None,
+        scope: NameScope | None = None,
     ) -> Plan:
         """Plan a query under the partition lock, building the memo indexes it needs first.
 
@@ -409,7 +432,15 @@ class ProcessorBase:
         def estimate(lookup: MemoLookup) -> int:
             return memo.count(ps.store, lookup, ESTIMATE_CAP)
 
-        how = plan(self.topic, flt, sow_keys, memo_ready=ps.memo, memo_auto=True, estimate=estimate)
+        how = plan(
+            self.topic,
+            flt,
+            sow_keys,
+            memo_ready=ps.memo,
+            memo_auto=True,
+            estimate=estimate,
+            scope=scope,
+        )
         for path in sorted(memo_paths(how) - ps.memo):
             await self._build_memo(partition, ps, path)
         if not memo_paths(how) <= ps.memo:
@@ -425,7 +456,17 @@ class ProcessorBase:
             )
         return how
 
-    def _candidate_keys(self, ps: PartitionState, how: Plan) -> Iterator[bytes]:
+    def _candidate_keys(
+        self, ps: PartitionState, how: Plan, scope: NameScope | None = None
+    ) -> Iterator[bytes]:
+        """Store keys of the records ``how`` reads; on a Pattern topic only those in ``scope``."""
+        keys = self._lookup_keys(ps, how, scope.prefix if scope is not None else b"")
+        if scope is None:
+            yield from keys
+        else:
+            yield from (key for key in keys if scope.admits_stored(key))
+
+    def _lookup_keys(self, ps: PartitionState, how: Plan, prefix: bytes) -> Iterator[bytes]:
         if isinstance(how, KeyLookup):
             yield from (k.encode() for k in how.sow_keys)
         elif isinstance(how, IndexLookup):
@@ -438,10 +479,11 @@ class ProcessorBase:
         elif isinstance(how, UnionLookup):
             keys: set[bytes] = set()
             for part in how.parts:
-                keys.update(self._candidate_keys(ps, part))
+                keys.update(self._lookup_keys(ps, part, prefix))
             yield from sorted(keys)
         else:
-            for key, _ in ps.store.scan():
+            # One name of a Pattern topic: its records lie together, under the name's prefix.
+            for key, _ in ps.store.scan(prefix=prefix) if prefix else ps.store.scan():
                 if is_record_key(key):
                     yield key
 
@@ -452,18 +494,22 @@ class ProcessorBase:
         opts: QueryOptions,
         visible: Filter | None = None,
         records: Iterable[SowRecord] | None = None,
+        scope: NameScope | None = None,
     ) -> list[tuple[SowRecord, dict[str, Any] | None]]:
         """Records of the partition that match (and ``visible`` allows), read under its lock.
 
-        ``records`` replaces the stored state (a historical query passes the state as of then).
+        ``records`` replaces the stored state (a historical query passes the state as of then);
+        on a Pattern topic only the records in ``scope`` are read.
         """
+        if records is not None and scope is not None:
+            records = [r for r in records if scope.admits(r.sow_key)]
         out: list[tuple[SowRecord, dict[str, Any] | None]] = []
         flt = opts.filter
         need_parsed = flt is not None or visible is not None or bool(opts.order_by)
         # An expired record may still wait for the next expiry sweep; never show it.
         now = wall_clock_ms() if self._expires else None
         seen = 0
-        for rec in records if records is not None else self._stored(ps, how):
+        for rec in records if records is not None else self._stored(ps, how, scope):
             seen += 1
             if seen % SCAN_YIELD_EVERY == 0:
                 await asyncio.sleep(0)
@@ -477,13 +523,16 @@ class ProcessorBase:
             out.append((rec, parsed))
         return out
 
-    def _stored(self, ps: PartitionState, how: Plan) -> Iterator[SowRecord]:
+    def _stored(
+        self, ps: PartitionState, how: Plan, scope: NameScope | None = None
+    ) -> Iterator[SowRecord]:
         if isinstance(how, FullScan):
-            for key, raw in ps.store.scan():
-                if is_record_key(key):
+            prefix = scope.prefix if scope is not None else b""
+            for key, raw in ps.store.scan(prefix=prefix) if prefix else ps.store.scan():
+                if is_record_key(key) and (scope is None or scope.admits_stored(key)):
                     yield SowRecord.from_bytes(raw)
             return
-        for key in self._candidate_keys(ps, how):
+        for key in self._candidate_keys(ps, how, scope):
             value = ps.store.get(key)
             if value is not None:
                 yield SowRecord.from_bytes(value)
@@ -513,7 +562,7 @@ def live_headers(d: Delivery) -> list[tuple[str, bytes]]:
     pairs = [
         (h.COMMAND, d.command.encode()),
         (h.SUB_ID, d.spec.sub_id.encode()),
-        (h.TOPIC, d.spec.topic.encode()),
+        (h.TOPIC, (d.topic or d.spec.topic).encode()),
         (h.PARTITION, str(d.partition).encode()),
         (h.OFFSET, str(d.offset).encode()),
         (h.TIMESTAMP, str(d.timestamp).encode()),

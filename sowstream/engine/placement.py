@@ -188,7 +188,7 @@ class Placement(Queries):
                         FullScan(),
                         scope,
                         view.entitled,
-                        [r for r in past.values() if spec.covers(r.sow_key)],
+                        [r for r in past.values() if view.covers(r.sow_key)],
                     )
                 start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
                 await self.deliver(self.subs.replay(spec.key, replayed), wait=True)
@@ -198,12 +198,12 @@ class Placement(Queries):
                 everything = QueryOptions(None, (), None, 0, opts.batch_size)
                 if not replace:
                     keys = sorted(spec.sow_keys) if spec.sow_keys is not None else None
-                    how = await self._query_plan(partition, ps, view.filter, keys)
-                    matched = await self._matching(ps, how, scope, view.entitled)
+                    how = await self._query_plan(partition, ps, view.filter, keys, view.scope)
+                    matched = await self._matching(ps, how, scope, view.entitled, scope=view.scope)
                 else:
                     # Entering scope: the new SOW part; leaving scope: out of focus.
                     for rec, body in await self._matching(
-                        ps, FullScan(), everything, view.entitled
+                        ps, FullScan(), everything, view.entitled, scope=view.scope
                     ):
                         assert body is None
                         parsed = self._parse(rec.data)
@@ -256,6 +256,7 @@ def spec_from_command(cmd: dict[str, Any]) -> SubscriptionSpec:
         order_by=cmd.get("order_by"),
         sow_keys=frozenset(cmd["sow_keys"]) if cmd.get("sow_keys") is not None else None,
         message_type=cmd.get("message_type") or "json",
+        topic_regex=cmd.get("topic_regex"),
     )
 
 

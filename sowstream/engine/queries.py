@@ -22,6 +22,7 @@ from sowstream.filters import FilterError
 from sowstream.sow.aggregate import Aggregation, parse_aggregation
 from sowstream.sow.bookmarks import Bookmark, parse_bookmark
 from sowstream.sow.history import HISTORY_PREFIX, as_of_bound, check_window, states_as_of
+from sowstream.sow.patterns import split_key
 from sowstream.sow.planner import FullScan, Plan
 from sowstream.sow.query import result_order, validate_query
 from sowstream.sow.record import SowRecord
@@ -84,6 +85,7 @@ class Queries(Ownership):
             )
             bookmark = self._bookmark(cmd)
             aggregation = aggregation_of(cmd)
+            scope = self.scope(cmd.get("topic_regex"), cmd.get("sow_keys"))
             if not self.codec.has_fields and (
                 opts.filter is not None or opts.order_by or aggregation is not None
             ):
@@ -137,8 +139,8 @@ class Queries(Ownership):
             records = past.values() if past is not None else None
             how: Plan = FullScan()
             if records is None:
-                how = await self._query_plan(partition, ps, opts.filter, cmd.get("sow_keys"))
-            matched = await self._matching(ps, how, opts, visible, records)
+                how = await self._query_plan(partition, ps, opts.filter, cmd.get("sow_keys"), scope)
+            matched = await self._matching(ps, how, opts, visible, records, scope)
         if self._parts.get(partition) is not ps:
             return  # revoked while reading: the new owner answers
         if aggregation is not None:
@@ -186,17 +188,21 @@ class Queries(Ownership):
     ) -> None:
         batch: list[dict[str, Any]] = []
         size = 0
+        pattern = self.topic.pattern is not None
         for rank, (rec, body) in enumerate(matched):
             if select is not None:
                 data = self.codec.serialise(project(body or self._parse(rec.data), select))
             else:
                 data = rec.data
+            # A Pattern topic's record says which topic name it was published under.
+            name, sow_key = split_key(rec.sow_key) if pattern else ("", rec.sow_key)
             item = {
-                "sow_key": rec.sow_key,
+                "sow_key": sow_key,
                 "data": data,
                 "timestamp": rec.log_timestamp,
                 "log_offset": rec.log_offset,
                 "sort_rank": rank,
+                "topic": name,
             }
             if batch and (len(batch) >= batch_size or size + len(data) > MAX_REPLY_BYTES):
                 await self.reply(reply_to, {**base, "command": command, "records": batch})

@@ -93,9 +93,16 @@ def _raw(row: Mapping[str, Any]) -> RawRecord:
     )
 
 
-def require_json(topic: TopicConfig) -> None:
-    """The Spark jobs read record bodies as JSON (filters become Spark JSON columns); topics of
-    other message types are refused with a PipelineError naming the type."""
+def require_supported(topic: TopicConfig) -> None:
+    """What the Spark jobs can rebuild: json topics (filters become Spark JSON columns) without
+    a Pattern (they fold per Kafka key, which the names of a regular expression topic share);
+    others are refused with a PipelineError that says why."""
+    if topic.pattern is not None:
+        raise PipelineError(
+            f"topic {topic.name!r} is a regular expression topic (Pattern "
+            f"{topic.pattern!r}): the Spark pipeline does not rebuild Pattern topics yet; "
+            "their workers rebuild them from the log"
+        )
     if topic.message_type != "json":
         raise PipelineError(
             f"{topic.message_type} topic {topic.name!r}: the Spark pipeline rebuilds json topics "
@@ -208,7 +215,7 @@ def rebuild(
     cannot be read completely.
     """
     topic = config.topic(topic_name)
-    require_json(topic)
+    require_supported(topic)
     log_topic = TopicNames(config.engine.topic_prefix).log(topic.name)
     rng = plan_log_range(
         bootstrap, log_topic, start=start, until_ms=until_ms, kafka=config.engine.kafka

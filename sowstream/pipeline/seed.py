@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import META_TIMEOUT_S
-from sowstream.pipeline.rebuild import RebuildResult, require_json
+from sowstream.pipeline.rebuild import RebuildResult, require_supported
 from sowstream.sow.history import HISTORY_PREFIX
 from sowstream.sow.layout import (
     FAUST_OFFSET_KEY,
@@ -184,7 +184,7 @@ def write_seed(
     from pyspark.sql import functions as F
 
     topic = config.topic(topic_name)
-    require_json(topic)
+    require_supported(topic)
     if topic.durability != "persistent" or not topic.sow:
         raise PipelineError(
             f"topic {topic.name!r} keeps no persistent SOW: its workers rebuild it from the log"

@@ -17,6 +17,7 @@ from sowstream.messagetypes import MessageParseError, MessageSerialiseError
 from sowstream.sow.expiration import expiration_time, parse_expiration_header
 from sowstream.sow.keygen import generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
+from sowstream.sow.patterns import record_key, split_key
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 
@@ -54,6 +55,10 @@ class LogOp:
     reply_to: str | None = None
     command_id: str | None = None
     rekey: bool = False
+    # On a Pattern topic: the topic name the record was published under; ``sow_key`` is then
+    # its record key (name and SowKey, sow.patterns.record_key) and ``kafka_key`` the SowKey.
+    name: str | None = None
+    kafka_key: str | None = None
 
 
 def malformed_reason(message_type: str) -> str:
@@ -87,26 +92,54 @@ def _label(topic: TopicConfig) -> str:
 
 
 def resolve_sow_key(
-    topic: TopicConfig, body: Mapping[str, Any] | None, supplied: str | None
+    topic: TopicConfig,
+    body: Mapping[str, Any] | None,
+    supplied: str | None,
+    name: str | None = None,
 ) -> str:
     """The SowKey of a message: made by the topic's KeyGenerator or from its Key fields, or
-    the publisher's own."""
+    the publisher's own. ``name`` is the topic name a Pattern topic's message was published
+    under: the key domain of its generated keys (unless KeyDomain is set), named in errors."""
+    label = name or topic.name
     if topic.user_supplied_keys:
-        return validate_user_sow_key(topic.name, supplied)
+        return validate_user_sow_key(label, supplied)
     if body is None:
         # Without data only the key itself can identify a record (delete by SowKey).
         if supplied:
             return supplied
         raise InvalidMessageError(
-            f"topic {topic.name!r}: a delete needs data, keys or a filter",
-            topic=topic.name,
+            f"topic {label!r}: a delete needs data, keys or a filter",
+            topic=label,
             reason="missing_key_field",
         )
     generator = topic.key_generator
     if generator is not None:
         function = load_key_generator(generator.module, dict(generator.options))
-        return generate_sow_key(topic.name, generator.module, function, body)
-    return generated_sow_key(topic.name, topic.effective_key_domain, topic.keys, body)
+        return generate_sow_key(label, generator.module, function, body)
+    return generated_sow_key(label, topic.key_domain_of(label), topic.keys, body)
+
+
+def published_name(topic: TopicConfig, headers: Mapping[str, str]) -> str | None:
+    """The topic name a record of a Pattern topic was published under (its ``sow.topic``
+    header), checked against the Pattern; None on other topics."""
+    if topic.pattern is None:
+        return None
+    name = headers.get(h.TOPIC) or ""
+    if not name:
+        raise InvalidMessageError(
+            f"topic {topic.name!r} is a regular expression topic (Pattern {topic.pattern!r}): "
+            f"each record needs the topic name it is published under in header {h.TOPIC}",
+            topic=topic.name,
+            reason="missing_topic",
+        )
+    if not topic.matches_name(name) or any(c.isspace() or not c.isprintable() for c in name):
+        raise InvalidMessageError(
+            f"topic {topic.name!r}: topic name {name!r} in header {h.TOPIC} does not match its "
+            f"Pattern {topic.pattern!r}",
+            topic=topic.name,
+            reason="bad_topic",
+        )
+    return name
 
 
 def decode_log_record(
@@ -134,6 +167,7 @@ def decode_log_record(
         timestamp,
         reply_to=headers.get(h.REPLY_TO) or None,
         command_id=headers.get(h.COMMAND_ID) or None,
+        name=published_name(topic, headers),
     )
     if command == h.SOW_DELETE:
         filter_text = headers.get(h.FILTER)
@@ -148,17 +182,24 @@ def decode_log_record(
                 ) from exc
             return op
         if not value:
-            op.sow_key = resolve_sow_key(topic, None, kafka_key or headers.get(h.SOW_KEY))
-            op.rekey = kafka_key is None
+            supplied = kafka_key or headers.get(h.SOW_KEY)
+            _keyed(op, resolve_sow_key(topic, None, supplied, op.name), kafka_key is None)
             return op
     op.body = parse_body(topic, value, delta=command == h.DELTA_PUBLISH)
     op.data = value
     supplied = kafka_key if topic.user_supplied_keys and kafka_key else headers.get(h.SOW_KEY)
-    op.sow_key = resolve_sow_key(topic, op.body, supplied)
-    op.rekey = kafka_key != op.sow_key
+    sow_key = resolve_sow_key(topic, op.body, supplied, op.name)
+    _keyed(op, sow_key, kafka_key != sow_key)
     if command != h.SOW_DELETE:
         op.expiration_ms = parse_expiration_header(topic.name, headers.get(h.EXPIRATION))
     return op
+
+
+def _keyed(op: LogOp, sow_key: str, rekey: bool) -> None:
+    """Give ``op`` its SowKey: on a Pattern topic the record key of its name holds it."""
+    op.kafka_key = sow_key
+    op.sow_key = record_key(op.name, sow_key) if op.name is not None else sow_key
+    op.rekey = rekey
 
 
 def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowRecord | None:
@@ -195,7 +236,10 @@ def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowR
 def deleted_by_filter(topic: TopicConfig, stored: SowRecord, op: LogOp) -> bool:
     """Whether a delete-by-filter at ``op.offset`` removes ``stored``.
 
-    Records written after the delete (a higher log offset, seen again during a replay) are kept.
+    Records written after the delete (a higher log offset, seen again during a replay) are kept,
+    and so are, on a Pattern topic, the records of other topic names than the delete's.
     """
     assert op.filter is not None
+    if op.name is not None and split_key(stored.sow_key)[0] != op.name:
+        return False
     return stored.log_offset < op.offset and op.filter.matches(stored.parsed(topic.codec))

@@ -31,6 +31,7 @@ from sowstream.sow.memo import (
     text_prefix_range,
     text_range,
 )
+from sowstream.sow.patterns import NameScope, record_key
 
 __all__ = [
     "FullScan",
@@ -109,6 +110,19 @@ class _Context:
     ready: Collection[str]
     auto: bool
     estimate: Estimate | None
+    # A Pattern topic's one topic name read (None: several, or not a Pattern topic).
+    name: str | None = None
+
+    def key_lookup(self, combos: list[tuple[str, ...]]) -> KeyLookup | None:
+        """The SowKeys (record keys on a Pattern topic) of these Key values; None on a Pattern
+        topic read across names, whose records' keys depend on their names."""
+        topic = self.topic
+        if topic.pattern is None:
+            return _key_lookup(topic.effective_key_domain, combos)
+        if self.name is None:
+            return None
+        found = _key_lookup(topic.key_domain_of(self.name), combos)
+        return KeyLookup(tuple(record_key(self.name, k) for k in found.sow_keys))
 
     def usable(self, path: str, *, builds: bool) -> bool:
         """Whether a memo index on ``path`` exists, or may be built for this kind of test."""
@@ -123,6 +137,7 @@ def plan(
     memo_ready: Collection[str] = (),
     memo_auto: bool = False,
     estimate: Estimate | None = None,
+    scope: NameScope | None = None,
 ) -> Plan:
     """The cheapest way to find the records ``flt`` (and ``sow_keys``) can match.
 
@@ -130,21 +145,32 @@ def plan(
     BEGINS WITH, ENDS WITH or LIKE on any other field plans a memo index too (the caller builds
     it before reading, see :func:`memo_paths`). ``estimate`` counts a memo lookup's entries
     (None when unknown) to pick the most selective conjunct of an AND.
+
+    On a Pattern topic ``scope`` says which topic names are read: key lookups need exactly one
+    (a record's key holds its name); across names the plan is a superset and the caller keeps
+    the records in scope (``NameScope.admits``), SowKeys included.
     """
+    name = scope.literal if scope is not None else None
+    ctx = _Context(topic, memo_ready, memo_auto, estimate, name)
     if sow_keys is not None:
-        return KeyLookup(tuple(dict.fromkeys(sow_keys)))
+        keys = tuple(dict.fromkeys(sow_keys))
+        if topic.pattern is None:
+            return KeyLookup(keys)
+        return (
+            KeyLookup(tuple(record_key(name, k) for k in keys)) if name is not None else FullScan()
+        )
     if flt is None:
         return FullScan()
     expr = flt.ast
     if topic.keys:
         combos = equality_lookup(expr, topic.keys)
-        if combos is not None:
-            return _key_lookup(topic, combos)
+        if combos is not None and (keyed := ctx.key_lookup(combos)) is not None:
+            return keyed
     for number, fields in enumerate(topic.hash_indexes):
         combos = equality_lookup(expr, fields)
         if combos is not None:
             return IndexLookup(number, tuple(index_entry_prefix(number, c) for c in combos))
-    found = _access(expr, _Context(topic, memo_ready, memo_auto, estimate))
+    found = _access(expr, ctx)
     return found if found is not None else FullScan()
 
 
@@ -188,8 +214,7 @@ def describe(how: Plan) -> str:
 # -- access paths -------------------------------------------------------------------------------
 
 
-def _key_lookup(topic: TopicConfig, combos: list[tuple[str, ...]]) -> KeyLookup:
-    domain = topic.effective_key_domain
+def _key_lookup(domain: str, combos: list[tuple[str, ...]]) -> KeyLookup:
     return KeyLookup(tuple(dict.fromkeys(sow_key_from_values(domain, c) for c in combos)))
 
 
@@ -198,8 +223,8 @@ def _hashed(parts: Sequence[ast.Expr], ctx: _Context) -> Plan | None:
     topic = ctx.topic
     if topic.keys:
         combos = string_lookup(parts, topic.keys)
-        if combos is not None:
-            return _key_lookup(topic, combos)
+        if combos is not None and (found := ctx.key_lookup(combos)) is not None:
+            return found
     for number, fields in enumerate(topic.hash_indexes):
         combos = string_lookup(parts, fields)
         if combos is not None:

@@ -11,6 +11,7 @@ copy of what was sent: a record is "previously received" when its previous state
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, compile_filter
 from sowstream.filters.values import canonical_text, get_path
+from sowstream.sow.patterns import NameScope, split_key
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.delta import (
     has_changes,
@@ -75,6 +77,13 @@ class _View:
     spec: SubscriptionSpec
     filter: Filter | None
     entitled: Filter | None
+    scope: NameScope | None = None  # on a Pattern topic: the names and SowKeys it takes
+
+    def covers(self, sow_key: str) -> bool:
+        """Whether the record under ``sow_key`` (a record key on a Pattern topic) is its."""
+        if self.scope is not None:
+            return self.scope.admits(sow_key)
+        return self.spec.covers(sow_key)
 
     def in_focus(self, body: dict[str, Any] | None) -> bool:
         if body is None:
@@ -161,7 +170,15 @@ class TopicSubscriptions:
                 "parsed, so a subscription takes no content filter or select list"
             )
         flt = compile_filter(spec.filter) if spec.filter and has_filter else None
-        return _View(spec, flt, self._entitlement(spec.identity))
+        scope = None
+        if self.topic.pattern is not None:
+            try:
+                scope = spec.scope()
+            except re.error as exc:
+                raise InvalidCommandError(
+                    f"topic pattern {spec.topic_regex!r} is not a valid regular expression: {exc}"
+                ) from None
+        return _View(spec, flt, self._entitlement(spec.identity), scope)
 
     def visible(self, identity: str) -> Filter | None:
         """The entitlement filter queries by ``identity`` must apply (None: no restriction)."""
@@ -261,7 +278,7 @@ class TopicSubscriptions:
         out: list[Delivery],
     ) -> None:
         view = active.on(change.partition)
-        if not view.spec.covers(change.sow_key):
+        if not view.covers(change.sow_key):
             return
         was = view.in_focus(before)
         now = view.in_focus(after)
@@ -306,7 +323,7 @@ class TopicSubscriptions:
         out: list[Delivery] = []
         for change in changes:
             view = active.on(change.partition)
-            if not view.spec.covers(change.sow_key):
+            if not view.covers(change.sow_key):
                 continue
             before = change.before_body(self._codec)
             after = change.after_body(self._codec)
@@ -347,10 +364,13 @@ class TopicSubscriptions:
                 data = self._codec.serialise(project(record.parsed(self._codec), select))
             else:
                 data = record.data
+        name, sow_key = "", change.sow_key
+        if self.topic.pattern is not None:
+            name, sow_key = split_key(sow_key)
         return Delivery(
             spec,
             command,
-            change.sow_key,
+            sow_key,
             data,
             change.partition,
             change.offset,
@@ -358,6 +378,7 @@ class TopicSubscriptions:
             reason=reason,
             is_delta=is_delta,
             seq=change.seq,
+            topic=name,
         )
 
     def _publish(

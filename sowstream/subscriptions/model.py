@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from sowstream.errors import InvalidCommandError
+from sowstream.sow.patterns import NameScope
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.options import SubscriptionOptions, parse_options
 from sowstream.wire.topics import JSON, topic_ident
@@ -64,6 +65,9 @@ class SubscriptionSpec:
     message_type: str = JSON
     # SowKeys: only these records (the SOW part and live messages); None means every record.
     sow_keys: frozenset[str] | None = None
+    # On a Pattern topic: the regular expression the topic names of its records must match
+    # whole (one name escaped, sow.patterns.name_regex); None means every name.
+    topic_regex: str | None = None
 
     def __post_init__(self) -> None:
         if self.command not in SUBSCRIBE_COMMANDS:
@@ -105,6 +109,7 @@ class SubscriptionSpec:
             "order_by": self.order_by,
             "sow_keys": sorted(self.sow_keys) if self.sow_keys is not None else None,
             "message_type": self.message_type,
+            "topic_regex": self.topic_regex,
         }
 
     @classmethod
@@ -121,11 +126,17 @@ class SubscriptionSpec:
             order_by=d.get("order_by"),
             sow_keys=frozenset(d["sow_keys"]) if d.get("sow_keys") is not None else None,
             message_type=d.get("message_type") or JSON,
+            topic_regex=d.get("topic_regex"),
         )
 
     def covers(self, sow_key: str) -> bool:
         """Whether the subscription's SowKeys (if it has any) include ``sow_key``."""
         return self.sow_keys is None or sow_key in self.sow_keys
+
+    def scope(self) -> NameScope:
+        """The records of a Pattern topic it takes (names and SowKeys); re.error if its
+        topic_regex does not compile."""
+        return NameScope(self.topic_regex, self.sow_keys)
 
 
 @dataclass(slots=True)
@@ -178,6 +189,7 @@ class Delivery:
     reason: str = ""
     is_delta: bool = False
     seq: int = 0
+    topic: str = ""  # on a Pattern topic: the topic name the record was published under
 
 
 def dumps(body: dict[str, Any]) -> bytes:

@@ -513,7 +513,7 @@ def test_errors_name_the_element_and_problem(text: str, element: str, problem: s
     assert str(err) == f"cfg.yaml: {element}: {err.problem}"
 
 
-@pytest.mark.parametrize("key", ["Preprocessing", "Enrichment", "Pattern"])
+@pytest.mark.parametrize("key", ["Preprocessing", "Enrichment"])
 def test_amps_only_topic_keys_are_unsupported(key: str, caplog: pytest.LogCaptureFixture) -> None:
     text = f"sow:\n  - Name: a\n    {key}: x\n  - Name: b\n"
     err = load_error(text)

@@ -601,7 +601,6 @@ def test_ignored_storage_elements_are_logged_with_topic_and_reason(
     [
         "<Preprocessing><Field>1 AS /x</Field></Preprocessing>",
         "<Enrichment><Field>1 AS /x</Field></Enrichment>",
-        "<Pattern>orders_.*</Pattern>",
     ],
 )
 def test_unsupported_topic_elements(element: str, caplog: pytest.LogCaptureFixture) -> None:

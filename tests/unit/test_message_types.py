@@ -530,8 +530,8 @@ def test_subscription_keys_name_the_type_unless_json() -> None:
 
 def test_the_spark_pipeline_refuses_other_types_by_name() -> None:
     from sowstream.errors import PipelineError
-    from sowstream.pipeline.rebuild import require_json
+    from sowstream.pipeline.rebuild import require_supported
 
-    require_json(load_config_text("sow: [{Name: j, Key: /id}]").topics[0])
+    require_supported(load_config_text("sow: [{Name: j, Key: /id}]").topics[0])
     with pytest.raises(PipelineError, match="fix topic 't': the Spark pipeline rebuilds json"):
-        require_json(TYPES.topic("t", "fix"))
+        require_supported(TYPES.topic("t", "fix"))
