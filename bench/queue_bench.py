@@ -147,7 +147,13 @@ def consumer_group_rate(bootstrap: str, topic: str, messages: int, members: int)
     time.sleep(1.0)
     producer = Producer(producer_config(bootstrap, {}))
     for n in range(messages):
-        producer.produce(topic, orjson.dumps({"n": n, "pad": "x" * 64}), key=str(n).encode())
+        value = orjson.dumps({"n": n, "pad": "x" * 64})
+        while True:
+            try:
+                producer.produce(topic, value, key=str(n).encode())
+                break
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.05)
         producer.poll(0)
     producer.flush()
     finished.wait(120)

@@ -26,8 +26,9 @@ from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.engine import metrics
+from sowstream.engine.commands import CommandInbox, runs
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
-from sowstream.engine.queues import QueueRuntime
+from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
 from sowstream.engine.seed import ingest_seed
@@ -411,6 +412,7 @@ class Engine:
         self._fed = {
             t.name for t in config.topics if any(q.matches_topic(t.name) for q in config.queues)
         }
+        self._inboxes: list[tuple[TopicProcessor, CommandInbox]] = []
         for topic in config.topics:
             self._wire(topic)
         self.queues: dict[str, QueueRuntime] = {}
@@ -474,11 +476,16 @@ class Engine:
         self.processors[topic.name] = proc
         self.pumps.append(LogPump(self, proc, ctl_topic.get_topic_name()))
 
-        async def answer_commands(stream: Any) -> None:
-            async for event in stream.events():
-                await self._command(proc, event)
+        inbox = CommandInbox()
+        self._inboxes.append((proc, inbox))
 
-        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(answer_commands)
+        async def forward_commands(stream: Any) -> None:
+            # Acknowledged by _run_commands once handled (see sowstream.engine.commands).
+            manual = stream.noack()
+            async for event in manual.events():
+                await inbox.put(manual, event)
+
+        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.name}")(forward_commands)
 
     def _registration(self, key: str, spec: SubscriptionSpec | None) -> None:
         """A registry record arrived: start, change or stop a subscription."""
@@ -543,26 +550,54 @@ class Engine:
                 self.registry.write(spec, remove=True)
                 metrics.SUBSCRIPTIONS_DROPPED.labels("client_gone").inc()
 
-    async def _command(self, proc: TopicProcessor, event: Any) -> None:
-        msg = event.message
-        try:
-            cmd = decode("Command", msg.value)
-        except Exception as exc:  # anything a foreign producer may send
-            log.warning(
-                "ignored undecodable command on %s[%d]@%d: %s",
-                msg.topic,
-                msg.partition,
-                msg.offset,
-                exc,
-            )
-            return
+    async def _run_commands(self, proc: TopicProcessor, inbox: CommandInbox) -> None:
+        """Handle the commands of ``proc``'s control topic, batch by batch, for ever."""
+        while True:
+            batch = await inbox.take()
+            try:
+                await self._commands(proc, [event.message for _, event in batch])
+            except Exception:  # one bad batch must not stop every later command
+                log.exception("topic %s: handling commands failed", proc.topic.name)
+            for stream, event in batch:
+                await stream.ack(event)
+
+    async def _commands(self, proc: TopicProcessor, messages: list[Any]) -> None:
+        """Handle control-topic records in order; consecutive queue acknowledgements together."""
+        commands: list[tuple[dict[str, Any], int]] = []
+        for msg in messages:
+            try:
+                commands.append((decode("Command", msg.value), msg.partition))
+            except Exception as exc:  # anything a foreign producer may send
+                log.warning(
+                    "ignored undecodable command on %s[%d]@%d: %s",
+                    msg.topic,
+                    msg.partition,
+                    msg.offset,
+                    exc,
+                )
+        for run in runs(commands, self._is_queue_ack):
+            try:
+                if run.together:
+                    await self._queue_acks(proc, run.items)
+                else:
+                    await self._command(proc, *run.items[0])
+            except Exception:
+                log.exception(
+                    "topic %s: command %s failed", proc.topic.name, run.items[0][0]["command_id"]
+                )
+
+    def _is_queue_ack(self, item: tuple[dict[str, Any], int]) -> bool:
+        cmd = item[0]
+        return cmd["command"] == "queue_ack" and cmd["topic"] in self.queues
+
+    async def _command(self, proc: TopicProcessor, cmd: dict[str, Any], partition: int) -> None:
         queue = self.queues.get(cmd["topic"])
         if queue is not None:
-            await self._queue_command(proc, queue, cmd, msg.partition)
+            await self._queue_command(proc, queue, cmd, partition)
         elif cmd["command"] == "sow":
-            await proc.query(cmd, msg.partition)
+            await proc.query(cmd, partition)
         elif cmd["command"] in SUBSCRIBE_COMMANDS:
-            await proc.subscribe(cmd, msg.partition)
+            await proc.subscribe(cmd, partition)
         else:
             await proc.reply(
                 cmd["reply_to"],
@@ -571,12 +606,52 @@ class Engine:
                     "command_id": cmd["command_id"],
                     "query_id": cmd.get("query_id") or "",
                     "topic": proc.topic.name,
-                    "partition": msg.partition,
+                    "partition": partition,
                     "status": "failure",
                     "reason": "unknown_command",
                     "message": f"unknown command {cmd['command']!r}",
                 },
             )
+
+    async def _queue_acks(
+        self, proc: TopicProcessor, commands: list[tuple[dict[str, Any], int]]
+    ) -> None:
+        """Apply ``queue_ack`` commands together: per queue one pass and one store write per log
+        partition; then each command is answered (unless it asked for no answer)."""
+        by_queue: dict[str, list[tuple[dict[str, Any], int]]] = {}
+        for cmd, partition in commands:
+            by_queue.setdefault(cmd["topic"], []).append((cmd, partition))
+        for name, acks in by_queue.items():
+            outcomes = await self.queues[name].acknowledge_all(acks, proc.topic.name)
+            for (cmd, partition), outcome in zip(acks, outcomes, strict=True):
+                if (cmd.get("options") or {}).get("ack_type") == NO_ANSWER:
+                    continue
+                base = {
+                    "command": "ack",
+                    "command_id": cmd["command_id"],
+                    "query_id": cmd.get("query_id") or "",
+                    # One answer per log partition: a command read twice after a rebalance is
+                    # answered twice, and the client counts (topic, partition) once.
+                    "topic": proc.topic.name,
+                    "partition": partition,
+                }
+                if isinstance(outcome, InvalidCommandError):
+                    answer = {
+                        **base,
+                        "topic": name,
+                        "status": "failure",
+                        "reason": "invalid",
+                        "message": str(outcome),
+                    }
+                else:
+                    count, results = outcome
+                    answer = {
+                        **base,
+                        "log_offset": 0,
+                        "count": count,
+                        "message": orjson.dumps(results).decode(),
+                    }
+                await proc.reply(cmd["reply_to"], answer)
 
     async def _queue_command(
         self, proc: TopicProcessor, queue: QueueRuntime, cmd: dict[str, Any], partition: int
@@ -591,22 +666,6 @@ class Engine:
         reply_to = cmd["reply_to"]
         command = cmd["command"]
         try:
-            if command == "queue_ack":
-                count, results = await queue.acknowledge(cmd, proc.topic.name, partition)
-                await proc.reply(
-                    reply_to,
-                    {
-                        **base,
-                        # One answer per log partition: a command read twice after a rebalance
-                        # is answered twice, and the client counts (topic, partition) once.
-                        "topic": proc.topic.name,
-                        "log_offset": 0,
-                        "command": "ack",
-                        "count": count,
-                        "message": orjson.dumps(results).decode(),
-                    },
-                )
-                return
             if command == "sow":
                 found = queue.browse(proc.topic.name, partition, cmd.get("filter"))
             elif command == "queue_status":
@@ -619,9 +678,7 @@ class Engine:
                 )
         except (InvalidCommandError, FilterError) as exc:
             failure = {**base, "status": "failure", "reason": "invalid", "message": str(exc)}
-            await proc.reply(
-                reply_to, {**failure, "command": "ack" if command == "queue_ack" else "part_end"}
-            )
+            await proc.reply(reply_to, {**failure, "command": "part_end"})
             return
         records = [
             {"sow_key": bookmark, "data": data, "timestamp": ts, "log_offset": -1}
@@ -658,6 +715,10 @@ class Engine:
                 proc.subs.sweep_orphans()  # conflation journals of subscriptions that are gone
             settle_garbage_collector()
             await asyncio.gather(*(pump.run() for pump in self.pumps))
+
+        @app.task
+        async def run_commands() -> None:
+            await asyncio.gather(*(self._run_commands(p, inbox) for p, inbox in self._inboxes))
 
         @app.task
         async def deliver_queues() -> None:
