@@ -57,6 +57,7 @@ class FaustSender(Sender):
     def __init__(self, app: faust.App) -> None:
         self._app = app
         self._gone = _GoneTopics()
+        self._tracked: set[str] = set()  # topics aiokafka keeps metadata for (see send)
         # Told when a client's reply topic disappears, so its subscriptions can go too.
         self.on_gone: Callable[[str], None] | None = None
 
@@ -71,6 +72,9 @@ class FaustSender(Sender):
     ) -> asyncio.Future[Any] | None:
         # faust's aiokafka producer, minus faust's per-message wrapper (this is the hot path)
         producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if topic not in self._tracked:
+            track_topic(producer, topic)
+            self._tracked.add(topic)
         fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
         return cast("asyncio.Future[Any]", fut)
 
@@ -104,6 +108,19 @@ class FaustSender(Sender):
             if self.on_gone is not None:
                 self.on_gone(topic)
             return None
+
+
+def track_topic(producer: Any, topic: str) -> None:
+    """Make aiokafka keep ``topic``'s metadata in every refresh.
+
+    aiokafka refreshes metadata only for the topics it was told to track, and a send to a topic
+    it already knows (e.g. from the all-topics refresh at start) does not add it. The next
+    refresh for another topic (a new client's reply topic) then drops the topic's leaders, and a
+    full batch queued for it waits for a leader until the producer's request timeout (20 min
+    with faust's settings): a worker whose changelog batches were caught this way stopped
+    storing, acknowledging and leasing (seen in the queue benchmark).
+    """
+    producer.client.add_topic(topic)
 
 
 class _GoneTopics:

@@ -37,6 +37,7 @@ log = logging.getLogger("sowstream.engine.queues")
 EXPIRY_REASONS = frozenset({"time_limit", "forced_expire", "max_cancels", "max_deliveries"})
 # options.ack_type of a queue_ack that wants no answer (a client acknowledging as it goes).
 NO_ANSWER = "none"
+_PUBLISH = h.PUBLISH.encode()
 # The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
 IDLE_WAIT = 1.0
 
@@ -66,6 +67,7 @@ class QueueRuntime:
         self._sender = sender
         self._store = store
         self._subs: dict[str, SubscriptionSpec] = {}
+        self._name_bytes = config.name.encode()
         self._wake = asyncio.Event()
         # Counters per log partition since this worker took it, for `sowstream queue status`.
         self.counts: dict[tuple[str, int], Counter[str]] = {}
@@ -266,18 +268,20 @@ class QueueRuntime:
                 continue
             message = lease.message
             b = message.bookmark
-            headers = {
-                h.COMMAND: h.PUBLISH,
-                h.SUB_ID: spec.sub_id,
-                h.TOPIC: self.name,
-                h.PARTITION: str(b.partition),
-                h.OFFSET: str(b.offset),
-                h.TIMESTAMP: str(message.timestamp_ms),
-                h.BOOKMARK: b.text(),
-                h.DELIVERIES: str(lease.deliveries),
-                h.LEASE: str(lease.lease_expires_ms) if lease.lease_expires_ms else None,
-            }
-            await self._sender.send_reply(spec.reply_to, message.data, h.to_kafka_headers(headers))
+            # Built as Kafka's pairs straight away: this runs once per message leased.
+            headers = [
+                (h.COMMAND, _PUBLISH),
+                (h.SUB_ID, spec.sub_id.encode()),
+                (h.TOPIC, self._name_bytes),
+                (h.PARTITION, b"%d" % b.partition),
+                (h.OFFSET, b"%d" % b.offset),
+                (h.TIMESTAMP, b"%d" % message.timestamp_ms),
+                (h.BOOKMARK, b.text().encode()),
+                (h.DELIVERIES, b"%d" % lease.deliveries),
+            ]
+            if lease.lease_expires_ms:
+                headers.append((h.LEASE, b"%d" % lease.lease_expires_ms))
+            await self._sender.send_reply(spec.reply_to, message.data, headers)
             self._count(b, "delivered")
         await self._removed([*removed, *gone])
         return len(leases)
