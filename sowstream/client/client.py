@@ -1047,6 +1047,11 @@ class Client:
         )
         self._subscriptions[sub_id] = sub
         self._register([spec])
+        # Connected, with the control topics' metadata, before the first acknowledgement: the
+        # first one would otherwise wait for both while the backlog stays full.
+        acks = self._ack_sender()
+        for topic in info.queue_of:
+            acks.list_topics(self.names.control(topic), timeout=self.timeout)
         return sub
 
     def ack(

@@ -78,6 +78,15 @@ class FaustSender(Sender):
         fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
         return cast("asyncio.Future[Any]", fut)
 
+    def prepare(self, topic: str) -> None:
+        # The first send to a topic otherwise waits for its metadata (100 ms and more), and
+        # meanwhile holds up every other lease of the queue's delivery loop.
+        if topic in self._tracked:
+            return
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        track_topic(producer, topic)
+        self._tracked.add(topic)
+
     def forget_gone(self, topic: str) -> None:
         """``topic`` turned out to exist: send replies to it again."""
         self._gone.discard(topic)

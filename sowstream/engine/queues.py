@@ -136,6 +136,7 @@ class QueueRuntime:
             max_backlog=spec.options.max_backlog,
         )
         self._subs[spec.key] = spec
+        self._sender.prepare(spec.reply_to)
         self.kick()
         return backlog
 
