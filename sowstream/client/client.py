@@ -204,6 +204,10 @@ class Client:
         # hashed once: every publish to a plain topic routes by it (_plain_partition)
         self._name_hash = zlib.crc32(self.name.encode())
         self._producer: Producer | None = None
+        # Acknowledgements sent as a queue subscription goes: each one holds back the next
+        # lease, so they skip the publish producer's linger (see _ack_sender).
+        self._acks: Producer | None = None
+        self._acks_lock = threading.Lock()  # acks come from reader, timer and app threads
         self._replies: Consumer | None = None
         self._topics: dict[str, TopicInfo] = {}
         # Unread replies go after twice the command timeout (at least a minute): nobody waits.
@@ -249,6 +253,9 @@ class Client:
         for sub in list(self._subscriptions.values()):
             sub.close()
         self._producer.flush(self.timeout)
+        if self._acks is not None:
+            self._acks.flush(self.timeout)
+            self._acks = None
         self._stop.set()
         if self._reader is not None:
             self._reader.join(self.timeout)
@@ -1329,6 +1336,11 @@ class Client:
         )
         self._subscriptions[sub_id] = sub
         self._register([spec])
+        # Connected, with the control topics' metadata, before the first acknowledgement: the
+        # first one would otherwise wait for both while the backlog stays full.
+        acks = self._ack_sender()
+        for topic in info.queue_of:
+            acks.list_topics(self.names.control(topic), timeout=self.timeout)
         return sub
 
     def ack(
@@ -1343,7 +1355,8 @@ class Client:
         """Acknowledge queue messages by bookmark (or every one matching ``filter``).
 
         ``action='cancel'`` returns them to the queue, ``'expire'`` expires them. With ``wait``
-        the call returns how many messages it removed or returned once the engine answered.
+        the call returns how many messages it removed or returned once the engine answered;
+        without, it returns 0 at once and the engine sends no answer.
         """
         info = self.topic_info(queue)
         if not info.queue:
@@ -1374,13 +1387,18 @@ class Client:
                 targets[(where.topic, where.partition)].append(text.strip())
         command_id = uuid.uuid4().hex
         producer, _ = self._require()
+        options = {"action": action}
+        if not wait:
+            # Nobody waits for the answer: ask for none, and send without lingering.
+            producer = self._ack_sender()
+            options["ack_type"] = "none"
         for (topic, partition), group in targets.items():
             body = self._command_body(
                 "queue_ack",
                 command_id,
                 info.name,
                 filter=filter,
-                options={"bookmarks": ",".join(group), "action": action},
+                options={**options, "bookmarks": ",".join(group)},
             )
             producer.produce(
                 self.names.control(topic), value=encode("Command", body), partition=partition
@@ -1393,6 +1411,20 @@ class Client:
 
     def _send_acks(self, queue: str, bookmarks: list[str], action: str) -> None:
         self.ack(queue, bookmarks, action=action, wait=False)
+
+    def _ack_sender(self) -> Producer:
+        """The producer of acknowledgements nobody waits for, created on first use.
+
+        The publish producer lingers 5 ms to batch publishes; an acknowledgement that lingers
+        holds a backlog unit that long, which at backlog 1 tripled the time per message
+        (docs/benchmarks.md). Commands that wait for their answer flush instead.
+        """
+        self._require()
+        with self._acks_lock:
+            if self._acks is None:
+                config = {**producer_config(self.bootstrap, self._extra), "linger.ms": 0}
+                self._acks = Producer(config)
+            return self._acks
 
     def _command_body(
         self, command: str, command_id: str, topic: str, **fields: Any

@@ -35,9 +35,10 @@ from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.queues import QUEUE_MESSAGE_TYPES
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
+from sowstream.engine.commands import CommandInbox, runs
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
-from sowstream.engine.queues import QueueRuntime
+from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.security import faust_credentials
 from sowstream.engine.seed import ingest_seed
@@ -83,6 +84,7 @@ class FaustSender(Sender):
     def __init__(self, app: faust.App) -> None:
         self._app = app
         self._gone = _GoneTopics()
+        self._tracked: set[str] = set()  # topics aiokafka keeps metadata for (see send)
         # Told when a client's reply topic disappears, so its subscriptions can go too.
         self.on_gone: Callable[[str], None] | None = None
 
@@ -97,8 +99,20 @@ class FaustSender(Sender):
     ) -> asyncio.Future[Any] | None:
         # faust's aiokafka producer, minus faust's per-message wrapper (this is the hot path)
         producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if topic not in self._tracked:
+            track_topic(producer, topic)
+            self._tracked.add(topic)
         fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
         return cast("asyncio.Future[Any]", fut)
+
+    def prepare(self, topic: str) -> None:
+        # The first send to a topic otherwise waits for its metadata (100 ms and more), and
+        # meanwhile holds up every other lease of the queue's delivery loop.
+        if topic in self._tracked:
+            return
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        track_topic(producer, topic)
+        self._tracked.add(topic)
 
     def forget_gone(self, topic: str) -> None:
         """``topic`` turned out to exist: send replies to it again."""
@@ -130,6 +144,19 @@ class FaustSender(Sender):
             if self.on_gone is not None:
                 self.on_gone(topic)
             return None
+
+
+def track_topic(producer: Any, topic: str) -> None:
+    """Make aiokafka keep ``topic``'s metadata in every refresh.
+
+    aiokafka refreshes metadata only for the topics it was told to track, and a send to a topic
+    it already knows (e.g. from the all-topics refresh at start) does not add it. The next
+    refresh for another topic (a new client's reply topic) then drops the topic's leaders, and a
+    full batch queued for it waits for a leader until the producer's request timeout (20 min
+    with faust's settings): a worker whose changelog batches were caught this way stopped
+    storing, acknowledging and leasing (seen in the queue benchmark).
+    """
+    producer.client.add_topic(topic)
 
 
 class _GoneTopics:
@@ -527,6 +554,7 @@ class Engine:
             if t.message_type in QUEUE_MESSAGE_TYPES
             and any(q.matches_topic(t.name) for q in config.queues)
         }
+        self._inboxes: list[tuple[TopicProcessor, CommandInbox]] = []
         for topic in config.topics:
             self._wire(topic)
         self._static_pumps = list(self.pumps)
@@ -584,11 +612,16 @@ class Engine:
             self.tables[topic.ident] = table
         proc = self._processor(topic, table, ctl_topic.get_topic_name()).proc
 
-        async def answer_commands(stream: Any) -> None:
-            async for event in stream.events():
-                await self._command(proc, event)
+        inbox = CommandInbox()
+        self._inboxes.append((proc, inbox))
 
-        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.ident}")(answer_commands)
+        async def forward_commands(stream: Any) -> None:
+            # Acknowledged by _run_commands once handled (see sowstream.engine.commands).
+            manual = stream.noack()
+            async for event in manual.events():
+                await inbox.put(manual, event)
+
+        app.agent(ctl_topic, name=f"sowstream.ctl.{topic.ident}")(forward_commands)
 
     def _wire_view(self, view: ViewConfig) -> None:
         """A view's maintainer: its input topic, its state table and the agent between them;
@@ -901,11 +934,38 @@ class Engine:
                 self.registry.write(spec, remove=True)
                 metrics.SUBSCRIPTIONS_DROPPED.labels("client_gone").inc()
 
-    async def _command(self, proc: TopicProcessor, event: Any) -> None:
-        msg = event.message
-        cmd = _decode_command(msg)
-        if cmd is not None:
-            await self._answer(proc, cmd, msg.partition)
+    async def _run_commands(self, proc: TopicProcessor, inbox: CommandInbox) -> None:
+        """Handle the commands of ``proc``'s control topic, batch by batch, for ever."""
+        while True:
+            batch = await inbox.take()
+            try:
+                await self._commands(proc, [event.message for _, event in batch])
+            except Exception:  # one bad batch must not stop every later command
+                log.exception("topic %s: handling commands failed", proc.topic.name)
+            for stream, event in batch:
+                await stream.ack(event)
+
+    async def _commands(self, proc: TopicProcessor, messages: list[Any]) -> None:
+        """Handle control-topic records in order; consecutive queue acknowledgements together."""
+        commands: list[tuple[dict[str, Any], int]] = []
+        for msg in messages:
+            cmd = _decode_command(msg)
+            if cmd is not None:
+                commands.append((cmd, msg.partition))
+        for run in runs(commands, self._is_queue_ack):
+            try:
+                if run.together:
+                    await self._queue_acks(proc, run.items)
+                else:
+                    await self._answer(proc, *run.items[0])
+            except Exception:
+                log.exception(
+                    "topic %s: command %s failed", proc.topic.name, run.items[0][0]["command_id"]
+                )
+
+    def _is_queue_ack(self, item: tuple[dict[str, Any], int]) -> bool:
+        cmd = item[0]
+        return cmd["command"] == "queue_ack" and cmd["topic"] in self.queues
 
     async def _answer(self, proc: TopicProcessor, cmd: dict[str, Any], partition: int) -> None:
         """Answer one partition's share of a command about ``proc``'s topic."""
@@ -940,6 +1000,46 @@ class Engine:
                 },
             )
 
+    async def _queue_acks(
+        self, proc: TopicProcessor, commands: list[tuple[dict[str, Any], int]]
+    ) -> None:
+        """Apply ``queue_ack`` commands together: per queue one pass and one store write per log
+        partition; then each command is answered (unless it asked for no answer)."""
+        by_queue: dict[str, list[tuple[dict[str, Any], int]]] = {}
+        for cmd, partition in commands:
+            by_queue.setdefault(cmd["topic"], []).append((cmd, partition))
+        for name, acks in by_queue.items():
+            outcomes = await self.queues[name].acknowledge_all(acks, proc.topic.name)
+            for (cmd, partition), outcome in zip(acks, outcomes, strict=True):
+                if (cmd.get("options") or {}).get("ack_type") == NO_ANSWER:
+                    continue
+                base = {
+                    "command": "ack",
+                    "command_id": cmd["command_id"],
+                    "query_id": cmd.get("query_id") or "",
+                    # One answer per log partition: a command read twice after a rebalance is
+                    # answered twice, and the client counts (topic, partition) once.
+                    "topic": proc.topic.name,
+                    "partition": partition,
+                }
+                if isinstance(outcome, InvalidCommandError):
+                    answer = {
+                        **base,
+                        "topic": name,
+                        "status": "failure",
+                        "reason": "invalid",
+                        "message": str(outcome),
+                    }
+                else:
+                    count, results = outcome
+                    answer = {
+                        **base,
+                        "log_offset": 0,
+                        "count": count,
+                        "message": orjson.dumps(results).decode(),
+                    }
+                await proc.reply(cmd["reply_to"], answer)
+
     async def _queue_command(
         self, proc: TopicProcessor, queue: QueueRuntime, cmd: dict[str, Any], partition: int
     ) -> None:
@@ -953,22 +1053,6 @@ class Engine:
         reply_to = cmd["reply_to"]
         command = cmd["command"]
         try:
-            if command == "queue_ack":
-                count, results = await queue.acknowledge(cmd, proc.topic.name, partition)
-                await proc.reply(
-                    reply_to,
-                    {
-                        **base,
-                        # One answer per log partition: a command read twice after a rebalance
-                        # is answered twice, and the client counts (topic, partition) once.
-                        "topic": proc.topic.name,
-                        "log_offset": 0,
-                        "command": "ack",
-                        "count": count,
-                        "message": orjson.dumps(results).decode(),
-                    },
-                )
-                return
             if command == "sow":
                 found = queue.browse(proc.topic.name, partition, cmd.get("filter"))
             elif command == "queue_status":
@@ -981,9 +1065,7 @@ class Engine:
                 )
         except (InvalidCommandError, FilterError) as exc:
             failure = {**base, "status": "failure", "reason": "invalid", "message": str(exc)}
-            await proc.reply(
-                reply_to, {**failure, "command": "ack" if command == "queue_ack" else "part_end"}
-            )
+            await proc.reply(reply_to, {**failure, "command": "part_end"})
             return
         await self._send_rows(proc, reply_to, base, found)
 
@@ -1036,6 +1118,10 @@ class Engine:
                 proc.subs.sweep_orphans()  # conflation journals of subscriptions that are gone
             settle_garbage_collector()
             await asyncio.gather(*(pump.run() for pump in self._static_pumps))
+
+        @app.task
+        async def run_commands() -> None:
+            await asyncio.gather(*(self._run_commands(p, inbox) for p, inbox in self._inboxes))
 
         @app.task
         async def deliver_queues() -> None:

@@ -110,6 +110,9 @@ class Sender:
         """
         raise NotImplementedError
 
+    def prepare(self, topic: str) -> None:
+        """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
+
 
 @dataclass
 class Outcome:

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -25,7 +25,7 @@ from sowstream.config.queues import QueueConfig
 from sowstream.engine.processor import Sender
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError, compile_filter
-from sowstream.queues.machine import Bookmark, QueueMachine, Removed
+from sowstream.queues.machine import AckOutcome, Bookmark, QueueMachine, Removed
 from sowstream.queues.store import StoredMessage, entry_key, offset_of
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
@@ -35,6 +35,9 @@ log = logging.getLogger("sowstream.engine.queues")
 
 # Removal reasons that are expiries: each raises an event on the queue's dead-letter topic.
 EXPIRY_REASONS = frozenset({"time_limit", "forced_expire", "max_cancels", "max_deliveries"})
+# options.ack_type of a queue_ack that wants no answer (a client acknowledging as it goes).
+NO_ANSWER = "none"
+_PUBLISH = h.PUBLISH.encode()
 # The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
 IDLE_WAIT = 1.0
 
@@ -64,6 +67,7 @@ class QueueRuntime:
         self._sender = sender
         self._store = store
         self._subs: dict[str, SubscriptionSpec] = {}
+        self._name_bytes = config.name.encode()
         self._wake = asyncio.Event()
         # Counters per log partition since this worker took it, for `sowstream queue status`.
         self.counts: dict[tuple[str, int], Counter[str]] = {}
@@ -132,6 +136,7 @@ class QueueRuntime:
             max_backlog=spec.options.max_backlog,
         )
         self._subs[spec.key] = spec
+        self._sender.prepare(spec.reply_to)
         self.kick()
         return backlog
 
@@ -174,10 +179,42 @@ class QueueRuntime:
         """Apply a ``queue_ack`` command sent to ``topic``'s control partition ``partition``;
         returns how many messages it removed or returned and a count per result. Raises
         InvalidCommandError naming a malformed bookmark or action."""
+        (outcome,) = await self.acknowledge_all([(cmd, partition)], topic)
+        if isinstance(outcome, InvalidCommandError):
+            raise outcome
+        return outcome
+
+    async def acknowledge_all(
+        self, commands: Sequence[tuple[dict[str, Any], int]], topic: str
+    ) -> list[tuple[int, dict[str, int]] | InvalidCommandError]:
+        """Apply ``queue_ack`` commands ``(command, control partition)`` of ``topic`` in order,
+        and store what they removed in one write per log partition; returns per command what
+        :meth:`acknowledge` returns, or the InvalidCommandError refusing it.
+
+        Returns once the removals are stored, so an answer sent after it is never followed by
+        another delivery of a message it acknowledged."""
+        now = _now_ms()
+        removed: list[Removed] = []
+        outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError] = []
+        for cmd, partition in commands:
+            try:
+                outcome = self._ack(cmd, topic, partition, now)
+            except InvalidCommandError as exc:
+                outcomes.append(exc)
+                continue
+            removed.extend(outcome.removed)
+            results = Counter(str(r) for r in outcome.results.values())
+            done = results["removed"] + results["returned"] + results["expired"] + results["freed"]
+            outcomes.append((done, dict(results)))
+        await self._removed(removed)
+        self.kick()
+        return outcomes
+
+    def _ack(self, cmd: dict[str, Any], topic: str, partition: int, now: int) -> AckOutcome:
+        """One ``queue_ack`` applied to the machine (nothing stored yet)."""
         options = cmd.get("options") or {}
         action = (options.get("action") or "").strip().lower()
         client = cmd["reply_to"]
-        now = _now_ms()
         try:
             if cmd.get("filter"):
                 # Every matching message of the partition the command went to, leased or not
@@ -189,21 +226,15 @@ class QueueRuntime:
                     if (m.bookmark.topic, m.bookmark.partition) == (topic, partition)
                     and matching.matches(m.body)
                 ]
-                outcome = self.machine.ack(bookmarks, client=client, action=action, now_ms=now)
             else:
                 bookmarks = [Bookmark.parse(b) for b in _split(options.get("bookmarks") or "")]
                 if not bookmarks:
                     raise InvalidCommandError(
                         f"queue {self.name!r}: an acknowledgement needs bookmarks or a filter"
                     )
-                outcome = self.machine.ack(bookmarks, client=client, action=action, now_ms=now)
+            return self.machine.ack(bookmarks, client=client, action=action, now_ms=now)
         except (ValueError, FilterError) as exc:
             raise InvalidCommandError(f"queue {self.name!r}: {exc}") from exc
-        await self._removed(outcome.removed)
-        self.kick()
-        results = Counter(str(r) for r in outcome.results.values())
-        done = results["removed"] + results["returned"] + results["expired"] + results["freed"]
-        return done, dict(results)
 
     # -- delivery ---------------------------------------------------------------------------------
 
@@ -238,18 +269,20 @@ class QueueRuntime:
                 continue
             message = lease.message
             b = message.bookmark
-            headers = {
-                h.COMMAND: h.PUBLISH,
-                h.SUB_ID: spec.sub_id,
-                h.TOPIC: self.name,
-                h.PARTITION: str(b.partition),
-                h.OFFSET: str(b.offset),
-                h.TIMESTAMP: str(message.timestamp_ms),
-                h.BOOKMARK: b.text(),
-                h.DELIVERIES: str(lease.deliveries),
-                h.LEASE: str(lease.lease_expires_ms) if lease.lease_expires_ms else None,
-            }
-            await self._sender.send_reply(spec.reply_to, message.data, h.to_kafka_headers(headers))
+            # Built as Kafka's pairs straight away: this runs once per message leased.
+            headers = [
+                (h.COMMAND, _PUBLISH),
+                (h.SUB_ID, spec.sub_id.encode()),
+                (h.TOPIC, self._name_bytes),
+                (h.PARTITION, b"%d" % b.partition),
+                (h.OFFSET, b"%d" % b.offset),
+                (h.TIMESTAMP, b"%d" % message.timestamp_ms),
+                (h.BOOKMARK, b.text().encode()),
+                (h.DELIVERIES, b"%d" % lease.deliveries),
+            ]
+            if lease.lease_expires_ms:
+                headers.append((h.LEASE, b"%d" % lease.lease_expires_ms))
+            await self._sender.send_reply(spec.reply_to, message.data, headers)
             self._count(b, "delivered")
         await self._removed([*removed, *gone])
         return len(leases)
@@ -277,8 +310,10 @@ class QueueRuntime:
                     orjson.dumps(event),
                     key=b.text().encode(),
                 )
-        for (topic, partition), changes in by_partition.items():
-            await self._store(topic, partition, changes)
+        # Each log partition's store commits on its own: wait for them together.
+        await asyncio.gather(
+            *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())
+        )
 
     def _count(self, bookmark: Bookmark, what: str) -> None:
         counts = self.counts.get((bookmark.topic, bookmark.partition))

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sowstream.client import Client
 from sowstream.errors import CommandFailedError, InvalidCommandError
-from sowstream.wire.avro import encode
+from sowstream.wire.avro import decode, encode
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.messages import take
 
@@ -251,8 +251,67 @@ def test_engine_refuses_a_malformed_ack_with_the_reason(
         _raw_ack(client, "bad-bookmark")
 
 
+def test_acks_read_together_are_each_answered_for_themselves(
+    engine: EngineProcesses, client: Client
+) -> None:
+    """Commands that reach the worker together are handled as one batch; a malformed one in
+    the middle is refused alone, and the others still get their own answers."""
+    first = _raw_ack_command(client, "work|0|999998")
+    bad = _raw_ack_command(client, "bad-bookmark")
+    last = _raw_ack_command(client, "work|0|999999")
+    producer, _ = client._require()
+    producer.flush(10)  # one produce request: the worker reads the three in one poll
+    assert client._await_acks(first, 1) == 0  # not in the queue (yet): nothing removed
+    with pytest.raises(CommandFailedError, match="bad-bookmark"):
+        client._await_acks(bad, 1)
+    assert client._await_acks(last, 1) == 0
+
+
+def test_acks_sent_as_the_subscription_goes_take_effect_without_an_answer(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """A subscription's batched acknowledgements ask for no answer (ack_type=none): the
+    messages still leave the queue, and nothing comes back on the reply topic for them."""
+    drain_queue(publisher, "JQ")  # its answers go to the publisher, not to `client`
+    sub = client.subscribe("JQ", options="max_backlog=5", ack_batch_size=5, ack_interval=30)
+    for n in range(10):
+        publisher.publish("jobs", {"batch": n})
+    for msg in take(sub, 5):
+        sub.ack(msg)  # the fifth sends all five in one command
+    rest = take(sub, 5)  # the backlog was freed: the acknowledgements were applied
+    assert sorted(m.json()["batch"] for m in rest) == [5, 6, 7, 8, 9]
+    for msg in rest:
+        sub.ack(msg)
+    deadline = time.monotonic() + 20
+    while [m for m in client.sow("JQ") if m.command == "sow"] or client.queue_status("JQ")[
+        "leased"
+    ]:
+        assert time.monotonic() < deadline, "the last acknowledgements were not applied"
+        time.sleep(0.2)
+    sub.close()
+    reader = Consumer(
+        {"bootstrap.servers": engine.bootstrap, "group.id": uuid.uuid4().hex, "log_level": 3}
+    )
+    reader.assign([TopicPartition(client.reply_topic, 0, 0)])
+    answers = []
+    while (msg := reader.poll(3.0)) is not None:
+        headers = dict(msg.headers() or [])
+        if not msg.error() and "sow.cmd" not in headers:  # an engine reply, not a lease
+            answers.append(decode("Reply", msg.value())["command"])
+    reader.close()
+    assert answers and "ack" not in answers, answers
+
+
 def _raw_ack(client: Client, bookmark: str) -> int:
     """Send an ack command straight to the control topic, as a foreign client might."""
+    command_id = _raw_ack_command(client, bookmark)
+    producer, _ = client._require()
+    producer.flush(10)
+    return client._await_acks(command_id, 1)
+
+
+def _raw_ack_command(client: Client, bookmark: str) -> str:
+    """Produce (without flushing) an ack command to partition 0; returns its command id."""
     command_id = uuid.uuid4().hex
     body = {
         "command": "queue_ack",
@@ -275,8 +334,7 @@ def _raw_ack(client: Client, bookmark: str) -> int:
     }
     producer, _ = client._require()
     producer.produce(client.names.control("work"), value=encode("Command", body), partition=0)
-    producer.flush(10)
-    return client._await_acks(command_id, 1)
+    return command_id
 
 
 def test_priority_orders_delivery(client: Client, publisher: Client) -> None:
