@@ -1,0 +1,519 @@
+"""A client's connection: its producer, its reply topic and reader, topic definitions, and
+commands sent and answered.
+
+The stages of the client (queries, queues, publishing, subscriptions) are layers of one class,
+each in its own module; this base holds what they all use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Self, cast
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Message as KafkaMessage
+
+from sowstream.client.queue import QueueSubscription
+from sowstream.client.replies import ReplyBox
+from sowstream.client.subscription import (
+    MAX_BUFFERED,
+    Subscription,
+    SubscriptionDroppedError,
+    _Live,
+)
+from sowstream.client.topics import TopicInfo, type_name
+from sowstream.config.models import ambiguous_pattern, match_topic_names
+from sowstream.errors import (
+    CommandFailedError,
+    CommandTimeoutError,
+    InvalidCommandError,
+    SowstreamError,
+    UnknownTopicError,
+)
+from sowstream.subscriptions.model import (
+    FAILURE,
+    LOG_RESET,
+    SubscriptionSpec,
+)
+from sowstream.wire import headers as h
+from sowstream.wire.avro import decode, encode
+from sowstream.wire.kafka import (
+    TopicSpec,
+    delete_topics,
+    ensure_topics,
+    producer_config,
+    resolve_bootstrap,
+)
+from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames, topic_ident
+
+REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
+# Characters that only a pattern has ('.' is common in topic names): a name with none of these
+# that no topic matches is a topic of its own, created on first use.
+PATTERN_ONLY = re.compile(r"[\\^$|?*+()\[\]{}]")
+# How often the reply reader tells the engine the client is alive (slow_consumer.client_timeout).
+HEARTBEAT_SECONDS = 2.0
+
+
+class ClientBase:
+    """The connection every stage of :class:`~sowstream.client.Client` shares."""
+
+    def __init__(
+        self,
+        bootstrap: str | None = None,
+        *,
+        name: str | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+        identity: str = "",
+        message_type: str = JSON,
+    ) -> None:
+        self.message_type = type_name(message_type)
+        self.bootstrap = resolve_bootstrap(bootstrap)
+        self.name = name or f"client-{uuid.uuid4().hex[:12]}"
+        self.names = TopicNames(prefix)
+        self.timeout = timeout
+        self._extra = dict(config or {})
+        self.reply_topic = self.names.reply(self.name)
+        # hashed once: every publish to a plain topic routes by it (_plain_partition)
+        self._name_hash = zlib.crc32(self.name.encode())
+        self._producer: Producer | None = None
+        # Acknowledgements sent as a queue subscription goes: each one holds back the next
+        # lease, so they skip the publish producer's linger (see _ack_sender).
+        self._acks: Producer | None = None
+        self._acks_lock = threading.Lock()  # acks come from reader, timer and app threads
+        self._replies: Consumer | None = None
+        self._topics: dict[str, TopicInfo] = {}
+        # Unread replies go after twice the command timeout (at least a minute): nobody waits.
+        self._pending = ReplyBox(keep_s=max(60.0, 2 * timeout))
+        self._written: dict[tuple[str, int], int] = {}
+        self._delivery_errors: list[str] = []
+        self.identity = identity
+        self._cond = threading.Condition()
+        self._waiting = 0
+        self._reader: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._subscriptions: dict[str, Subscription | QueueSubscription] = {}
+        self._bookmarks: dict[str, str] = {}  # sub_id -> last delivered, for MOST_RECENT
+
+    def connect(self) -> Self:
+        """Create the reply topic and read the SOW topic definitions; idempotent."""
+        if self._producer is not None:
+            return self
+        ensure_topics(
+            self.bootstrap,
+            [TopicSpec(self.reply_topic, 1, {"retention.ms": "3600000"})],
+            extra=self._extra,
+        )
+        self._producer = Producer(producer_config(self.bootstrap, self._extra))
+        # The group id is the reply topic: the engine reads this group's committed offset to see
+        # how far behind the client is (slow-consumer policy).
+        self._replies = self._consumer(group=self.reply_topic)
+        self._replies.assign([TopicPartition(self.reply_topic, 0, 0)])
+        self._stop.clear()
+        self._reader = threading.Thread(
+            target=self._read_replies, name=f"sowstream-replies-{self.name}", daemon=True
+        )
+        self._reader.start()
+        self.refresh_topics()
+        return self
+
+    def close(self) -> None:
+        """Flush pending publishes, close the Kafka clients and delete the reply topic."""
+        if self._producer is None:
+            return
+        for sub in list(self._subscriptions.values()):
+            sub.close()
+        self._producer.flush(self.timeout)
+        if self._acks is not None:
+            self._acks.flush(self.timeout)
+            self._acks = None
+        self._stop.set()
+        if self._reader is not None:
+            self._reader.join(self.timeout)
+            self._reader = None
+        if self._replies is not None:
+            self._replies.close()
+        delete_topics(self.bootstrap, [self.reply_topic], extra=self._extra)
+        self._producer = None
+        self._replies = None
+
+    def __enter__(self) -> Self:
+        return self.connect()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _consumer(self, group: str | None = None) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": group or f"{self.name}-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "fetch.wait.max.ms": 10,
+                "log_level": 4,
+                **self._extra,
+            }
+        )
+
+    def refresh_topics(self) -> dict[str, TopicInfo]:
+        """Re-read the meta topic (the engine republishes it whenever a worker starts)."""
+        consumer = self._consumer()
+        try:
+            tp = TopicPartition(self.names.meta, 0)
+            try:
+                _, high = consumer.get_watermark_offsets(tp, timeout=self.timeout)
+            except KafkaException as exc:
+                code = exc.args[0].code() if exc.args else None
+                if code not in (KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                    raise SowstreamError(
+                        f"cannot read the topic definitions from {self.names.meta!r}: {exc}"
+                    ) from exc
+                high = 0  # no worker has started under this prefix yet
+            topics: dict[str, TopicInfo] = {}
+            if high > 0:
+                consumer.assign([TopicPartition(self.names.meta, 0, 0)])
+                deadline = time.monotonic() + self.timeout
+                position = 0
+                while position < high and time.monotonic() < deadline:
+                    for msg in consumer.consume(1000, 0.5):
+                        if msg.error():
+                            continue
+                        position = (msg.offset() or 0) + 1
+                        value = msg.value()
+                        if value is None:
+                            topics.pop((msg.key() or b"").decode(), None)
+                        else:
+                            info = TopicInfo.from_wire(decode("TopicInfo", value))
+                            topics[info.ident] = info
+            self._topics = topics
+            return topics
+        finally:
+            consumer.close()
+
+    @property
+    def topics(self) -> dict[str, TopicInfo]:
+        """The SOW topics the engine serves, by identity (the name; ``<type>:<name>`` for
+        message types other than json)."""
+        return dict(self._topics)
+
+    def _require(self) -> tuple[Producer, Consumer]:
+        if self._producer is None or self._replies is None:
+            self.connect()
+        assert self._producer is not None and self._replies is not None
+        return self._producer, self._replies
+
+    def _type(self, message_type: str | None) -> str:
+        """The message type a command targets: its own, else the client's."""
+        return self.message_type if message_type is None else type_name(message_type)
+
+    def topic_info(
+        self, topic: str, message_type: str | None = None, *, declare: bool = False
+    ) -> TopicInfo:
+        """The definition of ``topic`` of ``message_type`` (default: the client's), refreshing
+        once if it is not known yet. With ``declare``, a json topic in no configuration is
+        created first, as a publish to it would (``engine.auto_create_topics``)."""
+        if declare:
+            return self._topic_or_declare(topic, message_type)
+        ident = topic_ident(topic, self._type(message_type))
+        info = self._known(topic, message_type)
+        if info is None:
+            if ident != topic:
+                raise UnknownTopicError(f"{topic} ({self._type(message_type)})")
+            raise UnknownTopicError(topic)
+        return info
+
+    def _known(self, topic: str, message_type: str | None = None) -> TopicInfo | None:
+        """The definition of ``topic`` if the engine has one (refreshing once), else None.
+
+        A name in no definition that a Pattern topic's Pattern matches is that topic, addressed
+        by the name (:meth:`TopicInfo.addressed_as`); a topic declared with the name wins.
+        """
+        kind = self._type(message_type)
+        ident = topic_ident(topic, kind)
+        for refresh in (False, True):
+            topics = self.refresh_topics() if refresh else self._topics
+            if ident in topics:
+                return topics[ident].addressed_as(topic)
+            owner = self._pattern_owner(topic, kind)
+            if owner is not None:
+                return owner
+        return None
+
+    def _pattern_owner(self, name: str, kind: str) -> TopicInfo | None:
+        """The Pattern topic of message type ``kind`` whose Pattern matches ``name`` (addressed
+        by it), None if there is none or ``name`` is a regular expression itself."""
+        if PATTERN_ONLY.search(name):
+            return None
+        found = [
+            info
+            for info in self._topics.values()
+            if info.pattern and info.message_type == kind and re.fullmatch(info.pattern, name)
+        ]
+        if len(found) > 1:
+            raise InvalidCommandError(ambiguous_pattern(name, sorted(i.name for i in found)))
+        return found[0].addressed_as(name) if found else None
+
+    def _topic_or_declare(self, topic: str, message_type: str | None = None) -> TopicInfo:
+        """The definition of ``topic``; a json topic in no configuration is created first, as a
+        plain topic, if the engine allows it (``engine.auto_create_topics``)."""
+        info = self._known(topic, message_type)
+        if info is not None:
+            return info
+        if self._type(message_type) != JSON:
+            return self.topic_info(topic, message_type)  # raises UnknownTopicError
+        return self._declare(topic)
+
+    def _declare(self, topic: str) -> TopicInfo:
+        """Ask the engine to create ``topic`` (CommandFailedError says why when it refuses)."""
+        command_id = uuid.uuid4().hex
+        producer, _ = self._require()
+        body = self._command_body(h.DECLARE_TOPIC, command_id, topic)
+        producer.produce(self.names.auto_control, value=encode("Command", body), partition=0)
+        producer.flush(self.timeout)
+        self._await_acks(command_id, 1)
+        info = self.refresh_topics().get(topic)
+        if info is None:
+            raise SowstreamError(
+                f"topic {topic!r} was created but its definition is not on {self.names.meta!r}"
+            )
+        return info
+
+    def _on_delivery(self, err: KafkaError | None, msg: KafkaMessage) -> None:
+        if err is not None:
+            self._delivery_errors.append(f"{msg.topic()}: {err.str()}")
+            return
+        # Reports of one partition come in log order: the latest is the highest offset, unless
+        # the log was recreated, where it must replace the old log's higher offsets.
+        self._written[(msg.topic() or "", msg.partition() or 0)] = msg.offset() or 0
+
+    def flush(self) -> None:
+        """Wait until every publish is acknowledged by Kafka; raise if any failed."""
+        producer, _ = self._require()
+        remaining = producer.flush(self.timeout)
+        if remaining:
+            raise CommandTimeoutError(f"{remaining} messages were not delivered to Kafka in time")
+        if self._delivery_errors:
+            errors, self._delivery_errors = self._delivery_errors, []
+            raise SowstreamError(f"publish failed: {'; '.join(errors[:5])}")
+
+    def _produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: str | None = None,
+        partition: int | None = None,
+        headers: dict[str, str | None],
+    ) -> None:
+        producer, _ = self._require()
+        kwargs: dict[str, Any] = {
+            "key": key.encode() if key is not None else None,
+            "value": value,
+            "headers": h.to_kafka_headers(headers),
+            "on_delivery": self._on_delivery,
+        }
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.05)  # local queue full: let deliveries drain
+        producer.poll(0)
+
+    def _read_replies(self) -> None:
+        """The reply reader thread: routes engine replies to commands, live messages to
+        subscriptions, and commits its position so the engine can see a slow consumer."""
+        replies = self._replies
+        assert replies is not None
+        last_commit = 0.0
+        position = -1
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if (position >= 0 and now - last_commit > 0.5) or now - last_commit > HEARTBEAT_SECONDS:
+                last_commit = now
+                # The position informs the slow-consumer policy; the time in the metadata tells
+                # the engine this client is alive (a killed one stops, and its leases go back).
+                tp = TopicPartition(
+                    self.reply_topic, 0, max(position + 1, 0), str(int(time.time() * 1000))
+                )
+                with contextlib.suppress(KafkaException):
+                    replies.commit(offsets=[tp], asynchronous=True)
+            if self._waiting == 0 and any(
+                s.backlog() >= MAX_BUFFERED for s in self._subscriptions.values()
+            ):
+                time.sleep(0.05)  # the application is behind: leave the backlog in Kafka
+                continue
+            # poll() returns with the first message; consume(…, 0) then takes what else is there
+            # (consume with a timeout would wait for the full count and add latency)
+            try:
+                first = replies.poll(0.1)
+                msgs = [first, *replies.consume(500, 0)] if first is not None else []
+            except (KafkaException, RuntimeError):
+                if self._stop.is_set():
+                    return
+                raise
+            for msg in msgs:
+                if msg.error():
+                    continue
+                position = max(position, msg.offset() or 0)
+                self._route(msg)
+
+    def _route(self, msg: KafkaMessage) -> None:
+        value = msg.value()
+        headers = h.header_map(cast(h.RawHeaders, msg.headers()))
+        command = headers.get(h.COMMAND)
+        if command is not None:
+            sub = self._subscriptions.get(headers.get(h.SUB_ID, ""))
+            if sub is None:
+                return  # unsubscribed meanwhile
+            if command == FAILURE:
+                sub.fail(
+                    SubscriptionDroppedError(
+                        f"subscription {sub.sub_id}: {headers.get(h.REASON, '')}: "
+                        f"{(value or b'').decode('utf-8', 'replace')}"
+                    )
+                )
+                self._subscriptions.pop(sub.sub_id, None)
+                return
+            if command == LOG_RESET:
+                if isinstance(sub, Subscription):
+                    sub.reset_partition(
+                        headers.get(h.TOPIC, ""),
+                        int(headers.get(h.PARTITION, "0")),
+                        int(headers.get(h.OFFSET, "-1")),
+                    )
+                return
+            sub.on_live(_Live.from_headers(value, headers))
+            return
+        if value is None:
+            return
+        reply = decode("Reply", value)
+        with self._cond:
+            self._pending.park(reply, time.monotonic())
+            self._cond.notify_all()
+
+    def _next_reply(self, command_id: str, deadline: float) -> dict[str, Any]:
+        """The next reply for ``command_id`` (the reader thread parks replies per command)."""
+        self._require()
+        with self._cond:
+            self._waiting += 1
+            try:
+                while (reply := self._pending.take(command_id, time.monotonic())) is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise CommandTimeoutError(
+                            f"no complete answer to command {command_id} within "
+                            f"{self.timeout:.0f}s: is a worker running for every partition?"
+                        )
+                    self._cond.wait(min(remaining, 0.5))
+                return reply
+            finally:
+                self._waiting -= 1
+
+    def _await_acks(self, command_id: str, expected: int) -> int:
+        deadline = time.monotonic() + self.timeout
+        total = 0
+        answered: set[tuple[str, int, int]] = set()
+        while len(answered) < expected:
+            reply = self._next_reply(command_id, deadline)
+            # a log record (or a command) replayed after a rebalance is acked twice: count it once
+            origin = (reply["topic"], reply["partition"], reply["log_offset"])
+            if origin[2] >= 0 and origin in answered:
+                continue
+            answered.add(origin if origin[2] >= 0 else ("", -1, len(answered)))
+            if reply["status"] != "success":
+                raise CommandFailedError(
+                    reply["message"] or reply["reason"],
+                    reason=reply["reason"],
+                    command_id=command_id,
+                )
+            total += reply["count"]
+        return total
+
+    def _resolve_topics(
+        self, topic: str, message_type: str | None = None, *, declare: bool = False
+    ) -> list[TopicInfo]:
+        """The topics of ``message_type`` that ``topic`` names, or whose names it matches; with
+        ``declare`` a json name no topic matches is created (a plain topic) if the engine
+        allows it."""
+        kind = self._type(message_type)
+        known = self._known(topic, message_type)
+        if known is not None:
+            return [known]
+        if REGEX_CHARS.search(topic):
+            of_type = {i.name: i for i in self._topics.values() if i.message_type == kind}
+            matched = match_topic_names(topic, sorted(of_type))
+            # A regular expression (not a name) may match names of every Pattern topic: each
+            # reads those of its records.
+            scoped = [
+                replace(i, topic_regex=topic)
+                for i in of_type.values()
+                if i.pattern and PATTERN_ONLY.search(topic)
+            ]
+            plain = [of_type[name] for name in matched if not of_type[name].pattern]
+            if plain or scoped:
+                return [*plain, *sorted(scoped, key=lambda i: i.name)]
+        if declare and kind == JSON and not PATTERN_ONLY.search(topic):
+            return [self._declare(topic)]
+        raise UnknownTopicError(topic if kind == JSON else f"{topic} ({kind})")
+
+    def _drop_subscription(self, sub: Subscription | QueueSubscription) -> None:
+        if sub.last_bookmark:
+            self._bookmarks[sub.sub_id] = sub.last_bookmark
+        self._subscriptions.pop(sub.sub_id, None)
+        if self._producer is None:
+            return
+        for spec in sub.specs:
+            self._producer.produce(self.names.subscriptions, key=spec.key.encode(), value=None)
+        self._producer.flush(self.timeout)
+
+    def _command_body(
+        self, command: str, command_id: str, topic: str, **fields: Any
+    ) -> dict[str, Any]:
+        """A Command record for ``topic`` from this client, ``fields`` over the defaults."""
+        body: dict[str, Any] = {
+            "command": command,
+            "command_id": command_id,
+            "query_id": "",
+            "reply_to": self.reply_topic,
+            "topic": topic,
+            "filter": None,
+            "sow_keys": None,
+            "order_by": None,
+            "top_n": None,
+            "skip_n": None,
+            "batch_size": 1,
+            "after_offset": -1,
+            "options": {},
+            "sub_id": "",
+            "identity": self.identity,
+            "sub_options": "",
+            "previous_filter": None,
+            "message_type": JSON,
+            "topic_regex": None,
+        }
+        body.update(fields)
+        return body
+
+    def _register(self, specs: list[SubscriptionSpec]) -> None:
+        """Write the registrations to the registry topic (so any worker can serve them)."""
+        producer, _ = self._require()
+        for spec in specs:
+            producer.produce(
+                self.names.subscriptions,
+                key=spec.key.encode(),
+                value=encode("Subscription", spec.to_wire()),
+            )
+        if producer.flush(self.timeout):
+            raise CommandTimeoutError("could not register the subscription in time")

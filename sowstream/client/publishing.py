@@ -1,0 +1,225 @@
+"""Publishing from the client: publish, delta_publish and sow_delete, routed by SowKey."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import orjson
+
+from sowstream.client.queueing import Queueing
+from sowstream.client.topics import TopicInfo
+from sowstream.errors import (
+    InvalidCommandError,
+    InvalidMessageError,
+)
+from sowstream.filters import compile_filter
+from sowstream.messagetypes import (
+    MessageParseError,
+    MessageSerialiseError,
+)
+from sowstream.sow.keygen import KeyGeneratorError, generate_sow_key, load_key_generator
+from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
+from sowstream.wire import headers as h
+from sowstream.wire.topics import JSON
+
+
+class Publishing(Queueing):
+    """The publish stage: every update of a record goes to the partition that owns it."""
+
+    @staticmethod
+    def _body(
+        info: TopicInfo, data: bytes | str | dict[str, Any] | None, *, delta: bool = False
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The body to publish and its fields: a dict is written in the topic's message type,
+        text or bytes are checked against it (a delta_publish in its delta form)."""
+        topic, codec = info.name, info.codec
+        reason = f"malformed_{codec.name}"
+        if data is None:
+            raise InvalidMessageError(
+                f"topic {topic!r}: no message data", topic=topic, reason=reason
+            )
+        try:
+            if isinstance(data, dict):
+                if codec.name == JSON:
+                    return orjson.dumps(data), data
+                raw = codec.serialise_delta(data) if delta else codec.serialise(data)
+                return raw, data
+            raw = data.encode() if isinstance(data, str) else bytes(data)
+            if not raw:
+                raise MessageParseError(codec.name, "empty message body")
+            return raw, codec.parse_delta(raw) if delta else codec.parse(raw)
+        except (MessageParseError, MessageSerialiseError) as exc:
+            label = "topic" if codec.name == JSON else f"{codec.name} topic"
+            raise InvalidMessageError(
+                f"{label} {topic!r}: {exc}", topic=topic, reason=reason
+            ) from exc
+
+    @staticmethod
+    def _published_name(info: TopicInfo) -> str | None:
+        """The topic name a publish or delete on a Pattern topic goes under (None elsewhere):
+        the name the command addressed, which its Pattern must match."""
+        if not info.pattern:
+            return None
+        name = info.published_name
+        if name is None or not re.fullmatch(info.pattern, name):
+            raise InvalidCommandError(
+                f"topic {info.name!r} is a regular expression topic (Pattern {info.pattern!r}): "
+                "publish or delete under a topic name its Pattern matches"
+            )
+        return name
+
+    def _sow_key(
+        self,
+        info: TopicInfo,
+        parsed: dict[str, Any],
+        sow_key: str | None,
+        name: str | None = None,
+    ) -> str | None:
+        """The SowKey the engine gives a record of ``info`` (published under ``name`` on a
+        Pattern topic, whose names are their own key domains unless KeyDomain is set)."""
+        if info.key_generator is not None:
+            # The engine recomputes it; the same generator here routes the publish right.
+            try:
+                function = load_key_generator(info.key_generator, dict(info.key_generator_options))
+            except KeyGeneratorError as exc:
+                raise InvalidCommandError(
+                    f"topic {info.name!r}: its KeyGenerator must be importable by publishers "
+                    f"too: {exc}"
+                ) from exc
+            return generate_sow_key(info.name, info.key_generator, function, parsed)
+        if not info.keys:
+            if not info.sow and sow_key is None:
+                return None  # a plain topic needs no key: Kafka spreads the messages
+            return validate_user_sow_key(info.name, sow_key)
+        if name is not None:
+            return generated_sow_key(name, info.key_domain or name, info.keys, parsed)
+        return generated_sow_key(info.name, info.key_domain, info.keys, parsed)
+
+    def _plain_partition(self, info: TopicInfo) -> int:
+        """The one partition this client publishes an unkeyed plain topic's messages to.
+
+        A keyless record would land on a random partition and overtake its predecessors; one
+        partition per publisher keeps a publisher's messages in order, as AMPS subscribers expect.
+        """
+        return self._name_hash % info.partitions
+
+    def publish(
+        self,
+        topic: str,
+        data: bytes | str | dict[str, Any],
+        *,
+        sow_key: str | None = None,
+        expiration: int | str | None = None,
+        ack: bool = False,
+        message_type: str | None = None,
+    ) -> str | None:
+        """Insert or fully replace a record; returns its SowKey (None on an unkeyed plain topic).
+
+        ``expiration`` (seconds, ``0`` = never) overrides the topic's default. With ``ack`` the
+        call waits until the engine applied the publish and raises if it was rejected. ``data``
+        is the body in the topic's message type (bytes or text), or a dict of its fields.
+        """
+        return self._publish(h.PUBLISH, topic, data, sow_key, expiration, ack, message_type)
+
+    def delta_publish(
+        self,
+        topic: str,
+        data: bytes | str | dict[str, Any],
+        *,
+        sow_key: str | None = None,
+        expiration: int | str | None = None,
+        ack: bool = False,
+        message_type: str | None = None,
+    ) -> str | None:
+        """Merge ``data`` into the stored record (insert if absent); returns its SowKey."""
+        return self._publish(h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack, message_type)
+
+    def _publish(
+        self,
+        command: str,
+        topic: str,
+        data: bytes | str | dict[str, Any] | None,
+        sow_key: str | None,
+        expiration: int | str | None,
+        ack: bool,
+        message_type: str | None = None,
+    ) -> str | None:
+        info = self._topic_or_declare(topic, message_type)
+        info.refuse_writes()
+        name = self._published_name(info)
+        raw, parsed = self._body(info, data, delta=command == h.DELTA_PUBLISH)
+        key = self._sow_key(info, parsed, sow_key, name)
+        command_id = uuid.uuid4().hex if ack else None
+        self._produce(
+            info.log_topic,
+            raw,
+            key=key,
+            partition=self._plain_partition(info) if key is None else None,
+            headers={
+                h.COMMAND: command if command != h.PUBLISH else None,
+                h.EXPIRATION: str(expiration) if expiration is not None else None,
+                h.REPLY_TO: self.reply_topic if ack else None,
+                h.COMMAND_ID: command_id,
+                h.TOPIC: name,
+            },
+        )
+        if command_id is not None:
+            self.flush()
+            self._await_acks(command_id, 1)
+        return key
+
+    def sow_delete(
+        self,
+        topic: str,
+        *,
+        filter: str | None = None,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        data: bytes | str | dict[str, Any] | None = None,
+        bookmarks: str | list[str] | tuple[str, ...] | None = None,
+        options: str | None = None,
+        message_type: str | None = None,
+    ) -> int:
+        """Delete records by content filter (``1=1`` = all), by SowKeys, or by message data.
+
+        Returns how many records were deleted, once every partition has answered. On a queue,
+        ``bookmarks`` acknowledges messages as AMPS does (``options`` ``cancel`` or ``expire``
+        return or expire them instead): the same as :meth:`ack`.
+        """
+        if bookmarks is not None:
+            return self.ack(topic, bookmarks, action=options or "")
+        given = [x is not None for x in (filter, sow_keys, data)]
+        if sum(given) != 1:
+            raise InvalidCommandError("sow_delete takes exactly one of filter=, sow_keys= or data=")
+        info = self._known(topic, message_type)
+        if info is None:
+            return 0  # a topic in no configuration keeps no SOW: nothing to delete
+        info.refuse_writes()
+
+        name = self._published_name(info)
+        command_id = uuid.uuid4().hex
+        base: dict[str, str | None] = {
+            h.COMMAND: h.SOW_DELETE,
+            h.REPLY_TO: self.reply_topic,
+            h.COMMAND_ID: command_id,
+            h.TOPIC: name,  # a Pattern topic: only this name's records
+        }
+        if filter is not None:
+            compile_filter(filter)  # a bad filter fails here, with its position
+            for partition in range(info.partitions):
+                self._produce(
+                    info.log_topic, None, partition=partition, headers={**base, h.FILTER: filter}
+                )
+            expected = info.partitions
+        elif sow_keys is not None:
+            for sow_key in sow_keys:
+                self._produce(info.log_topic, None, key=sow_key, headers=base)
+            expected = len(sow_keys)
+        else:
+            raw, parsed = self._body(info, data)
+            key = self._sow_key(info, parsed, None, name)
+            self._produce(info.log_topic, raw, key=key, headers=base)
+            expected = 1
+        self.flush()
+        return self._await_acks(command_id, expected) if expected else 0

@@ -1,0 +1,296 @@
+"""``sow`` queries from the client: one command per partition, the answers merged in order."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from sowstream.client.connection import PATTERN_ONLY, ClientBase
+from sowstream.client.messages import Message
+from sowstream.client.topics import codec_of
+from sowstream.errors import (
+    CommandFailedError,
+    InvalidCommandError,
+    UnknownTopicError,
+)
+from sowstream.messagetypes import (
+    MessageType,
+)
+from sowstream.sow.aggregate import Aggregation, merge_partials, parse_aggregation
+from sowstream.sow.bookmarks import message_bookmark, parse_bookmark
+from sowstream.sow.query import (
+    CLIENT_DEFAULT_BATCH_SIZE,
+    QueryOptions,
+    result_order,
+    validate_query,
+)
+from sowstream.wire.avro import encode
+from sowstream.wire.topics import JSON
+
+
+class Querying(ClientBase):
+    """The query stage: ``sow``, ``sow_records``, ``status`` and queue browsing."""
+
+    def sow(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        query_id: str | None = None,
+        bookmark: str | None = None,
+        grouping: str | None = None,
+        projection: str | None = None,
+        message_type: str | None = None,
+    ) -> Iterator[Message]:
+        """Query the SOW: ``group_begin``, one ``sow`` message per matching record, ``group_end``.
+
+        ``topic`` is a SOW topic name or a regular expression over them. Results are complete
+        across all partitions; each partition's part is a consistent snapshot that includes this
+        client's own earlier publishes. With ``bookmark`` (a timestamp such as
+        ``20261123T080000``) the answer is the SOW as it was then (topics with History).
+        With ``grouping='[/f]'`` and ``projection='[/f, COUNT(/id) AS /n, ...]'`` the answer is
+        one record per group, aggregated over every partition (OrderBy and top_n apply to it).
+        Records come in the topic's message type (``message_type``, default the client's).
+        """
+        opts = validate_query(
+            filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
+        )
+        if bookmark:
+            parse_bookmark(bookmark)  # a typo fails here, naming the bookmark
+        aggregation = None
+        options: dict[str, str] = {"bookmark": bookmark} if bookmark else {}
+        if grouping is not None or projection is not None:
+            aggregation = parse_aggregation(grouping, projection)
+            options.update(grouping=grouping or "", projection=projection or "")
+        try:
+            resolved = self._resolve_topics(topic, message_type)
+        except UnknownTopicError:
+            if PATTERN_ONLY.search(topic) or self._type(message_type) != JSON:
+                raise
+            resolved = []  # a topic in no configuration: a plain topic, so no SOW
+        if len(resolved) == 1 and resolved[0].queue:
+            # Browsing a queue: the messages available now, nothing leased or removed.
+            if bookmark or aggregation is not None or sow_keys is not None:
+                raise InvalidCommandError(
+                    f"queue {topic!r} can be browsed with a filter, OrderBy and top_n only"
+                )
+            return self._queue_query(resolved[0].name, "sow", filter, opts)
+        infos = [info for info in resolved if info.sow]
+        if not infos:
+            raise InvalidCommandError(
+                f"topic {topic!r} has no SOW: it can be subscribed to, not queried"
+            )
+        query_id = query_id or uuid.uuid4().hex[:16]
+        command_id = uuid.uuid4().hex
+        self.flush()  # read-your-writes: know the offsets of our own publishes first
+        producer, _ = self._require()
+        for info in infos:
+            for partition in range(info.partitions):
+                command = self._command_body(
+                    "sow",
+                    command_id,
+                    info.name,
+                    message_type=info.message_type,
+                    query_id=query_id,
+                    filter=filter,
+                    sow_keys=list(sow_keys) if sow_keys is not None else None,
+                    order_by=order_by,
+                    top_n=top_n,
+                    skip_n=skip_n,
+                    batch_size=batch_size,
+                    after_offset=self._written.get((info.log_topic, partition), -1),
+                    options=options,
+                    topic_regex=info.topic_regex,
+                )
+                producer.produce(
+                    info.control_topic, value=encode("Command", command), partition=partition
+                )
+        producer.flush(self.timeout)
+        expected = sum(info.partitions for info in infos)
+        return self._collect(
+            command_id, query_id, expected, opts, aggregation=aggregation, codec=codec_of(infos)
+        )
+
+    def _collect(
+        self,
+        command_id: str,
+        query_id: str,
+        expected: int,
+        opts: QueryOptions,
+        on_part_end: Callable[[str, int, int], None] | None = None,
+        *,
+        aggregation: Aggregation | None = None,
+        codec: MessageType | None = None,
+    ) -> Iterator[Message]:
+        """The answers to ``command_id`` as one group; ``codec`` is the records' message type
+        when it is not json (their messages parse with it, aggregates are written in it)."""
+        deadline = time.monotonic() + self.timeout
+        yield Message("group_begin", query_id=query_id)
+        buffered: list[Message] = []
+        # Records wait per (topic, partition, answer) until that answer's part_end: after a
+        # rebalance two workers may answer one partition, and the first complete answer wins.
+        partial: dict[tuple[str, int, str], list[Message]] = defaultdict(list)
+        complete: set[tuple[str, int]] = set()
+        oofs: list[Message] = []
+        partials: list[Any] = []
+        sent = 0
+        while len(complete) < expected:
+            reply = self._next_reply(command_id, deadline)
+            part = (reply["topic"], reply["partition"])
+            if part in complete:
+                continue
+            if reply["status"] != "success":
+                raise CommandFailedError(
+                    f"topic {reply['topic']!r}: {reply['message'] or reply['reason']}",
+                    reason=reply["reason"],
+                    command_id=command_id,
+                )
+            answer = (*part, reply["answer_id"])
+            if reply["command"] == "oof":  # a replace moved these records out of scope
+                partial[answer].extend(
+                    Message(
+                        "oof",
+                        topic=rec.get("topic") or reply["topic"],
+                        sow_key=rec["sow_key"],
+                        query_id=query_id,
+                        data=rec["data"],
+                        timestamp=rec["timestamp"],
+                        reason=reply["reason"],
+                        bookmark=message_bookmark(
+                            rec["timestamp"], reply["partition"], rec["log_offset"]
+                        ),
+                        codec=codec,
+                    )
+                    for rec in reply["records"]
+                )
+                continue
+            if reply["command"] == "partial":
+                partial[answer].extend(
+                    Message("partial", topic=reply["topic"], data=rec["data"])
+                    for rec in reply["records"]
+                )
+                continue
+            if reply["command"] == "sow":
+                partial[answer].extend(
+                    Message(
+                        "sow",
+                        topic=rec.get("topic") or reply["topic"],
+                        sow_key=rec["sow_key"],
+                        query_id=query_id,
+                        data=rec["data"],
+                        timestamp=rec["timestamp"],
+                        batch_size=len(reply["records"]),
+                        bookmark=message_bookmark(
+                            rec["timestamp"], reply["partition"], rec["log_offset"]
+                        ),
+                        codec=codec,
+                    )
+                    for rec in reply["records"]
+                )
+                continue
+            complete.add(part)
+            if on_part_end is not None:
+                on_part_end(reply["topic"], reply["partition"], reply["log_offset"])
+            records = partial.pop(answer, [])
+            for other in [a for a in partial if a[:2] == part]:
+                del partial[other]
+            oofs.extend(m for m in records if m.command == "oof")
+            partials.extend(orjson.loads(m.data) for m in records if m.command == "partial")
+            records = [m for m in records if m.command not in ("oof", "partial")]
+            if opts.ordered or aggregation is not None:
+                buffered.extend(records)
+            else:
+                sent += len(records)
+                yield from records
+        if aggregation is not None:
+            write = codec.serialise if codec is not None else orjson.dumps
+            buffered = [
+                Message("sow", query_id=query_id, data=write(row), codec=codec)
+                for row in aggregation.finish(merge_partials(aggregation, partials))
+            ]
+        if opts.ordered or aggregation is not None:
+            if opts.order_by:
+                key = result_order(opts.order_by)
+                buffered.sort(key=lambda m: key((m.sow_key, m.fields())))
+            for msg in buffered[opts.skip_n : opts.keep]:
+                sent += 1
+                yield msg
+        yield Message("group_end", query_id=query_id, count=sent)
+        yield from oofs
+
+    def sow_records(self, topic: str, filter: str | None = None, **options: Any) -> list[Any]:
+        """Convenience: a :meth:`sow` query's records in order: parsed for json, the raw bodies
+        for other message types (``Message.fields()`` parses those)."""
+        found = [m for m in self.sow(topic, filter, **options) if m.command == "sow"]
+        return [m.json() if m.codec is None else m.data for m in found]
+
+    def queue_status(self, queue: str) -> dict[str, int]:
+        """A queue's depth, leased messages and counters (delivered, acked, expiries by reason),
+        summed over its partitions."""
+        if not self.topic_info(queue).queue:
+            raise InvalidCommandError(f"topic {queue!r} is not a queue")
+        total: Counter[str] = Counter()
+        for msg in self._queue_query(queue, "queue_status", None, validate_query()):
+            if msg.command == "sow":
+                row = msg.json()
+                row.pop("topic", None)
+                total.update(row)
+        return {"depth": 0, "leased": 0, **total}
+
+    def status(self, topic: str | None = None) -> list[dict[str, Any]]:
+        """Every partition of every topic (or of ``topic``, a name or regular expression): the
+        worker serving it, its watermark and its warnings (such as a recreated log)."""
+        infos = self._resolve_topics(topic) if topic else list(self.refresh_topics().values())
+        # A queue's own record stands for its topics, which have records of their own.
+        infos = [i for i in infos if not i.queue or i.name in i.queue_of]
+        command_id = uuid.uuid4().hex
+        query_id = uuid.uuid4().hex[:16]
+        producer, _ = self._require()
+        for info in infos:
+            for partition in range(info.partitions):
+                body = self._command_body("status", command_id, info.name, query_id=query_id)
+                producer.produce(
+                    info.control_topic, value=encode("Command", body), partition=partition
+                )
+        producer.flush(self.timeout)
+        expected = sum(info.partitions for info in infos)
+        rows = [
+            m.json()
+            for m in self._collect(command_id, query_id, expected, validate_query())
+            if m.command == "sow"
+        ]
+        return sorted(rows, key=lambda row: (row["topic"], row["partition"]))
+
+    def _queue_query(
+        self, queue: str, command: str, filter: str | None, opts: QueryOptions
+    ) -> Iterator[Message]:
+        """Send ``command`` about ``queue`` to every partition of its topics; read the answers."""
+        info = self.topic_info(queue)
+        command_id = uuid.uuid4().hex
+        query_id = uuid.uuid4().hex[:16]
+        producer, _ = self._require()
+        expected = 0
+        for topic in info.queue_of:
+            for partition in range(self.topic_info(topic).partitions):
+                body = self._command_body(
+                    command, command_id, info.name, query_id=query_id, filter=filter, batch_size=500
+                )
+                producer.produce(
+                    self.names.control(topic), value=encode("Command", body), partition=partition
+                )
+                expected += 1
+        producer.flush(self.timeout)
+        for msg in self._collect(command_id, query_id, expected, opts):
+            # A queue message is acknowledged by its bookmark, which the engine puts in sow_key.
+            yield replace(msg, bookmark=msg.sow_key) if msg.command == "sow" else msg

@@ -1,0 +1,452 @@
+"""Subscriptions from the client: registration, placement on every partition, replace."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from sowstream.client.messages import Message
+from sowstream.client.queue import QueueSubscription
+from sowstream.client.queueing import Queueing
+from sowstream.client.subscription import (
+    MessageHandler,
+    Subscription,
+)
+from sowstream.client.topics import TopicInfo, codec_of
+from sowstream.errors import (
+    InvalidCommandError,
+)
+from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, parse_bookmark
+from sowstream.sow.query import (
+    CLIENT_DEFAULT_BATCH_SIZE,
+    validate_query,
+)
+from sowstream.subscriptions.model import (
+    DELTA_SUBSCRIBE,
+    SOW_AND_DELTA_SUBSCRIBE,
+    SOW_AND_SUBSCRIBE,
+    SUBSCRIBE,
+    WITH_SOW,
+    SubscriptionSpec,
+)
+from sowstream.subscriptions.options import SubscriptionOptions, parse_options
+from sowstream.subscriptions.window import PageWindow, ResultSet
+from sowstream.wire.avro import encode
+
+
+class Subscribing(Queueing):
+    """The subscription stage: the subscribe family, ``replace`` and bookmarks."""
+
+    def subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        options: str | SubscriptionOptions | None = None,
+        sub_id: str | None = None,
+        on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
+        auto_ack: bool = False,
+        ack_batch_size: int = 1,
+        ack_interval: float = 1.0,
+        message_type: str | None = None,
+    ) -> Subscription | QueueSubscription:
+        """Live messages for records of ``topic`` that match ``filter``, from now on.
+
+        With ``bookmark`` (a timestamp, a message's ``bookmark``, ``EPOCH`` or ``MOST_RECENT``)
+        the log's matching messages since then are replayed first, then live ones follow.
+        With ``sow_keys`` only messages for those SowKeys are delivered.
+
+        On a queue this leases messages instead (a :class:`QueueSubscription`; ``max_backlog=n``
+        in ``options``): acknowledge each with ``sub.ack(message)``, or pass ``auto_ack=True``;
+        acks go out per ``ack_batch_size`` messages or ``ack_interval`` seconds, whichever first.
+        A bookmark on a queue replays its topics' logs without leasing anything.
+        """
+        if bookmark is None and self._is_queue(topic, message_type):
+            if sow_keys is not None:
+                raise InvalidCommandError(
+                    f"queue {topic!r} leases messages, not records: SowKeys do not apply"
+                )
+            info = self.topic_info(topic, message_type)
+            return self._queue_subscribe(
+                info, filter, options, sub_id, on_message, auto_ack, ack_batch_size, ack_interval
+            )
+        return self._subscribe(
+            SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            bookmark=bookmark,
+            sow_keys=sow_keys,
+            message_type=message_type,
+        )
+
+    def delta_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        options: str | SubscriptionOptions | None = None,
+        sub_id: str | None = None,
+        on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
+        message_type: str | None = None,
+    ) -> Subscription | QueueSubscription:
+        """Like :meth:`subscribe`, but updates to known records carry only what changed.
+
+        On a queue it leases whole messages, as :meth:`subscribe` does (AMPS accepts it too),
+        and so does a topic whose message type has no deltas (``binary``).
+        """
+        if bookmark is None and self._is_queue(topic, message_type):
+            return self.subscribe(
+                topic,
+                filter,
+                options=options,
+                sub_id=sub_id,
+                on_message=on_message,
+                message_type=message_type,
+            )
+        return self._subscribe(
+            DELTA_SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            bookmark=bookmark,
+            sow_keys=sow_keys,
+            message_type=message_type,
+        )
+
+    def sow_and_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        options: str | SubscriptionOptions | None = None,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        sub_id: str | None = None,
+        query_id: str | None = None,
+        on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
+        message_type: str | None = None,
+    ) -> Subscription:
+        """The matching records now (``group_begin`` … ``group_end``), then live messages.
+
+        As if query and subscription were placed at one instant: each record is in the SOW part
+        or in a later message, never missing, never twice. With ``top_n`` (and ``skip_n``,
+        ``order_by``) the window stays live. With ``options='replace'`` and an existing
+        ``sub_id`` the subscription's filter changes in place. With ``bookmark`` on a topic with
+        History: the SOW as it was then, the log replayed from there, then live messages.
+        With ``sow_keys`` only those records take part, in the SOW part and live.
+        """
+        return self._subscribe(
+            SOW_AND_SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            order_by=order_by,
+            top_n=top_n,
+            skip_n=skip_n,
+            batch_size=batch_size,
+            query_id=query_id,
+            bookmark=bookmark,
+            sow_keys=sow_keys,
+            message_type=message_type,
+        )
+
+    def sow_and_delta_subscribe(
+        self,
+        topic: str,
+        filter: str | None = None,
+        *,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        options: str | SubscriptionOptions | None = None,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        sub_id: str | None = None,
+        query_id: str | None = None,
+        on_message: MessageHandler | None = None,
+        bookmark: str | None = None,
+        message_type: str | None = None,
+    ) -> Subscription:
+        """:meth:`sow_and_subscribe` whose live updates carry only what changed."""
+        return self._subscribe(
+            SOW_AND_DELTA_SUBSCRIBE,
+            topic,
+            filter,
+            options,
+            sub_id,
+            on_message,
+            order_by=order_by,
+            top_n=top_n,
+            skip_n=skip_n,
+            batch_size=batch_size,
+            query_id=query_id,
+            bookmark=bookmark,
+            sow_keys=sow_keys,
+            message_type=message_type,
+        )
+
+    def unsubscribe(self, subscription: Subscription | QueueSubscription | str) -> None:
+        """End a subscription (by object or SubId)."""
+        sub = (
+            self._subscriptions.get(subscription) if isinstance(subscription, str) else subscription
+        )
+        if sub is not None:
+            sub.close()
+
+    def _resolve_bookmark(self, bookmark: str, sub_id: str | None) -> str:
+        """MOST_RECENT: after the last message this client delivered for ``sub_id``, else EPOCH.
+
+        Anything else is checked here so a typo fails before the subscription is registered.
+        """
+        if bookmark.strip().upper() == MOST_RECENT:
+            return self._bookmarks.get(sub_id or "", EPOCH)
+        parse_bookmark(bookmark)
+        return bookmark
+
+    def _subscribe(
+        self,
+        command: str,
+        topic: str,
+        filter: str | None,
+        options: str | SubscriptionOptions | None,
+        sub_id: str | None,
+        on_message: MessageHandler | None,
+        *,
+        order_by: str | None = None,
+        top_n: int | None = None,
+        skip_n: int | None = None,
+        batch_size: int = CLIENT_DEFAULT_BATCH_SIZE,
+        query_id: str | None = None,
+        bookmark: str | None = None,
+        sow_keys: list[str] | tuple[str, ...] | None = None,
+        message_type: str | None = None,
+    ) -> Subscription:
+        user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
+        top_n = top_n if top_n is not None else user.top_n
+        skip_n = skip_n if skip_n is not None else user.skip_n
+        validate_query(
+            filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
+        )
+        if top_n is not None and command not in WITH_SOW:
+            raise InvalidCommandError("top_n/skip_n need sow_and_subscribe: a window needs a SOW")
+        user = replace(user, top_n=top_n, skip_n=skip_n)
+        found = self._subscriptions.get(sub_id) if sub_id else None
+        existing = found if isinstance(found, Subscription) else None
+        if found is not None and existing is None:
+            raise InvalidCommandError(f"subscription id {sub_id!r} is a queue subscription")
+        if user.replace:
+            return self._replace(existing, command, topic, filter, user, order_by, batch_size)
+        if existing is not None:
+            raise InvalidCommandError(
+                f"subscription id {sub_id!r} is in use: pass options='replace' to change it"
+            )
+        if bookmark is not None:
+            bookmark = self._resolve_bookmark(bookmark, sub_id)
+        sub_id = sub_id or uuid.uuid4().hex[:16]
+        infos = self._resolve_topics(topic, message_type, declare=True)
+        if any(info.queue for info in infos):
+            if (command != SUBSCRIBE and command != DELTA_SUBSCRIBE) or bookmark is None:
+                raise InvalidCommandError(
+                    f"{command} is not available on queue {topic!r}: subscribe leases its "
+                    "messages, sow browses them"
+                )
+            # A bookmark replays the queue's topics, without leases (AMPS does the same).
+            infos = [self.topic_info(u) for info in infos for u in (info.queue_of or [info.name])]
+        # A window needs every change of the filtered set, whole, with the reason a record left.
+        wire = replace(user, oof=True, select=None, no_empties=False) if top_n is not None else user
+        specs = [
+            SubscriptionSpec(
+                sub_id=sub_id,
+                reply_to=self.reply_topic,
+                topic=info.name,
+                command=command,
+                filter=filter,
+                options=wire,
+                identity=self.identity,
+                order_by=order_by,
+                sow_keys=frozenset(sow_keys) if sow_keys is not None else None,
+                message_type=info.message_type,
+                topic_regex=info.topic_regex,
+            )
+            for info in infos
+        ]
+        window = None
+        if top_n is not None:
+            # Each window keeps its own result set: two subscriptions' streams (their SOW parts
+            # applied late, their conflation intervals) would move a shared one back in time.
+            window = PageWindow(
+                ResultSet(validate_query(order_by=order_by).order_by), top_n, skip_n or 0
+            )
+        sub = Subscription(
+            sub_id,
+            specs,
+            user,
+            key_fields={info.name: info.keys for info in infos},
+            patterns={info.name: info.pattern for info in infos if info.pattern},
+            codec=codec_of(infos),
+            window=window,
+            on_message=on_message,
+            unsubscribe=self._drop_subscription,
+        )
+        self._subscriptions[sub_id] = sub
+        try:
+            self._register(specs)
+            group = self._place(
+                sub,
+                infos,
+                command,
+                filter,
+                wire,
+                order_by,
+                batch_size,
+                query_id,
+                None,
+                bookmark=bookmark,
+            )
+        except BaseException:
+            self._drop_subscription(sub)
+            raise
+        if command in WITH_SOW:
+            sub.deliver_group(group)
+        else:
+            for _ in group:  # placement: wait until every partition runs the subscription
+                pass
+        sub.release()
+        return sub
+
+    def _is_queue(self, topic: str, message_type: str | None = None) -> bool:
+        info = self._known(topic, message_type)
+        return info is not None and info.queue
+
+    def _place(
+        self,
+        sub: Subscription,
+        infos: list[TopicInfo],
+        command: str,
+        filter: str | None,
+        options: SubscriptionOptions,
+        order_by: str | None,
+        batch_size: int,
+        query_id: str | None,
+        previous_filter: str | None,
+        on_part_end: Callable[[str, int, int], None] | None = None,
+        bookmark: str | None = None,
+    ) -> Iterator[Message]:
+        """Send the subscription to every partition and read the answers (as a SOW group)."""
+        query_id = query_id or uuid.uuid4().hex[:16]
+        command_id = uuid.uuid4().hex
+        held = sub.specs[0].sow_keys if sub.specs else None
+        keys = sorted(held) if held is not None else None
+        self.flush()  # read-your-writes, as for sow
+        producer, _ = self._require()
+        for info in infos:
+            for partition in range(info.partitions):
+                body = self._command_body(
+                    command,
+                    command_id,
+                    info.name,
+                    message_type=info.message_type,
+                    query_id=query_id,
+                    filter=filter,
+                    order_by=order_by,
+                    batch_size=batch_size,
+                    after_offset=self._written.get((info.log_topic, partition), -1),
+                    options={"bookmark": bookmark} if bookmark else {},
+                    sub_id=sub.sub_id,
+                    sub_options=options.to_text(),
+                    previous_filter=previous_filter,
+                    sow_keys=keys,
+                    topic_regex=info.topic_regex,
+                )
+                producer.produce(
+                    info.control_topic, value=encode("Command", body), partition=partition
+                )
+        producer.flush(self.timeout)
+        expected = sum(info.partitions for info in infos)
+        # OrderBy sorts the SOW part of a plain sow_and_subscribe (a window keeps its own order).
+        order = order_by if options.top_n is None and previous_filter is None else None
+        opts = validate_query(batch_size=batch_size, order_by=order)
+        if on_part_end is None and previous_filter is None:
+            on_part_end = sub.set_cut
+        # Read the whole answer now: the subscription must be in place when this returns.
+        collected = self._collect(
+            command_id, query_id, expected, opts, on_part_end, codec=codec_of(infos)
+        )
+        return iter(list(collected))
+
+    def _replace(
+        self,
+        sub: Subscription | None,
+        command: str,
+        topic: str,
+        filter: str | None,
+        user: SubscriptionOptions,
+        order_by: str | None,
+        batch_size: int,
+    ) -> Subscription:
+        if sub is None:
+            raise InvalidCommandError("replace needs the sub_id of an existing subscription")
+        old = sub.specs[0]
+        if old.paginated or old.order_by:
+            given = (user.top_n, user.skip_n, order_by)
+            wanted = (old.options.top_n, old.options.skip_n, old.order_by)
+            for name, now, before in zip(
+                ("top_n", "skip_n", "OrderBy"), given, wanted, strict=True
+            ):
+                if before is not None and now is None:
+                    raise InvalidCommandError(
+                        f"replace must give {name} again: the subscription was placed with it"
+                    )
+        infos = [
+            replace(self.topic_info(spec.topic, spec.message_type), topic_regex=spec.topic_regex)
+            for spec in sub.specs
+        ]
+        wire = replace(user, replace=False)
+        if old.paginated:
+            wire = replace(wire, oof=True, select=None, no_empties=False)
+        specs = [replace(spec, filter=filter, options=wire) for spec in sub.specs]
+        cuts: dict[tuple[str, int], int] = {}
+        sub.hold()
+        try:
+            self._register(specs)
+            group = self._place(
+                sub,
+                infos,
+                old.command,
+                filter,
+                replace(wire, replace=True),
+                order_by,
+                batch_size,
+                None,
+                old.filter or "",
+                on_part_end=lambda topic, partition, mark: cuts.__setitem__(
+                    (topic, partition), mark
+                ),
+            )
+            sub.release_through(cuts)  # what the old filter sent before each partition switched
+            sub.specs = specs
+            sub.options = replace(user, replace=False)
+            window = sub.window
+            if window is None:
+                sub.deliver_group(group)
+            else:
+                sub.replace_window(window.results.copy(), group)
+        finally:
+            sub.release()
+        return sub
