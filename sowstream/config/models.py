@@ -847,6 +847,15 @@ class SowstreamConfig(_Frozen):
         """Each view as the SOW topic readers see (:meth:`ViewConfig.topic_config`)."""
         return tuple(v.topic_config() for v in self.views)
 
+    @property
+    def conflated_topic_configs(self) -> tuple[TopicConfig, ...]:
+        """Each conflated topic as the SOW topic readers see
+        (:meth:`ConflatedTopicConfig.topic_config`)."""
+        return tuple(
+            c.topic_config(self.topic(c.underlying_topic, c.message_type))
+            for c in self.conflated_topics
+        )
+
     def view(self, name: str) -> ViewConfig:
         """The view called ``name``; UnknownTopicError if there is none."""
         for view in self.views:
