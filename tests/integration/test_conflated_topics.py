@@ -1,6 +1,7 @@
 """Conflated topics end to end on a real broker: at most one update per record per Interval with
 the latest value, deletes at the next flush (with oof), ``sow`` equal to the underlying SOW,
-refused publishes, and nothing lost when a worker is SIGKILLed mid-interval."""
+Filter, refused publishes, and nothing lost when a worker is SIGKILLed mid-interval. The
+chapter's worked examples are named Cn."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ from tests.support.messages import take
 pytestmark = pytest.mark.integration
 
 INTERVAL = 1.0
-TOPICS: list[dict[str, Any]] = [{"Name": "orders", "Key": ["/id"], "Partitions": 2}]
+TOPICS: list[dict[str, Any]] = [
+    {"Name": "orders", "Key": ["/id"], "Partitions": 2},
+    {"Name": "px", "Key": ["/sym"], "Partitions": 2},
+]
 CONFLATED: list[dict[str, Any]] = [
+    {"Name": "px-C", "UnderlyingTopic": "px", "MessageType": "json", "Interval": "1s"},
     {"Name": "orders-C", "UnderlyingTopic": "orders", "Interval": "1s", "Partitions": 2},
     {
         "Name": "big-C",
@@ -155,3 +160,72 @@ def test_a_worker_killed_mid_interval_loses_nothing(engine: EngineProcesses) -> 
     with engine.client() as client:
         eventually(lambda: records(client, "orders-C"), expected, timeout=60)
         assert len(expected) == 5
+
+
+# -- the chapter's worked examples (px keyed by /sym, px-C every 1s) --------------------------
+
+
+def reset_px(client: Client) -> None:
+    client.sow_delete("px", filter="1=1")
+    eventually(lambda: records(client, "px-C"), {})
+
+
+def test_c1_three_updates_in_an_interval_give_one_publish_of_the_last(
+    client: Client, publisher: Client
+) -> None:
+    reset_px(publisher)
+    conflated = client.subscribe("px-C")
+    with publisher.subscribe("px") as raw:
+        for p in (1, 2, 3):
+            publisher.publish("px", {"sym": "A", "p": p})
+            time.sleep(0.1)
+        assert [m.json()["p"] for m in take(raw, 3)] == [1, 2, 3]
+    got = drain(conflated, 2.5)
+    assert [(m.command, m.json()) for m in got] == [("publish", {"sym": "A", "p": 3})]
+    conflated.close()
+
+
+def test_c2_records_not_updated_are_never_sent_again(client: Client, publisher: Client) -> None:
+    reset_px(publisher)
+    publisher.publish("px", {"sym": "A", "p": 1})
+    publisher.publish("px", {"sym": "B", "p": 1})
+    eventually(lambda: len(records(publisher, "px-C")), 2)
+    sub = client.subscribe("px-C")
+    for p in range(2, 6):
+        publisher.publish("px", {"sym": "A", "p": p})
+        time.sleep(0.5)
+    got = drain(sub, 2.0)
+    assert {m.json()["sym"] for m in got} == {"A"}
+    assert got[-1].json() == {"sym": "A", "p": 5}
+    sub.close()
+
+
+def test_c4_delete_is_an_oof_with_the_last_state_sent(client: Client, publisher: Client) -> None:
+    reset_px(publisher)
+    publisher.publish("px", {"sym": "A", "p": 4})
+    eventually(lambda: len(records(publisher, "px-C")), 1)
+    sub = client.subscribe("px-C", options="oof")
+    publisher.sow_delete("px", filter="/sym = 'A'")
+    (gone,) = take(sub, 1, timeout=10)
+    assert (gone.command, gone.reason, gone.json()) == ("oof", "deleted", {"sym": "A", "p": 4})
+    sub.close()
+
+
+def test_c5_delete_and_reinsert_within_an_interval_is_one_update_and_no_oof(
+    client: Client, publisher: Client
+) -> None:
+    reset_px(publisher)
+    publisher.publish("px", {"sym": "A", "p": 1})
+    eventually(lambda: len(records(publisher, "px-C")), 1)
+    time.sleep(0.3)  # just after a flush: the next two changes fall in one interval
+    sub = client.subscribe("px-C", options="oof")
+    publisher.sow_delete("px", filter="/sym = 'A'")
+    publisher.publish("px", {"sym": "A", "p": 9})
+    got = drain(sub, 2.5)
+    assert [(m.command, m.json()) for m in got] == [("publish", {"sym": "A", "p": 9})]
+    sub.close()
+
+
+def test_c7_publish_to_the_conflated_topic_is_refused(client: Client) -> None:
+    with pytest.raises(InvalidCommandError, match="'px-C' is a view of px"):
+        client.publish("px-C", {"sym": "Z", "p": 1})
