@@ -202,6 +202,14 @@ def check_conflated_topics(
                 f"{ct.name!r} is defined more than once; a conflated topic needs its own Name",
             )
         found = [t for t in topics if t.name == ct.underlying_topic]
+        if not found and ct.underlying_topic in names:
+            raise ConflatedProblem(
+                i,
+                "underlying_topic",
+                f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is a queue, "
+                "view or conflated topic: conflated topics over those are not supported yet; "
+                "conflate a SOW topic",
+            )
         if not found:
             raise ConflatedProblem(
                 i,

@@ -166,3 +166,23 @@ def test_xml_underlying_topic_defined_after_is_refused() -> None:
         load(text, "amps.xml")
     assert caught.value.element == "SOW/ConflatedTopic[c]/UnderlyingTopic"
     assert "defined after it" in caught.value.problem
+
+
+def test_a_conflated_topic_over_another_is_not_supported_yet() -> None:
+    err = yaml_error(
+        TOPIC + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: orders\n"
+        "  - Name: cc\n    UnderlyingTopic: c\n"
+    )
+    assert err.element == "conflated_topics[1].UnderlyingTopic"
+    assert "not supported yet" in err.problem
+
+
+def test_xml_conflated_topic_over_a_view_is_not_supported_yet() -> None:
+    err = xml_error(
+        "<View><Name>v</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+        "<Projection><Field>/id</Field></Projection><Grouping><Field>/id</Field></Grouping>"
+        "</View><ConflatedTopic><Name>c</Name><UnderlyingTopic>v</UnderlyingTopic>"
+        "</ConflatedTopic>"
+    )
+    assert err.element == "SOW/ConflatedTopic[c]/UnderlyingTopic"
+    assert "'v', which is a queue, view or conflated topic" in err.problem
