@@ -140,7 +140,7 @@ def test_filter_keeps_matching_records_and_deletes_one_that_stops_matching(
 
 
 def test_publishing_to_a_conflated_topic_is_refused(client: Client) -> None:
-    with pytest.raises(InvalidCommandError, match="'orders-C' is a view of orders"):
+    with pytest.raises(InvalidCommandError, match="'orders-C' is computed by the engine from orders"):
         client.publish("orders-C", {"id": 9, "qty": 9})
 
 
@@ -233,5 +233,5 @@ def test_c5_delete_and_reinsert_within_an_interval_is_one_update_and_no_oof(
 
 
 def test_c7_publish_to_the_conflated_topic_is_refused(client: Client) -> None:
-    with pytest.raises(InvalidCommandError, match="'px-C' is a view of px"):
+    with pytest.raises(InvalidCommandError, match="'px-C' is computed by the engine from px"):
         client.publish("px-C", {"sym": "Z", "p": 1})
