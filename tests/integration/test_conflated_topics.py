@@ -140,7 +140,9 @@ def test_filter_keeps_matching_records_and_deletes_one_that_stops_matching(
 
 
 def test_publishing_to_a_conflated_topic_is_refused(client: Client) -> None:
-    with pytest.raises(InvalidCommandError, match="'orders-C' is computed by the engine from orders"):
+    with pytest.raises(
+        InvalidCommandError, match="'orders-C' is computed by the engine from orders"
+    ):
         client.publish("orders-C", {"id": 9, "qty": 9})
 
 
