@@ -183,6 +183,10 @@ def test_c1_three_updates_in_an_interval_give_one_publish_of_the_last(
 ) -> None:
     reset_px(publisher)
     conflated = client.subscribe("px-C")
+    # A first update marks a flush: the next three then fall inside one interval (1 s), not
+    # across a flush boundary.
+    publisher.publish("px", {"sym": "A", "p": 0})
+    assert [m.json()["p"] for m in take(conflated, 1)] == [0]
     with publisher.subscribe("px") as raw:
         for p in (1, 2, 3):
             publisher.publish("px", {"sym": "A", "p": p})
@@ -223,10 +227,10 @@ def test_c5_delete_and_reinsert_within_an_interval_is_one_update_and_no_oof(
     client: Client, publisher: Client
 ) -> None:
     reset_px(publisher)
-    publisher.publish("px", {"sym": "A", "p": 1})
-    eventually(lambda: len(records(publisher, "px-C")), 1)
-    time.sleep(0.3)  # just after a flush: the next two changes fall in one interval
     sub = client.subscribe("px-C", options="oof")
+    publisher.publish("px", {"sym": "A", "p": 1})
+    # Just after a flush (its message arrived): the next two changes fall in one interval.
+    assert [m.json() for m in take(sub, 1, timeout=10)] == [{"sym": "A", "p": 1}]
     publisher.sow_delete("px", filter="/sym = 'A'")
     publisher.publish("px", {"sym": "A", "p": 9})
     got = drain(sub, 2.5)
