@@ -79,12 +79,13 @@ class TopicInfo:
         )
 
     def refuse_writes(self) -> None:
-        """Raise InvalidCommandError if this topic is a view: only the engine writes views."""
+        """Raise InvalidCommandError if the engine computes this topic (a view or a conflated
+        topic): only the engine writes those."""
         if self.view_of:
             raise InvalidCommandError(
-                f"topic {self.name!r} is a view of {', '.join(self.view_of)}: views are "
-                "computed by the engine and cannot be published to or deleted from; publish to "
-                "the underlying topics instead"
+                f"topic {self.name!r} is computed by the engine from "
+                f"{', '.join(self.view_of)} (a view or a conflated topic): it cannot be "
+                "published to or deleted from; publish to the underlying topics instead"
             )
 
     def addressed_as(self, name: str) -> TopicInfo:

@@ -1,7 +1,7 @@
 """Reading the ``<SOW>`` section of an AMPS configuration file as-is, so AMPS users can migrate.
 
-Topics, queues and views are read; what sowstream cannot honour yet (enrichment, conflated
-topics, ...) is an error, or with ``skip_unsupported`` a warning that
+Topics, queues, conflated topics and views are read; what sowstream cannot honour yet
+(enrichment, ...) is an error, or with ``skip_unsupported`` a warning that
 skips the topic or element.
 Storage-sizing elements are accepted and ignored: RocksDB manages storage here.
 """
@@ -27,6 +27,14 @@ from sowstream.config.queues import (
     QueueProblem,
     check_queues,
 )
+from sowstream.config.replicas import (
+    CONFLATED_TAGS,
+    ConflatedProblem,
+    ConflatedTopicConfig,
+    check_conflated_topics,
+    conflated_from_xml,
+)
+from sowstream.config.replicas import FIELD_ELEMENTS as CONFLATED_FIELD_ELEMENTS
 from sowstream.config.units import parse_size
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
 from sowstream.config.views import (
@@ -44,7 +52,7 @@ log = logging.getLogger("sowstream.config")
 ROOTS = ("AMPSConfig", "SOW", "TopicMetaData")
 SOW_SECTIONS = ("SOW", "TopicMetaData")
 TOPIC_ELEMENTS = ("Topic", "TopicDefinition")
-UNSUPPORTED_DEFINITIONS = ("ConflatedTopic",)
+UNSUPPORTED_DEFINITIONS: tuple[str, ...] = ()
 UNSUPPORTED_TOPIC_ELEMENTS = ("Preprocessing", "Enrichment")
 # What a regular expression topic (with a Pattern) may not have, as AMPS documents.
 NOT_WITH_PATTERN = ("History", "Preprocessing", "Enrichment")
@@ -149,11 +157,13 @@ def load_amps_xml(
     defined_at: dict[str, str] = {}
     queues: list[tuple[QueueConfig, str, dict[str, str]]] = []
     views: list[tuple[ViewConfig, str]] = []
+    conflated: list[tuple[ConflatedTopicConfig, str]] = []
     order: list[str] = []  # every definition's name in document order (views read earlier ones)
     for section in sections:
         position = 0
         queue_position = 0
         view_position = 0
+        conflated_position = 0
         for child in section:
             if child.tag in ELEMENT_KINDS:
                 queue_position += 1
@@ -161,6 +171,10 @@ def load_amps_xml(
                 if queue is not None:
                     queues.append(queue)
                     order.append(queue[0].name)
+            elif child.tag in CONFLATED_TAGS:
+                conflated_position += 1
+                conflated.append(conflated_from_xml(child, section.tag, conflated_position, source))
+                order.append(conflated[-1][0].name)
             elif child.tag in VIEW_TAGS:
                 view_position += 1
                 views.append(view_from_xml(child, section.tag, view_position, source))
@@ -191,6 +205,12 @@ def load_amps_xml(
         tag = tag_of.get(exc.field, FIELD_ELEMENTS.get(exc.field, exc.field))
         raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
     try:
+        check_conflated_topics([c for c, _ in conflated], topics, order)
+    except ConflatedProblem as exc:
+        path = conflated[exc.index][1]
+        tag = CONFLATED_FIELD_ELEMENTS.get(exc.field, exc.field)
+        raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
+    try:
         check_views([v for v, _ in views], order)
         check_view_sources([v for v, _ in views], topics, [q.name for q, _, _ in queues])
     except ViewProblem as exc:
@@ -202,6 +222,7 @@ def load_amps_xml(
             topics=tuple(topics),
             queues=tuple(q for q, _, _ in queues),
             views=tuple(v for v, _ in views),
+            conflated_topics=tuple(c for c, _ in conflated),
             source=source,
         )
     except ValidationError as exc:

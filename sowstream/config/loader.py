@@ -45,6 +45,13 @@ from sowstream.config.queues import (
     QueueProblem,
     check_queues,
 )
+from sowstream.config.replicas import FIELD_ELEMENTS as CONFLATED_FIELD_ELEMENTS
+from sowstream.config.replicas import (
+    ConflatedProblem,
+    ConflatedTopicConfig,
+    check_conflated_topics,
+    conflated_from_yaml,
+)
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
 from sowstream.config.views import (
     ViewConfig,
@@ -178,7 +185,10 @@ def load_yaml_text(
             problem=f"expected a mapping with 'engine' and 'sow' keys, got {_kind(document)}",
         )
     _check_keys(
-        document, ("engine", "sow", "topics", "queues", "views", "entitlements"), "", source
+        document,
+        ("engine", "sow", "topics", "queues", "conflated_topics", "views", "entitlements"),
+        "",
+        source,
     )
     engine = _engine(document.get("engine"), source)
 
@@ -226,10 +236,16 @@ def load_yaml_text(
         defined_at[topic.ident] = element
         topics.append(topic.model_copy(update={"sow": False}))
     queues = _queues(document.get("queues"), topics, source, skip_unsupported)
-    views = _views(document.get("views"), topics, queues, source)
+    conflated = _conflated(document.get("conflated_topics"), topics, queues, source)
+    views = _views(document.get("views"), topics, queues, source, conflated)
     try:
         config = SowstreamConfig(
-            engine=engine, topics=tuple(topics), queues=queues, views=views, source=source
+            engine=engine,
+            topics=tuple(topics),
+            queues=queues,
+            conflated_topics=conflated,
+            views=views,
+            source=source,
         )
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "sow") from None
@@ -359,13 +375,38 @@ def _queues(
     return tuple(queues)
 
 
-def _views(
+def _conflated(
     raw: Any, topics: list[TopicConfig], queues: tuple[QueueConfig, ...], source: str
+) -> tuple[ConflatedTopicConfig, ...]:
+    """The ``conflated_topics:`` list, checked against the topics (which come before it)."""
+    items = _items(raw, "conflated_topics", "conflated topics ('- Name: orders-C' items)", source)
+    found = [
+        conflated_from_yaml(item, f"conflated_topics[{n}]", source) for n, item in enumerate(items)
+    ]
+    names = [t.name for t in topics] + [q.name for q in queues] + [c.name for c in found]
+    try:
+        check_conflated_topics(found, topics, names)
+    except ConflatedProblem as exc:
+        key = CONFLATED_FIELD_ELEMENTS.get(exc.field, exc.field)
+        raise ConfigError(
+            source=source, element=f"conflated_topics[{exc.index}].{key}", problem=str(exc)
+        ) from None
+    return tuple(found)
+
+
+def _views(
+    raw: Any,
+    topics: list[TopicConfig],
+    queues: tuple[QueueConfig, ...],
+    source: str,
+    conflated: tuple[ConflatedTopicConfig, ...] = (),
 ) -> tuple[ViewConfig, ...]:
-    """The ``views:`` list, checked against the topics and queues (which all come before it)."""
+    """The ``views:`` list, checked against the topics, queues and conflated topics (which all
+    come before it)."""
     items = _items(raw, "views", "views ('- Name: by_region' items)", source)
     views = [view_from_yaml(item, f"views[{n}]", source) for n, item in enumerate(items)]
-    names = [t.name for t in topics] + [q.name for q in queues] + [v.name for v in views]
+    names = [t.name for t in topics] + [q.name for q in queues] + [c.name for c in conflated]
+    names += [v.name for v in views]
     try:
         check_views(views, names)
         check_view_sources(views, topics, [q.name for q in queues])

@@ -785,6 +785,7 @@ class SowstreamConfig(_Frozen):
     topics: tuple[TopicConfig, ...] = ()
     queues: tuple[QueueConfig, ...] = ()
     views: tuple[ViewConfig, ...] = ()
+    conflated_topics: tuple[ConflatedTopicConfig, ...] = ()
     entitlements: Entitlements = Entitlements()
     source: str = "<string>"
 
@@ -823,17 +824,37 @@ class SowstreamConfig(_Frozen):
         check_queues(self.queues, self.topics)
         # Loaders check views in document order first; here they come after every topic.
         names = [t.name for t in self.topics] + [q.name for q in self.queues]
+        names += [c.name for c in self.conflated_topics]
         try:
             check_views(self.views, [*names, *(v.name for v in self.views)])
             check_view_sources(self.views, self.topics, [q.name for q in self.queues])
         except ViewProblem as exc:
             raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
+        try:
+            check_conflated_topics(
+                self.conflated_topics,
+                self.topics,
+                [*names, *(v.name for v in self.views)],
+            )
+        except ConflatedProblem as exc:
+            raise FieldProblem(
+                "conflated_topics", f"conflated_topics[{exc.index}]: {exc}"
+            ) from None
         return self
 
     @property
     def view_topics(self) -> tuple[TopicConfig, ...]:
         """Each view as the SOW topic readers see (:meth:`ViewConfig.topic_config`)."""
         return tuple(v.topic_config() for v in self.views)
+
+    @property
+    def conflated_topic_configs(self) -> tuple[TopicConfig, ...]:
+        """Each conflated topic as the SOW topic readers see
+        (:meth:`ConflatedTopicConfig.topic_config`)."""
+        return tuple(
+            c.topic_config(self.topic(c.underlying_topic, c.message_type))
+            for c in self.conflated_topics
+        )
 
     def view(self, name: str) -> ViewConfig:
         """The view called ``name``; UnknownTopicError if there is none."""
@@ -895,6 +916,11 @@ class SowstreamConfig(_Frozen):
 
 # queues.py and views.py build on the helpers above, so they are imported once they exist.
 from sowstream.config.queues import QueueConfig, check_queues  # noqa: E402
+from sowstream.config.replicas import (  # noqa: E402
+    ConflatedProblem,
+    ConflatedTopicConfig,
+    check_conflated_topics,
+)
 from sowstream.config.views import (  # noqa: E402
     ViewConfig,
     ViewProblem,

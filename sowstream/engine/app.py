@@ -33,9 +33,11 @@ from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.queues import QUEUE_MESSAGE_TYPES
+from sowstream.config.replicas import ConflatedTopicConfig
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.commands import CommandInbox, runs
+from sowstream.engine.conflated import ConflatedRunner
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
@@ -47,6 +49,7 @@ from sowstream.engine.views import ViewRunner
 from sowstream.errors import InvalidCommandError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
+from sowstream.views.conflation import ConflatedFeed
 from sowstream.views.projection import TopicRef
 from sowstream.views.routing import ViewFeed, input_partitions
 from sowstream.wire import headers as h
@@ -496,10 +499,11 @@ class Engine:
         metrics_port: int | None = None,
         seed_dir: str | Path | None = None,
     ) -> None:
-        if config.views:
-            # A view is a SOW topic to readers: its log, control topic, table and processor
-            # are made like any declared topic's.
-            config = config.model_copy(update={"topics": (*config.topics, *config.view_topics)})
+        if config.views or config.conflated_topics:
+            # A view or conflated topic is a SOW topic to readers: its log, control topic,
+            # table and processor are made like any declared topic's.
+            derived = (*config.conflated_topic_configs, *config.view_topics)
+            config = config.model_copy(update={"topics": (*config.topics, *derived)})
         self.config = config
         self.seed_dir = Path(seed_dir) if seed_dir is not None else None
         self.tables: dict[str, Any] = {}
@@ -571,6 +575,9 @@ class Engine:
         self.view_runners: dict[str, ViewRunner] = {}
         for view in config.views:
             self._wire_view(view)
+        self.conflated_runners: dict[str, ConflatedRunner] = {}
+        for conflated in config.conflated_topics:
+            self._wire_conflated(conflated)
         self._wire_lifecycle()
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -670,6 +677,53 @@ class Engine:
                 await runner.handle([_event_record(e.message) for e in events])
 
         app.agent(input_topic, name=f"sowstream.view.{own.ident}")(maintain)
+
+    def _wire_conflated(self, conflated: ConflatedTopicConfig) -> None:
+        """A conflated topic: its input topic, its table of flushed positions, the agent that
+        folds the input in, the task that flushes every Interval, and the feed that makes the
+        underlying topic's processor fill the input topic."""
+        app = self.app
+        underlying = self.config.topic(conflated.underlying_topic, conflated.message_type)
+        own = conflated.topic_config(underlying)
+        self.processors[own.ident].view_name = conflated.name
+        input_name = self.names.view_input(conflated.name, own.message_type)
+        table = app.Table(
+            f"conflated-{own.kafka_name}",
+            partitions=conflated.partitions,
+            default=None,
+            key_type=bytes,
+            value_type=bytes,
+        )
+        runner = ConflatedRunner(
+            conflated,
+            self.sender,
+            table,
+            KafkaLogReader(self.bootstrap, input_name, self.config.engine.kafka),
+            input_topic=input_name,
+            log_topic=self.names.log(conflated.name, own.message_type),
+            codec=own.codec,
+        )
+        self.conflated_runners[own.ident] = runner
+        self.processors[underlying.ident].views.append(ConflatedFeed(conflated, input_name))
+        input_topic = app.topic(
+            input_name,
+            partitions=conflated.partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+        async def fold(stream: Any) -> None:
+            async for events in stream.take_events(VIEW_BATCH_MAX, VIEW_BATCH_WITHIN):
+                await runner.handle([_event_record(e.message) for e in events])
+
+        app.agent(input_topic, name=f"sowstream.conflated.{own.ident}")(fold)
+
+        async def flush_every_interval() -> None:
+            await runner.run()
+
+        app.task(flush_every_interval)
 
     def _underlying(self, ref: TopicRef) -> TopicProcessor:
         """The processor of a view's underlying topic (json when the reference names no type
@@ -1108,6 +1162,12 @@ class Engine:
                     await runner.warm(
                         tp.partition for tp in actives if tp.topic == runner.input_topic
                     )
+            if self.conflated_runners:
+                actives = app.assignor.assigned_actives()
+                for crunner in self.conflated_runners.values():
+                    await crunner.warm(
+                        tp.partition for tp in actives if tp.topic == crunner.input_topic
+                    )
 
         @app.task
         async def pump_logs() -> None:
@@ -1152,6 +1212,8 @@ class Engine:
                 await pump.proc.drop(tp.partition for tp in revoked if tp.topic == pump.ctl_topic)
             for runner in self.view_runners.values():
                 runner.drop(tp.partition for tp in revoked if tp.topic == runner.input_topic)
+            for crunner in self.conflated_runners.values():
+                crunner.drop(tp.partition for tp in revoked if tp.topic == crunner.input_topic)
 
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
 
@@ -1185,6 +1247,16 @@ class Engine:
                 TopicSpec(
                     self.names.view_input(view.name, view.message_type),
                     input_partitions(view),
+                    {"retention.ms": str(VIEW_INPUT_RETENTION_MS)},
+                )
+            )
+        for conflated, own in zip(
+            self.config.conflated_topics, self.config.conflated_topic_configs, strict=True
+        ):
+            specs.append(
+                TopicSpec(
+                    self.names.view_input(conflated.name, own.message_type),
+                    conflated.partitions,
                     {"retention.ms": str(VIEW_INPUT_RETENTION_MS)},
                 )
             )
@@ -1254,6 +1326,9 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
     for view in config.views:
         ident = topic_ident(view.name, view.message_type)
         infos[ident] = {**infos[ident], "view_of": list(view.underlying_names)}
+    for conflated, own in zip(config.conflated_topics, config.conflated_topic_configs, strict=True):
+        # Only the engine writes a conflated topic: clients refuse publishes as for a view.
+        infos[own.ident] = {**infos[own.ident], "view_of": [conflated.underlying_topic]}
     return infos
 
 

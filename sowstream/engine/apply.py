@@ -196,7 +196,8 @@ class Applier(ProcessorBase):
             try:
                 if self.view_name is not None and rec.headers.get(h.VIEW) != self.view_name:
                     raise InvalidMessageError(
-                        f"topic {self.topic.name!r} is a view: only the engine writes it; "
+                        f"topic {self.topic.name!r} is computed by the engine (a view or a "
+                        "conflated topic): only the engine writes it; "
                         "publish to its underlying topics instead",
                         topic=self.topic.name,
                         reason="view",

@@ -54,6 +54,7 @@ from sowstream.wire.topics import TopicNames
 
 if TYPE_CHECKING:
     from sowstream.engine.queues import QueueRuntime
+    from sowstream.views.conflation import ConflatedFeed
     from sowstream.views.routing import ViewFeed
 
 log = logging.getLogger("sowstream.engine")
@@ -196,9 +197,10 @@ class ProcessorBase:
         )
         # Queues whose underlying topics include this one (set up by the engine).
         self.queues: list[QueueRuntime] = []
-        # Views reading this topic (set up by the engine): each applied change goes to them.
-        self.views: list[ViewFeed] = []
-        # Set when this topic is a view: only its maintainer may write the log.
+        # Views and conflated topics reading this topic (set up by the engine): each applied
+        # change goes to them.
+        self.views: list[ViewFeed | ConflatedFeed] = []
+        # Set when this topic is a view or conflated topic: only its maintainer writes the log.
         self.view_name: str | None = None
         self.names = names
         self.log_topic = names.log(topic.name, topic.message_type)

@@ -34,6 +34,7 @@ def write_config(
     plain_topics: list[dict[str, Any]] | None = None,
     queues: list[dict[str, Any]] | None = None,
     views: list[dict[str, Any]] | None = None,
+    conflated_topics: list[dict[str, Any]] | None = None,
 ) -> Path:
     """Write a YAML config with an isolated app id and topic prefix."""
     engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix, **(engine_extra or {})}
@@ -46,6 +47,8 @@ def write_config(
         doc["topics"] = plain_topics
     if queues:
         doc["queues"] = queues
+    if conflated_topics:
+        doc["conflated_topics"] = conflated_topics
     if views:
         doc["views"] = views
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -67,6 +70,7 @@ class EngineProcesses:
         plain_topics: list[dict[str, Any]] | None = None,
         queues: list[dict[str, Any]] | None = None,
         views: list[dict[str, Any]] | None = None,
+        conflated_topics: list[dict[str, Any]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
@@ -82,8 +86,10 @@ class EngineProcesses:
             plain_topics=plain_topics,
             queues=queues,
             views=views,
+            conflated_topics=conflated_topics,
         )
         self.views = [v["Name"] for v in views or ()]
+        self.views += [c["Name"] for c in conflated_topics or ()]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, *extra_args: str) -> None:

@@ -489,13 +489,17 @@ def test_a_view_with_no_underlying_topic_names_the_element() -> None:
     assert err.element.startswith("SOW/View[x]")
 
 
-def test_a_conflated_topic_is_reported_as_not_supported() -> None:
-    tag = "ConflatedTopic"
-    text = sow(f"<{tag}><Name>x</Name></{tag}>" + json_topic("<Key>/id</Key>"))
-    err = load_error(text)
-    assert err.element == f"SOW/{tag}[x]"
-    assert f"<{tag}> definitions are not supported" in err.problem
-    assert [t.name for t in load(text, skip_unsupported=True).topics] == ["t"]
+def test_a_conflated_topic_and_its_replica_definition_synonym_are_read() -> None:
+    text = sow(
+        json_topic("<Key>/id</Key>", name="orders")
+        + "<ConflatedTopic><Name>orders-C</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+        "<Interval>1s</Interval><Filter>/qty > 1</Filter></ConflatedTopic>"
+        "<ReplicaDefinition><Topic>orders-R</Topic><UnderlyingTopic>orders</UnderlyingTopic>"
+        "</ReplicaDefinition>"
+    )
+    first, second = load(text).conflated_topics
+    assert (first.name, first.interval_ms, first.filter) == ("orders-C", 1000, "/qty > 1")
+    assert (second.name, second.interval_ms) == ("orders-R", 5000)
 
 
 # --- Document shapes and synonyms ---

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,9 @@ async def query(proc: TopicProcessor, sender: Capture, flt: str) -> list[str]:
     return [
         r["sow_key"] for rep in sender.replies if rep["command"] == "sow" for r in rep["records"]
     ]
+
+
+KEY_EQUALITY = re.compile(r"/id (=|IN) |= /id\b")
 
 
 def scan(bodies: dict[str, dict[str, Any]], flt: str) -> list[str]:
@@ -184,6 +188,10 @@ def test_indexed_queries_return_exactly_what_a_scan_returns(
         await proc.process([publish(i, b) for i, b in enumerate(bodies.values())])
         await proc.drain()
         for flt in flts:
+            if KEY_EQUALITY.search(flt):
+                # A Key equality is a SowKey lookup, which compares text as AMPS does
+                # (docs/filters.md): `/id = '5.0'` does not find id 5. test_planner covers it.
+                continue
             assert await query(proc, sender, flt) == scan(bodies, flt), flt
         assert stored_memo_entries(ps) == expected_memo_entries(ps)
 

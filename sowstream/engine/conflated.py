@@ -1,0 +1,194 @@
+"""Conflated topics on a worker: the input topic in, one write per changed record per Interval.
+
+Each conflated topic has an input topic (``<prefix>.view-in.<name>``) that the processor of its
+underlying topic fills with change events (:class:`~sowstream.views.conflation.ConflatedFeed`),
+a faust agent that folds them into a :class:`~sowstream.views.conflation.Conflator` per input
+partition, and a flush every Interval that writes the pending states to the conflated topic's
+log (publish by the underlying SowKey, ``sow_delete`` for a record gone or filtered out, each
+marked with the ``sow.view`` header so the log takes nothing else). The conflated topic's own
+processor applies its log like any SOW topic: ``sow``, subscriptions, delta and ``oof`` work.
+
+Nothing changed during an interval is lost to a crash: only once Kafka has acknowledged a
+flush's writes is the input offset it covers stored (in a RocksDB table replicated to its
+changelog). A partition loaded after a restart reads its input again from there; writing a
+record again is harmless, since the log keeps the latest state per SowKey.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from sowstream.config.replicas import ConflatedTopicConfig
+from sowstream.engine.partition import LogReader, Sender
+from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
+from sowstream.messagetypes import MessageType
+from sowstream.sow.ops import RawRecord
+from sowstream.views.conflation import Conflator
+from sowstream.wire import headers as h
+
+log = logging.getLogger("sowstream.engine.conflated")
+
+FLUSHED = b"flushed"
+ACK_WAIT_SECONDS = 30.0
+
+
+class ConflatedRunner:
+    """Keeps one conflated topic on this worker, for the input partitions it was assigned."""
+
+    def __init__(
+        self,
+        conflated: ConflatedTopicConfig,
+        sender: Sender,
+        table: Any | None,
+        input_reader: LogReader,
+        *,
+        input_topic: str,
+        log_topic: str,
+        codec: MessageType,
+    ) -> None:
+        self.conflated = conflated
+        self.input_topic = input_topic
+        self.log_topic = log_topic
+        self._sender = sender
+        self._table = table
+        self._reader = input_reader
+        self._codec = codec
+        self._parts: dict[int, Conflator] = {}
+        self._stores: dict[int, PartitionStore] = {}
+        self._memory: dict[int, MemoryPartition] = {}
+        self._lock = asyncio.Lock()
+        self._header = (h.VIEW, conflated.name.encode())
+
+    def _store(self, partition: int) -> PartitionStore:
+        store = self._stores.get(partition)
+        if store is None:
+            if self._table is None:  # tests: kept in memory for the runner's lifetime
+                store = self._memory.setdefault(partition, MemoryPartition())
+            else:
+                store = RocksPartition(self._table, partition)
+            self._stores[partition] = store
+        return store
+
+    async def _ready(self, partition: int) -> Conflator:
+        """The partition's conflator; on first use it reads the input from the last flush."""
+        conflator = self._parts.get(partition)
+        if conflator is None:
+            stored = self._store(partition).get(FLUSHED)
+            conflator = Conflator(int(stored) if stored is not None else -1)
+            last = await self._reader.end_offset(partition)
+            if last > conflator.taken:
+                async for batch in self._reader.batches(partition, last, conflator.taken + 1):
+                    for rec in batch:
+                        conflator.add(rec.offset, rec.value)
+            self._parts[partition] = conflator
+            log.info(
+                "conflated topic %s partition %d: flushed up to input offset %d, %d records "
+                "pending",
+                self.conflated.name,
+                partition,
+                conflator.flushed,
+                len(conflator.pending),
+            )
+        return conflator
+
+    async def warm(self, partitions: Iterable[int]) -> None:
+        """Load newly assigned partitions, so a restart flushes what the last interval held."""
+        for partition in partitions:
+            if partition in self._parts:
+                continue
+            try:
+                async with self._lock:
+                    await self._ready(partition)
+            except Exception:
+                log.exception(
+                    "conflated topic %s partition %d: loading failed",
+                    self.conflated.name,
+                    partition,
+                )
+
+    def drop(self, partitions: Iterable[int]) -> None:
+        """Forget partitions taken away by a rebalance (the new owner reads from the flush)."""
+        for p in partitions:
+            self._parts.pop(p, None)
+            self._stores.pop(p, None)
+
+    async def handle(self, records: Sequence[RawRecord]) -> None:
+        """Fold a batch of input records in (any mix of partitions, each in offset order)."""
+        async with self._lock:
+            for rec in records:
+                try:
+                    conflator = await self._ready(rec.partition)
+                except Exception:
+                    log.exception(
+                        "conflated topic %s partition %d: loading failed",
+                        self.conflated.name,
+                        rec.partition,
+                    )
+                    continue
+                if rec.offset > conflator.taken + 1:
+                    # faust's committed offset ran past what was taken in: read the gap.
+                    async for batch in self._reader.batches(
+                        rec.partition, rec.offset - 1, conflator.taken + 1
+                    ):
+                        for missed in batch:
+                            conflator.add(missed.offset, missed.value)
+                conflator.add(rec.offset, rec.value)
+
+    async def flush(self) -> int:
+        """Write every partition's pending states to the log; returns how many were written."""
+        written = 0
+        async with self._lock:
+            for partition, conflator in list(self._parts.items()):
+                pending, upto = conflator.take()
+                if upto <= conflator.flushed:
+                    continue
+                try:
+                    await self._write(pending)
+                except Exception:
+                    conflator.restore(pending)
+                    log.exception(
+                        "conflated topic %s partition %d: flush failed, retried at the next "
+                        "interval",
+                        self.conflated.name,
+                        partition,
+                    )
+                    continue
+                entries = {FLUSHED: str(upto).encode()}
+                store = self._store(partition)
+                store.write(entries)
+                await store.replicate(entries, self._sender.send)
+                conflator.flushed_to(upto)
+                written += len(pending)
+        return written
+
+    async def _write(self, pending: dict[str, dict[str, Any] | None]) -> None:
+        futures: list[asyncio.Future[Any]] = []
+        json = self._codec.name == "json"
+        for sow_key, record in pending.items():
+            if record is None:
+                headers = [(h.COMMAND, h.SOW_DELETE.encode()), self._header]
+                value = None
+            else:
+                headers = [self._header]
+                value = orjson.dumps(record) if json else self._codec.serialise(record)
+            fut = await self._sender.send(
+                self.log_topic, value, key=sow_key.encode(), headers=headers
+            )
+            if fut is not None:
+                futures.append(fut)
+        if futures:
+            _, late = await asyncio.wait(futures, timeout=ACK_WAIT_SECONDS)
+            failed = [f for f in futures if f.done() and f.exception() is not None]
+            if late or failed:
+                raise RuntimeError(f"{len(late) + len(failed)} records not acknowledged by Kafka")
+
+    async def run(self) -> None:
+        """Flush every Interval, for as long as the worker runs."""
+        while True:
+            await asyncio.sleep(self.conflated.interval_seconds)
+            await self.flush()
