@@ -21,9 +21,8 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import orjson
-
 from sowstream.config.replicas import ConflatedTopicConfig
+from sowstream.engine.derived import write_records
 from sowstream.engine.partition import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
@@ -34,7 +33,6 @@ from sowstream.wire import headers as h
 log = logging.getLogger("sowstream.engine.conflated")
 
 FLUSHED = b"flushed"
-ACK_WAIT_SECONDS = 30.0
 
 
 class ConflatedRunner:
@@ -148,7 +146,9 @@ class ConflatedRunner:
                 if upto <= conflator.flushed:
                     continue
                 try:
-                    await self._write(pending)
+                    await write_records(
+                        self._sender, self.log_topic, self._header, self._codec, pending.items()
+                    )
                 except Exception:
                     conflator.restore(pending)
                     log.exception(
@@ -165,27 +165,6 @@ class ConflatedRunner:
                 conflator.flushed_to(upto)
                 written += len(pending)
         return written
-
-    async def _write(self, pending: dict[str, dict[str, Any] | None]) -> None:
-        futures: list[asyncio.Future[Any]] = []
-        json = self._codec.name == "json"
-        for sow_key, record in pending.items():
-            if record is None:
-                headers = [(h.COMMAND, h.SOW_DELETE.encode()), self._header]
-                value = None
-            else:
-                headers = [self._header]
-                value = orjson.dumps(record) if json else self._codec.serialise(record)
-            fut = await self._sender.send(
-                self.log_topic, value, key=sow_key.encode(), headers=headers
-            )
-            if fut is not None:
-                futures.append(fut)
-        if futures:
-            _, late = await asyncio.wait(futures, timeout=ACK_WAIT_SECONDS)
-            failed = [f for f in futures if f.done() and f.exception() is not None]
-            if late or failed:
-                raise RuntimeError(f"{len(late) + len(failed)} records not acknowledged by Kafka")
 
     async def run(self) -> None:
         """Flush every Interval, for as long as the worker runs."""

@@ -32,6 +32,7 @@ import orjson
 
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
+from sowstream.engine.derived import write_records
 from sowstream.engine.partition import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
@@ -45,7 +46,6 @@ log = logging.getLogger("sowstream.engine.views")
 
 WATERMARK = b"wm"
 MARK_PREFIX = b"src/"
-ACK_WAIT_SECONDS = 30.0
 _NO_MARK = (-1, -1, -1)
 
 
@@ -200,14 +200,13 @@ class ViewRunner:
                 MARK_PREFIX + stream.encode(): orjson.dumps(list(mark))
                 for stream, mark in vp.marks.items()
             }
-            futures = await self._produce(changes)
-            if futures:
-                _, late = await asyncio.wait(futures, timeout=ACK_WAIT_SECONDS)
-                failed = [f for f in futures if f.done() and f.exception() is not None]
-                if late or failed:
-                    raise RuntimeError(
-                        f"{len(late) + len(failed)} view records not acknowledged by Kafka"
-                    )
+            await write_records(
+                self._sender,
+                self.log_topic,
+                self._view_header,
+                self._codec,
+                ((c.sow_key, c.record) for c in changes),
+            )
             entries = vp.maintainer.take_entries()
             entries.update(entries_marks)
             entries[WATERMARK] = str(vp.watermark).encode()  # last: see the module docstring
@@ -253,21 +252,3 @@ class ViewRunner:
                     exc,
                 )
         return out
-
-    async def _produce(self, changes: Sequence[ViewChange]) -> list[asyncio.Future[Any]]:
-        """Write the view changes to the view's log: publishes, and sow_deletes by SowKey."""
-        futures: list[asyncio.Future[Any]] = []
-        json = self._codec.name == "json"
-        for change in changes:
-            key = change.sow_key.encode()
-            if change.record is None:
-                headers = [(h.COMMAND, h.SOW_DELETE.encode()), self._view_header]
-                value = None
-            else:
-                headers = [self._view_header]
-                record = change.record
-                value = orjson.dumps(record) if json else self._codec.serialise(record)
-            fut = await self._sender.send(self.log_topic, value, key=key, headers=headers)
-            if fut is not None:
-                futures.append(fut)
-        return futures

@@ -1,0 +1,48 @@
+"""What views and conflated topics share: writing their records to their own log.
+
+Both are topics the engine computes (only their runner writes their log, marked with the
+``sow.view`` header); their records go out as publishes, or ``sow_delete`` by SowKey, and a
+runner stores its progress only once Kafka has acknowledged every one of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from sowstream.engine.partition import Sender
+from sowstream.messagetypes import MessageType
+from sowstream.wire import headers as h
+
+ACK_WAIT_SECONDS = 30.0
+
+
+async def write_records(
+    sender: Sender,
+    log_topic: str,
+    header: tuple[str, bytes],
+    codec: MessageType,
+    records: Iterable[tuple[str, Mapping[str, Any] | None]],
+) -> None:
+    """Write ``(SowKey, record or None for a delete)`` to ``log_topic`` and wait for Kafka's
+    acknowledgements; RuntimeError if any is missing (the caller then stores nothing)."""
+    futures: list[asyncio.Future[Any]] = []
+    json = codec.name == "json"
+    for sow_key, record in records:
+        if record is None:
+            headers = [(h.COMMAND, h.SOW_DELETE.encode()), header]
+            value = None
+        else:
+            headers = [header]
+            value = orjson.dumps(record) if json else codec.serialise(record)
+        fut = await sender.send(log_topic, value, key=sow_key.encode(), headers=headers)
+        if fut is not None:
+            futures.append(fut)
+    if futures:
+        _, late = await asyncio.wait(futures, timeout=ACK_WAIT_SECONDS)
+        failed = [f for f in futures if f.done() and f.exception() is not None]
+        if late or failed:
+            raise RuntimeError(f"{len(late) + len(failed)} records not acknowledged by Kafka")
