@@ -16,7 +16,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sowstream.config.errors import ConfigError, Loc, from_validation_error, skip_or_raise
+from sowstream.config.errors import (
+    ConfigError,
+    Loc,
+    element_text,
+    from_validation_error,
+    skip_or_raise,
+)
 from sowstream.config.models import SowstreamConfig, TopicConfig, schema_path
 from sowstream.config.queues import (
     ELEMENT_KINDS,
@@ -297,7 +303,7 @@ def _topic(
             skip_or_raise(error, skip=skip, skipping=skipping)
             return None
         if child.tag == "MessageType":
-            message_type = _text(child, f"{path}/MessageType", source)
+            message_type = element_text(child, f"{path}/MessageType", source)
             if not message_type_supported(
                 message_type,
                 source=source,
@@ -310,7 +316,9 @@ def _topic(
     fields: dict[str, Any] = {}
     tag_of: dict[str, str] = {}
     # AMPS before 5.0 named the topic with <Topic>; both may appear only if they agree.
-    named = {c.tag: _text(c, f"{path}/{c.tag}", source) for c in children if c.tag in _NAME_TAGS}
+    named = {
+        c.tag: element_text(c, f"{path}/{c.tag}", source) for c in children if c.tag in _NAME_TAGS
+    }
     if len(set(named.values())) > 1:
         raise ConfigError(
             source=source,
@@ -332,9 +340,9 @@ def _topic(
         elif tag in _NAME_TAGS:
             pass  # read above
         elif tag == "Key":
-            keys.append(_text(child, where, source))
+            keys.append(element_text(child, where, source))
         elif tag == "Index":
-            indexes.append(_text(child, where, source))
+            indexes.append(element_text(child, where, source))
         elif tag == "HashIndex":
             hash_indexes.append(_hash_index(child, f"{where}[{len(hash_indexes) + 1}]", source))
         elif tag == "History":
@@ -350,7 +358,7 @@ def _topic(
                     element=where,
                     problem=f"give <{tag_of[field]}> or <{tag}>, not both (they are synonyms)",
                 )
-            fields[field] = _text(child, where, source)
+            fields[field] = element_text(child, where, source)
             tag_of[field] = tag
     if keys:
         fields["keys"] = tuple(keys)
@@ -387,7 +395,7 @@ def _key_generator(
     fields: dict[str, Any] = {}
     for child in element:
         if child.tag == "Module":
-            name = _text(child, f"{where}/Module", source)
+            name = element_text(child, f"{where}/Module", source)
             fields["module"] = modules.get(name) or name
         elif child.tag == "Options":
             fields["options"] = {o.tag: (o.text or "").strip() for o in child}
@@ -430,7 +438,7 @@ def _queue(
             )
             skip_or_raise(error, skip=skip, skipping=skipping)
             return None
-        text = _text(child, where, source)
+        text = element_text(child, where, source)
         if child.tag == "MessageType" and not message_type_supported(
             text, source=source, element=where, skip=skip, skipping=skipping, queue=True
         ):
@@ -465,20 +473,6 @@ def _child_text(element: ET.Element, tag: str) -> str | None:
     return (child.text or "").strip()
 
 
-def _text(element: ET.Element, where: str, source: str) -> str:
-    """The element's text, which must be present and not nested elements."""
-    if len(element):
-        raise ConfigError(
-            source=source,
-            element=where,
-            problem=f"<{element.tag}> must hold text, not <{element[0].tag}>",
-        )
-    text = (element.text or "").strip()
-    if not text:
-        raise ConfigError(source=source, element=where, problem=f"<{element.tag}> is empty")
-    return text
-
-
 def _hash_index(element: ET.Element, where: str, source: str) -> list[str]:
     """The ``<Key>`` paths of one ``<HashIndex>``."""
     paths = []
@@ -489,7 +483,7 @@ def _hash_index(element: ET.Element, where: str, source: str) -> list[str]:
                 element=f"{where}/{child.tag}",
                 problem="a <HashIndex> holds only <Key> elements",
             )
-        paths.append(_text(child, f"{where}/Key", source))
+        paths.append(element_text(child, f"{where}/Key", source))
     if not paths:
         raise ConfigError(
             source=source, element=where, problem="a <HashIndex> needs at least one <Key>"
@@ -513,13 +507,13 @@ def _history(element: ET.Element, where: str, source: str) -> dict[str, str]:
                 element=f"{where}/{child.tag}",
                 problem=f"<{child.tag}> may appear only once",
             )
-        history[_HISTORY_FIELDS[child.tag]] = _text(child, f"{where}/{child.tag}", source)
+        history[_HISTORY_FIELDS[child.tag]] = element_text(child, f"{where}/{child.tag}", source)
     return history
 
 
 def _check_ignored(element: ET.Element, where: str, source: str) -> None:
     """Refuse malformed values even in ignored elements, as AMPS itself would."""
-    text = _text(element, where, source)
+    text = element_text(element, where, source)
     if element.tag in _SIZE_ELEMENTS:
         try:
             parse_size(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any
 
@@ -69,3 +70,17 @@ def skip_or_raise(error: ConfigError, *, skip: bool, skipping: str) -> None:
     if not skip:
         raise error
     logging.getLogger("sowstream.config").warning("%s; skipping %s", error, skipping)
+
+
+def element_text(element: ET.Element, where: str, source: str) -> str:
+    """An XML element's text, which must be present and not nested elements."""
+    if len(element):
+        raise ConfigError(
+            source=source,
+            element=where,
+            problem=f"<{element.tag}> must hold text, not <{element[0].tag}>",
+        )
+    text = (element.text or "").strip()
+    if not text:
+        raise ConfigError(source=source, element=where, problem=f"<{element.tag}> is empty")
+    return text

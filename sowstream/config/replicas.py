@@ -18,7 +18,13 @@ from typing import Any
 
 from pydantic import ValidationError, field_validator, model_validator
 
-from sowstream.config.errors import ConfigError, FieldProblem, Loc, from_validation_error
+from sowstream.config.errors import (
+    ConfigError,
+    FieldProblem,
+    Loc,
+    element_text,
+    from_validation_error,
+)
 from sowstream.config.models import (
     MAX_PARTITIONS,
     MIN_PARTITIONS,
@@ -316,19 +322,6 @@ def conflated_from_yaml(item: Any, element: str, source: str) -> ConflatedTopicC
 # ---------------------------------------------------------------------------- AMPS XML
 
 
-def _text(element: ET.Element, where: str, source: str) -> str:
-    if len(element):
-        raise ConfigError(
-            source=source,
-            element=where,
-            problem=f"<{element.tag}> must hold text, not <{element[0].tag}>",
-        )
-    text = (element.text or "").strip()
-    if not text:
-        raise ConfigError(source=source, element=where, problem=f"<{element.tag}> is empty")
-    return text
-
-
 def conflated_from_xml(
     element: ET.Element, section: str, position: int, source: str
 ) -> tuple[ConflatedTopicConfig, str]:
@@ -364,7 +357,7 @@ def conflated_from_xml(
                         element=f"{where}/{key.tag}",
                         problem="a <HashIndex> holds only <Key> elements",
                     )
-                keys.append(_text(key, f"{where}/Key[{len(keys) + 1}]", source))
+                keys.append(element_text(key, f"{where}/Key[{len(keys) + 1}]", source))
             if not keys:
                 raise ConfigError(
                     source=source, element=where, problem="a <HashIndex> needs at least one <Key>"
@@ -372,7 +365,7 @@ def conflated_from_xml(
             fields.setdefault("hash_indexes", []).append(keys)
             continue
         field = "name" if child.tag == "Topic" else CONFLATED_ELEMENTS[child.tag]
-        text = _text(child, where, source)
+        text = element_text(child, where, source)
         if field in fields and fields[field] != text:
             raise ConfigError(
                 source=source,

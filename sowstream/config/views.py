@@ -22,7 +22,13 @@ from typing import Any, Literal
 
 from pydantic import ValidationError, field_validator, model_validator
 
-from sowstream.config.errors import ConfigError, FieldProblem, Loc, from_validation_error
+from sowstream.config.errors import (
+    ConfigError,
+    FieldProblem,
+    Loc,
+    element_text,
+    from_validation_error,
+)
 from sowstream.config.models import (
     MAX_PARTITIONS,
     MIN_PARTITIONS,
@@ -499,19 +505,6 @@ def view_from_yaml(item: Any, element: str, source: str) -> ViewConfig:
 # ---------------------------------------------------------------------------- AMPS XML
 
 
-def _xml_text(element: ET.Element, where: str, source: str) -> str:
-    if len(element):
-        raise ConfigError(
-            source=source,
-            element=where,
-            problem=f"<{element.tag}> must hold text, not <{element[0].tag}>",
-        )
-    text = (element.text or "").strip()
-    if not text:
-        raise ConfigError(source=source, element=where, problem=f"<{element.tag}> is empty")
-    return text
-
-
 def _xml_children(element: ET.Element, tag: str, where: str, source: str) -> list[str]:
     texts: list[str] = []
     for child in element:
@@ -521,7 +514,7 @@ def _xml_children(element: ET.Element, tag: str, where: str, source: str) -> lis
                 element=f"{where}/{child.tag}",
                 problem=f"a <{element.tag}> holds only <{tag}> elements",
             )
-        texts.append(_xml_text(child, f"{where}/{tag}[{len(texts) + 1}]", source))
+        texts.append(element_text(child, f"{where}/{tag}[{len(texts) + 1}]", source))
     return texts
 
 
@@ -567,7 +560,7 @@ def view_from_xml(
                 fields["joins"] = joins
                 tag_of["joins"] = "UnderlyingTopic/Join"
             else:
-                fields["underlying_topic"] = _xml_text(child, where, source)
+                fields["underlying_topic"] = element_text(child, where, source)
         elif child.tag in ("Projection", "Grouping"):
             fields[VIEW_ELEMENTS[child.tag]] = _xml_children(child, "Field", where, source)
         elif child.tag == "HashIndex":
@@ -579,7 +572,7 @@ def view_from_xml(
             fields.setdefault("hash_indexes", []).append(keys)
         else:
             field = "name" if child.tag == "Topic" else VIEW_ELEMENTS[child.tag]
-            text = _xml_text(child, where, source)
+            text = element_text(child, where, source)
             if field in fields and fields[field] != text:
                 raise ConfigError(
                     source=source,
