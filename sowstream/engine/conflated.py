@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sowstream.config.replicas import ConflatedTopicConfig
-from sowstream.engine.derived import write_records
+from sowstream.engine.derived import runner_store, write_records
 from sowstream.engine.partition import LogReader, Sender
-from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
+from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
 from sowstream.views.conflation import Conflator
@@ -65,11 +65,7 @@ class ConflatedRunner:
     def _store(self, partition: int) -> PartitionStore:
         store = self._stores.get(partition)
         if store is None:
-            if self._table is None:  # tests: kept in memory for the runner's lifetime
-                store = self._memory.setdefault(partition, MemoryPartition())
-            else:
-                store = RocksPartition(self._table, partition)
-            self._stores[partition] = store
+            store = self._stores[partition] = runner_store(self._table, self._memory, partition)
         return store
 
     async def _ready(self, partition: int) -> Conflator:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from sowstream.engine.partition import Sender
+from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
 from sowstream.wire import headers as h
 
@@ -46,3 +47,13 @@ async def write_records(
         failed = [f for f in futures if f.done() and f.exception() is not None]
         if late or failed:
             raise RuntimeError(f"{len(late) + len(failed)} records not acknowledged by Kafka")
+
+
+def runner_store(
+    table: Any | None, memory: dict[int, MemoryPartition], partition: int
+) -> PartitionStore:
+    """A runner's store for ``partition``: its RocksDB table, or (tests, no table) memory kept
+    in ``memory`` for the runner's lifetime."""
+    if table is None:
+        return memory.setdefault(partition, MemoryPartition())
+    return RocksPartition(table, partition)

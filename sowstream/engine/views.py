@@ -32,9 +32,9 @@ import orjson
 
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
-from sowstream.engine.derived import write_records
+from sowstream.engine.derived import runner_store, write_records
 from sowstream.engine.partition import LogReader, Sender
-from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
+from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
 from sowstream.views.accumulators import StateError
@@ -89,10 +89,7 @@ class ViewRunner:
     # -- partitions -------------------------------------------------------------------------------
 
     def _new_store(self, partition: int) -> PartitionStore:
-        if self._table is None:
-            # No table (tests): kept in memory for the runner's lifetime.
-            return self._memory.setdefault(partition, MemoryPartition())
-        return RocksPartition(self._table, partition)
+        return runner_store(self._table, self._memory, partition)
 
     def ready(self, partition: int) -> ViewPartition:
         """The partition's state, loaded from its store on first use after an assignment."""
