@@ -580,6 +580,17 @@ class Engine:
             self._wire_conflated(conflated)
         self._wire_lifecycle()
 
+    def _raw_topic(self, name: str, partitions: int) -> Any:
+        """A faust topic of raw bytes (keys and values are our own Avro or JSON)."""
+        return self.app.topic(
+            name,
+            partitions=partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` soon, keeping a reference so the task is not collected midway."""
         task = asyncio.ensure_future(work)
@@ -593,13 +604,8 @@ class Engine:
 
     def _wire(self, topic: TopicConfig) -> None:
         app = self.app
-        ctl_topic = app.topic(
-            self.names.control(topic.name, topic.message_type),
-            partitions=topic.partitions,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
+        ctl_topic = self._raw_topic(
+            self.names.control(topic.name, topic.message_type), topic.partitions
         )
         table = None
         if topic.durability == "persistent" and (topic.sow or topic.ident in self._fed):
@@ -663,14 +669,7 @@ class Engine:
         self.view_runners[own.ident] = runner
         for ref in view.topics:
             self._underlying(ref).views.append(ViewFeed(view, ref.topic, input_name))
-        input_topic = app.topic(
-            input_name,
-            partitions=partitions,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
+        input_topic = self._raw_topic(input_name, partitions)
 
         async def maintain(stream: Any) -> None:
             async for events in stream.take_events(VIEW_BATCH_MAX, VIEW_BATCH_WITHIN):
@@ -705,14 +704,7 @@ class Engine:
         )
         self.conflated_runners[own.ident] = runner
         self.processors[underlying.ident].views.append(ConflatedFeed(conflated, input_name))
-        input_topic = app.topic(
-            input_name,
-            partitions=conflated.partitions,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
-        )
+        input_topic = self._raw_topic(input_name, conflated.partitions)
 
         async def fold(stream: Any) -> None:
             async for events in stream.take_events(VIEW_BATCH_MAX, VIEW_BATCH_WITHIN):
@@ -766,13 +758,8 @@ class Engine:
         self.directory = TopicDirectory(
             self.bootstrap, self.names.meta, self.config.engine.kafka, self._add_auto
         )
-        auto_ctl = self.app.topic(
-            self.names.auto_control,
-            partitions=self.config.engine.auto_topic_partitions,
-            key_type=bytes,
-            value_type=bytes,
-            key_serializer="raw",
-            value_serializer="raw",
+        auto_ctl = self._raw_topic(
+            self.names.auto_control, self.config.engine.auto_topic_partitions
         )
 
         async def answer_auto(stream: Any) -> None:
