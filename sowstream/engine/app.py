@@ -1198,11 +1198,22 @@ class Engine:
             for pump in self.pumps:
                 await pump.proc.drop(tp.partition for tp in revoked if tp.topic == pump.ctl_topic)
             for runner in self.view_runners.values():
-                runner.drop(tp.partition for tp in revoked if tp.topic == runner.input_topic)
+                await runner.drop(
+                    [tp.partition for tp in revoked if tp.topic == runner.input_topic]
+                )
             for crunner in self.conflated_runners.values():
-                crunner.drop(tp.partition for tp in revoked if tp.topic == crunner.input_topic)
+                await crunner.drop(
+                    [tp.partition for tp in revoked if tp.topic == crunner.input_topic]
+                )
+
+        async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+            for runner in self.view_runners.values():
+                runner.assign(tp.partition for tp in assigned if tp.topic == runner.input_topic)
+            for crunner in self.conflated_runners.values():
+                crunner.assign(tp.partition for tp in assigned if tp.topic == crunner.input_topic)
 
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
+        app.on_partitions_assigned.connect(cast(Any, on_assigned))
 
     # -- start-up ---------------------------------------------------------------------------------
 

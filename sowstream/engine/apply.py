@@ -112,8 +112,8 @@ class Applier(ProcessorBase):
                 else:
                     self._commit(ps, head.outcome)
                     await ps.store.replicate(head.outcome.changes, self._sender.send)
-                    # Leaves the overlay only now: until its changelog sends are queued no later
-                    # batch may commit (the changelog keeps write order); readers looking
+                    # Leaves the overlay only now: until Kafka has its changelog records no later
+                    # batch may be stored (see RocksPartition.replicate); readers looking
                     # through the overlay meanwhile find the same records as in the store.
                     ps.in_flight.popleft()
                     await self._perform(head.outcome)
