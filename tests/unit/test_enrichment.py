@@ -288,6 +288,33 @@ def test_instance_name_comes_from_the_engine_or_the_amps_name() -> None:
     assert load_config_text(xml).topics[0].instance_name == "amps-a"
 
 
+def test_the_example_configuration_gives_chapter_08s_e1_records() -> None:
+    from pathlib import Path
+
+    from sowstream.config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[2] / "examples" / "enrichment.yaml")
+    orders = config.topic("Orders")
+    state: SowRecord | None = None
+    for offset, (qty, price) in enumerate([(-1, 100), (5, 100), (-2, 101)]):
+        body = {"customer_id": "A-111", "order_id": 1000, "qty": qty, "price": price}
+        key = generated_sow_key("Orders", "Orders", ("/order_key",), {"order_key": "A-111-1000"})
+        op = decode_log_record(orders, key.encode(), orjson.dumps(body), {}, offset, 1000 * offset)
+        state = apply_keyed(orders, state, op)
+        if offset == 0:
+            assert stored(state)["qty"] is None
+    assert stored(state) == {
+        "customer_id": "A-111",
+        "order_id": 1000,
+        "order_key": "A-111-1000",
+        "qty": 5,
+        "price": 101,
+        "publishSource": "desk-east",
+        "created": 0.0,
+        "updated": 2.0,
+    }
+
+
 def test_publish_entitlements_are_checked_like_entitlements() -> None:
     base = "sow:\n  - {Name: O, Key: /id}\npublish_entitlements:\n"
     topic = load_config_text(base + "  bob: {O: \"/s = 'z'\"}\n  '*': {O: '1=0'}\n").topics[0]
