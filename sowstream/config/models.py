@@ -595,26 +595,24 @@ class TopicConfig(_Frozen):
     @property
     def stages(self) -> TopicStages:
         """The compiled Preprocessing and Enrichment (cached like :attr:`codec`)."""
+        if not self.preprocessing and not self.enrichment:
+            return NO_STAGES  # every log record asks: keep the common case cheap
         made_from = (self.preprocessing, self.enrichment, self.instance_name, self.keys)
         cached = self.__dict__.get(_STAGES)
         if cached is None or cached[0] != made_from:
-            stages = NO_STAGES
-            if self.preprocessing or self.enrichment:
-                stages = TopicStages(
-                    compile_stage(
-                        PREPROCESSING, self.preprocessing, instance_name=self.instance_name
-                    )
-                    if self.preprocessing
-                    else None,
-                    compile_stage(
-                        ENRICHMENT,
-                        self.enrichment,
-                        instance_name=self.instance_name,
-                        key_fields=self.keys,
-                    )
-                    if self.enrichment
-                    else None,
+            stages = TopicStages(
+                compile_stage(PREPROCESSING, self.preprocessing, instance_name=self.instance_name)
+                if self.preprocessing
+                else None,
+                compile_stage(
+                    ENRICHMENT,
+                    self.enrichment,
+                    instance_name=self.instance_name,
+                    key_fields=self.keys,
                 )
+                if self.enrichment
+                else None,
+            )
             cached = self.__dict__[_STAGES] = (made_from, stages)
         result: TopicStages = cached[1]
         return result
