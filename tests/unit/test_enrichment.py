@@ -475,3 +475,93 @@ def test_a_failing_preprocessing_is_rejected_before_the_key() -> None:
         decode_log_record(topic, None, b'{"id": 1, "k": 5}', {}, 1, 1)
     assert failed.value.reason == "preprocessing_failed"
     assert "Preprocessing/Field[1]" in str(failed.value)
+
+
+# -- other message types: the stages work on the parsed message ---------------------------------
+
+
+def typed(yaml: str, tmp_path: Any = None) -> TopicConfig:
+    (topic,) = load_config_text(yaml, str(tmp_path / "c.yaml") if tmp_path else "c.yaml").topics
+    return topic
+
+
+def run(topic: TopicConfig, *bodies: bytes | tuple[str, bytes]) -> SowRecord | None:
+    """Apply ``bodies`` in turn (publishes, or (command, body) pairs), each keyed right."""
+    state: SowRecord | None = None
+    for offset, item in enumerate(bodies):
+        command, body = item if isinstance(item, tuple) else (h.PUBLISH, item)
+        headers = {h.COMMAND: command}
+        op = decode_log_record(topic, None, body, headers, offset, 1000)
+        if op.rekey and op.kafka_key is not None:
+            op = decode_log_record(topic, op.kafka_key.encode(), body, headers, offset, 1000)
+        state = apply_keyed(topic, state, op)
+    return state
+
+
+def test_nvfix_and_fix_fields() -> None:
+    nvfix = typed(
+        "sow:\n  - Name: n\n    MessageType: nvfix\n    Key: /k\n"
+        "    Preprocessing: [\"CONCAT(/desk, '-', /id) AS /k\"]\n"
+        "    Enrichment: ['COALESCE(/n OF PREVIOUS, 0) + 1 AS /n']\n"
+    )
+    state = run(nvfix, b"desk=A\x01id=7\x01", b"desk=A\x01id=7\x01x=1\x01")
+    assert state is not None
+    assert nvfix.codec.parse(state.data) == {"desk": "A", "id": "7", "x": "1", "k": "A-7", "n": "2"}
+    fix = typed(
+        "sow:\n  - Name: f\n    MessageType: fix\n    Key: /11\n"
+        "    Enrichment: ['/38 * 2 AS /9/1']\n"
+    )
+    with pytest.raises(InvalidMessageError) as failed:  # fix fields are flat
+        run(fix, b"11=a\x0138=5\x01")
+    assert failed.value.reason == "enrichment_failed" and "fix fields are flat" in str(failed.value)
+
+
+def test_xml_fields() -> None:
+    xml = typed(
+        "sow:\n  - Name: x\n    MessageType: xml\n    Key: /order/@id\n"
+        "    Enrichment: ['/order/qty * 2 AS /order/double', 'IF(/order/qty > 1, 1, 0) AS /flag']\n"
+    )
+    with pytest.raises(InvalidMessageError) as failed:  # /flag would be a second root element
+        run(xml, b'<order id="1"><qty>3</qty></order>')
+    assert failed.value.reason == "enrichment_failed" and "one root element" in str(failed.value)
+    fine = typed(
+        "sow:\n  - Name: x\n    MessageType: xml\n    Key: /order/@id\n"
+        "    Enrichment: ['/order/qty * 2 AS /order/double']\n"
+    )
+    state = run(fine, b'<order id="1"><qty>3</qty></order>')
+    assert state is not None and fine.codec.parse(state.data) == {
+        "order": {"@id": "1", "qty": "3", "double": "6"}
+    }
+
+
+def test_avro_fields_and_a_delta_that_cannot_be_merged(tmp_path: Any) -> None:
+    schema = {
+        "type": "record",
+        "name": "Order",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "qty", "type": "int"},
+            {"name": "double", "type": ["null", "long"], "default": None},
+            {"name": "note", "type": ["null", "string"], "default": None},
+        ],
+    }
+    (tmp_path / "order.avsc").write_bytes(orjson.dumps(schema))
+    base = "sow:\n  - Name: a\n    MessageType: avro\n    Key: /id\n    Schema: order.avsc\n"
+    topic = typed(base + "    Enrichment: ['/qty * 2 AS /double']\n", tmp_path)
+    codec = topic.codec
+    state = run(topic, codec.serialise({"id": 1, "qty": 4}))
+    assert state is not None and codec.parse(state.data)["double"] == 8
+    merged = run(
+        topic,
+        codec.serialise({"id": 1, "qty": 4}),
+        (h.DELTA_PUBLISH, codec.serialise_delta({"id": 1, "qty": 5})),
+    )
+    assert merged is not None and codec.parse(merged.data)["double"] == 10
+    with pytest.raises(InvalidMessageError) as failed:  # an inserting delta without /qty
+        run(topic, (h.DELTA_PUBLISH, codec.serialise_delta({"id": 2, "note": "n"})))
+    assert failed.value.reason == "bad_merge"
+    wrong = typed(base + "    Enrichment: [\"CONCAT('x', /qty) AS /double\"]\n", tmp_path)
+    with pytest.raises(InvalidMessageError) as failed:  # a string in a long field
+        run(wrong, codec.serialise({"id": 1, "qty": 4}))
+    assert failed.value.reason == "enrichment_failed"
+    assert "the message after Enrichment cannot be written as avro" in str(failed.value)
