@@ -100,7 +100,8 @@ VIEWS = [  # E9
     }
 ]
 QUEUES = [{"Name": "ORDERS_Q", "UnderlyingTopic": "Orders"}]  # E9
-PUBLISH_ENTITLEMENTS = {"bob": {"Sources": "/source = 'z'"}}  # E7
+PLAIN = [{"Name": "Chat", "Partitions": 1}]
+PUBLISH_ENTITLEMENTS = {"bob": {"Sources": "/source = 'z'", "Chat": "/from = 'bob'"}}  # E7
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +116,7 @@ def engine(
         engine_extra={"instance_name": INSTANCE},
         views=VIEWS,
         queues=QUEUES,
+        plain_topics=PLAIN,
         publish_entitlements=PUBLISH_ENTITLEMENTS,
     ) as procs:
         yield procs
@@ -297,6 +299,18 @@ def test_e5_hint_optional_and_e7_entitlement_sees_the_raw_message(engine: Engine
             {"id": 2, "alt": None},  # source removed (HINT OPTIONAL), alt written as null
             {"id": 3, "alt": None},
         ]
+
+
+def test_publish_entitlements_hold_on_topics_without_a_sow(engine: EngineProcesses) -> None:
+    with engine.client(identity="bob") as bob:
+        sub = bob.subscribe("Chat")
+        bob.publish("Chat", {"from": "bob", "text": "hi"}, ack=True)
+        with pytest.raises(CommandFailedError) as refused:
+            bob.publish("Chat", {"from": "ann", "text": "hi"}, ack=True)
+        assert refused.value.reason == "entitlement"
+        bob.publish("Chat", {"from": "bob", "text": "bye"}, ack=True)
+        assert [m.json()["text"] for m in take(sub, 2)] == ["hi", "bye"]
+        sub.close()
 
 
 def test_e6_set_current(client: Client) -> None:
