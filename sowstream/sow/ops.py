@@ -233,8 +233,8 @@ def check_publish_entitlement(
 
 def preprocess(topic: TopicConfig, stage: Stage, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` after the topic's Preprocessing; a Field that cannot be applied is an
-    InvalidMessageError (reason ``preprocessing_failed``) naming it. Shared with publishers,
-    which compute the SowKey from the preprocessed message."""
+    InvalidMessageError (reason ``preprocessing_failed``) naming it. The Python client does the
+    same before keying a publish (``client.publishing.preprocess_body``)."""
     try:
         # No stored record and no log time yet: Preprocessing may use neither (sow.enrich).
         return stage.apply(body, None, 0)
