@@ -1358,4 +1358,6 @@ def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> 
         "auto": auto,
         "schema": getattr(topic.codec, "schema_text", ""),
         "pattern": topic.pattern or "",
+        "preprocessing": list(topic.preprocessing),
+        "instance_name": topic.instance_name,
     }

@@ -30,6 +30,7 @@ from sowstream.sow.ops import (
     LogOp,
     RawRecord,
     apply_keyed,
+    check_publish_entitlement,
     decode_log_record,
     deleted_by_filter,
     parse_body,
@@ -264,6 +265,10 @@ class Applier(ProcessorBase):
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
             try:
                 sow_key = self._plain_key(rec, command)
+                if self.topic.publish_filters and command != h.SOW_DELETE:
+                    delta = command == h.DELTA_PUBLISH
+                    body = parse_body(self.topic, rec.value, delta=delta)
+                    check_publish_entitlement(self.topic, rec.headers, body)
             except InvalidMessageError as exc:
                 if not replay:
                     outcome.dead.append((rec, exc))
