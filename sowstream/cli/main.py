@@ -61,8 +61,15 @@ def worker(
         ),
     ] = False,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+        int | None,
+        typer.Option(
+            help="Serve Prometheus metrics and the /live, /ready and /status probes on PORT."
+        ),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(help="Address the metrics port listens on (0.0.0.0 in a container)."),
+    ] = "127.0.0.1",
     seed_dir: Annotated[
         Path | None,
         typer.Option(help="Start partitions without local state from 'pipeline rebuild --seed'."),
@@ -84,6 +91,7 @@ def worker(
         data_dir=data_dir,
         log_level=log_level,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
         seed_dir=seed_dir,
     )
     _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
