@@ -131,14 +131,20 @@ class _QuietHandler(WSGIRequestHandler):
         return None
 
 
-def serve(health: Health, host: str, port: int) -> ThreadingWSGIServer:
-    """Serve the endpoints on ``host:port`` from daemon threads; returns the server."""
+def serve(
+    health: Health, host: str, port: int, *, poll_interval: float = 0.5
+) -> ThreadingWSGIServer:
+    """Serve the endpoints on ``host:port`` from daemon threads; returns the server.
+
+    ``poll_interval`` is how soon ``shutdown()`` is noticed, not a delay for requests."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
 
     class Server(ThreadingWSGIServer):
         address_family = family
 
     httpd = make_server(host, port, wsgi_app(health), Server, handler_class=_QuietHandler)
-    thread = threading.Thread(target=httpd.serve_forever, name="sowstream-http", daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, args=(poll_interval,), name="sowstream-http", daemon=True
+    )
     thread.start()
     return httpd
