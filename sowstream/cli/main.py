@@ -74,6 +74,13 @@ def worker(
         Path | None,
         typer.Option(help="Start partitions without local state from 'pipeline rebuild --seed'."),
     ] = None,
+    static_membership: Annotated[
+        bool,
+        typer.Option(
+            help="Join the group as a static member named after the worker (Kafka's "
+            "group.instance.id): a quick restart keeps its partitions without a rebalance."
+        ),
+    ] = False,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
     from sowstream.engine.app import Engine
@@ -93,6 +100,7 @@ def worker(
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         seed_dir=seed_dir,
+        static_membership=static_membership,
     )
     _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
     engine.run()

@@ -499,6 +499,7 @@ class Engine:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         seed_dir: str | Path | None = None,
+        static_membership: bool = False,
     ) -> None:
         if config.views or config.conflated_topics:
             # A view or conflated topic is a SOW topic to readers: its log, control topic,
@@ -540,6 +541,10 @@ class Engine:
             stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
             stream_wait_empty=False,
             broker_credentials=faust_credentials(config.engine.kafka),
+            # Static membership (KIP-345): the worker name is the group member, so a worker that
+            # restarts within the session timeout takes its own partitions back without a
+            # rebalance; one that stops is only replaced once the session times out.
+            consumer_group_instance_id=self.worker_name if static_membership else None,
         )
         self.sender = FaustSender(self.app)
         self.sender.on_gone = self._reply_topic_missing

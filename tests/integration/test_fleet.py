@@ -1,8 +1,9 @@
 """The fleet: workers started as deploy/k8s's StatefulSet starts them (tests/support/fleet.py),
 with the dev overlay's config, under a steady load: scaled 1→3→2, a pod SIGKILLed, a pod
-deleted with its volume. After each step every pod passes its probes, the workers' /status
-rows cover every partition once, the SOW equals the fold of the log and a subscriber that was
-there all along holds exactly the SOW."""
+deleted with its volume. After each step every pod passes its probes, faust's group members are
+the pods (static membership by pod name), the workers' /status rows cover every partition once,
+the SOW equals the fold of the log and a subscriber that was there all along holds exactly the
+SOW."""
 
 from __future__ import annotations
 
@@ -205,6 +206,14 @@ def check(
         return ok, f"owners {found}, running {sorted(running)}"
 
     eventually(f"{step}: partition owners", owned_once)
+
+    def members_are_the_pods() -> tuple[bool, str]:
+        # Static membership: faust's group members are the pods, by name (group.instance.id).
+        desc = fleet.admin.describe_consumer_groups([fleet.group])[fleet.group].result(10)
+        members = sorted(m.group_instance_id or "" for m in desc.members)
+        return members == sorted(running), f"group members {members}, pods {sorted(running)}"
+
+    eventually(f"{step}: group members", members_are_the_pods)
     expected = {k.decode(): v for k, v in fold_log(fleet.bootstrap, log_topic, partitions).items()}
     assert expected, "the log folds to an empty SOW: the load did nothing"
     last: dict[str, Any] | None = None

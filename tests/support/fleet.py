@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from confluent_kafka.admin import AdminClient
 
 REPO = Path(__file__).resolve().parents[2]
 STATEFULSET = REPO / "deploy" / "k8s" / "base" / "statefulset.yaml"
@@ -103,6 +104,8 @@ class LocalStatefulSet:
         self.configmap = workdir / "configmap"
         self.configmap.mkdir(parents=True)
         (self.configmap / "sowstream.yaml").write_text(config_text)
+        self.group: str = yaml.safe_load(config_text)["engine"]["app_id"]  # faust's group
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.pods: dict[int, Pod] = {}
 
     # -- the pod template --------------------------------------------------------------------------

@@ -36,6 +36,7 @@ def test_statefulset_runs_the_worker_with_the_configmap() -> None:
     assert container["args"][0] == "worker"
     assert "--config=/etc/sowstream/config/sowstream.yaml" in container["args"]
     assert "--name=$(POD_NAME)" in container["args"]
+    assert "--static-membership" in container["args"]  # the pod name is the group member
     config_volume = next(v for v in spec["volumes"] if v["name"] == "config")
     assert config_volume["configMap"]["name"] == "sowstream-config"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
