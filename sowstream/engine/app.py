@@ -1219,17 +1219,13 @@ class Engine:
                 )
 
         async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+            self._assigned = True  # for the readiness probe
             for runner in self.view_runners.values():
                 runner.assign(tp.partition for tp in assigned if tp.topic == runner.input_topic)
             for crunner in self.conflated_runners.values():
                 crunner.assign(tp.partition for tp in assigned if tp.topic == crunner.input_topic)
 
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
-        app.on_partitions_assigned.connect(cast(Any, on_assigned))
-
-        async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
-            self._assigned = True
-
         app.on_partitions_assigned.connect(cast(Any, on_assigned))
 
         @app.task
