@@ -35,6 +35,11 @@ class Ownership(Applier):
                 if not ps.ready:
                     await self._load(partition, ps)
                     ps.folded = ps.watermark
+                    if self._parts.get(partition) is not ps:
+                        # Revoked while loading: what the load handed the queues and the
+                        # subscriptions belongs to the next owner (or the next load), not here.
+                        self._forget(partition)
+                        return ps
                     ps.ready = True
         return ps
 

@@ -236,12 +236,16 @@ class ProcessorBase:
     async def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
         for p in partitions:
-            self.subs.drop_partition(p)
-            for queue in self.queues:
-                queue.drop(self.topic.name, p)
+            self._forget(p)
             ps = self._parts.pop(p, None)
             if ps is not None:
                 await ps.wake()  # queries waiting on it give up
+
+    def _forget(self, partition: int) -> None:
+        """Drop what the subscriptions and queues hold of ``partition``."""
+        self.subs.drop_partition(partition)
+        for queue in self.queues:
+            queue.drop(self.topic.name, partition)
 
     def state(self, partition: int) -> PartitionState | None:
         """The partition's current state, None when it is not held."""
