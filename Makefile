@@ -4,6 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
+TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
 .PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index clean
 
@@ -23,7 +24,7 @@ run: $(STAMP)
 test: $(STAMP) lint typecheck deploy-tools
 	$(BIN)/sowstream broker provision
 	$(BIN)/sowstream pipeline provision
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

@@ -14,7 +14,7 @@ from sowstream.broker.provision import KAFKA_VERSION, ensure_kafka_jars
 from sowstream.errors import BrokerError
 
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded single-node Kafka broker.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # errors name paths: never break them
 
 Home = Annotated[Path | None, typer.Option(help="Broker directory (default .sowstream/broker).")]
 

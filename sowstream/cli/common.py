@@ -17,7 +17,7 @@ from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError
 from sowstream.messagetypes import MessageParseError, MessageType
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # errors name paths: never break them
 out = Console()
 
 F = TypeVar("F", bound=Callable[..., Any])
