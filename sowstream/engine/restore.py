@@ -101,8 +101,10 @@ def copy_changelog(
         consumer.assign([TopicPartition(topic, p, copies[p].start) for p in sorted(todo)])
         heard = time.monotonic()
         while todo and not stop.is_set():
-            msgs = consumer.consume(CONSUME_MAX, POLL_SECONDS)
-            if not msgs:
+            # consume(n, timeout) waits for n records or the whole timeout: the last records of
+            # a changelog would wait it out. Wait for one, then take what is already fetched.
+            first = consumer.poll(POLL_SECONDS)
+            if first is None:
                 if time.monotonic() - heard > stall_seconds:
                     behind = {p: copies[p].end - copies[p].last for p in sorted(todo)}
                     raise RestoreStalledError(
@@ -111,7 +113,7 @@ def copy_changelog(
                     )
                 continue
             heard = time.monotonic()
-            _store_chunk(topic, msgs, copies, todo)
+            _store_chunk(topic, [first, *consumer.consume(CONSUME_MAX - 1, 0)], copies, todo)
     finally:
         consumer.close()
 
