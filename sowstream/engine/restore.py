@@ -215,7 +215,11 @@ class BatchedRecovery(Recovery):
             have = destination[tp] if destination[tp] is not None else -1
             if end is None or end - have < BATCHED_MIN_RECORDS:
                 continue
-            db = store._db_for_partition(tp.partition)
+            try:
+                db = store._db_for_partition(tp.partition)
+            except Exception as exc:  # rocksdict raises bare Exception (e.g. lock held)
+                log.warning("batched restore skips %s: %s; faust restores it", tp, exc)
+                continue
             plans.setdefault(tp.topic, {})[tp.partition] = PartitionCopy(
                 tp.partition, db, have + 1, end
             )

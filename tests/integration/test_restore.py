@@ -243,3 +243,21 @@ def test_recovery_hands_a_failed_copy_to_faust_from_where_it_stopped(
     assert rec.table.data.persisted_offset(TP(changelog, 0)) == len(entries) - 1
     assert f"batched restore of {changelog} stopped" in caplog.text
     assert "faust restores the rest" in caplog.text
+
+
+def test_recovery_leaves_a_partition_whose_database_will_not_open_to_faust(
+    kafka_bootstrap: str, changelog: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entries = entries_for(BATCHED_MIN_RECORDS + 10, "m")
+    produce(kafka_bootstrap, changelog, 0, entries)
+    rec = Recovering(kafka_bootstrap, changelog, tmp_path)
+    path = rec.table.data.partition_path(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    holder = Rdict(str(path), Options(raw_mode=True))  # RocksDB's lock: faust cannot open it
+    try:
+        with caplog.at_level(logging.INFO, logger="sowstream.engine"):
+            got = rec.copy({0: len(entries) - 1, 1: -1}, {0: -1, 1: -1})
+    finally:
+        holder.close()
+    assert got[TP(changelog, 0)] == -1  # faust restores it (and reports the lock itself)
+    assert f"batched restore skips TP(topic='{changelog}', partition=0)" in caplog.text
