@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 
-.PHONY: run test lint typecheck unit integration broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index bench-restore clean
+.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index bench-restore clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/sowstream broker start
 	$(BIN)/sowstream worker --config $(CONFIG)
 
-test: $(STAMP) lint typecheck
+test: $(STAMP) lint typecheck deploy-tools
 	$(BIN)/sowstream broker provision
 	$(BIN)/sowstream pipeline provision
 	$(BIN)/pytest -q -p no:cacheprovider
@@ -30,6 +30,15 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
+
+# kustomize (built from the Go module proxy) and Strimzi's CRDs (generated from Maven Central),
+# once, into the sowstream cache; tests/deploy uses them (docs/deploy.md).
+deploy-tools: $(STAMP)
+	$(BIN)/python -m tests.deploy.tools
+
+# Only the offline checks of deploy/: kustomize build, schemas, hadolint.
+deploy-check: deploy-tools
+	$(BIN)/pytest -q -p no:cacheprovider tests/deploy
 
 lint: $(STAMP)
 	$(BIN)/ruff check sowstream tests bench

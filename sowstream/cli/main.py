@@ -61,12 +61,26 @@ def worker(
         ),
     ] = False,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+        int | None,
+        typer.Option(
+            help="Serve Prometheus metrics and the /live, /ready and /status probes on PORT."
+        ),
     ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(help="Address the metrics port listens on (0.0.0.0 in a container)."),
+    ] = "127.0.0.1",
     seed_dir: Annotated[
         Path | None,
         typer.Option(help="Start partitions without local state from 'pipeline rebuild --seed'."),
     ] = None,
+    static_membership: Annotated[
+        bool,
+        typer.Option(
+            help="Join the group as a static member named after the worker (Kafka's "
+            "group.instance.id): a quick restart keeps its partitions without a rebalance."
+        ),
+    ] = False,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
     from sowstream.engine.app import Engine
@@ -84,7 +98,9 @@ def worker(
         data_dir=data_dir,
         log_level=log_level,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
         seed_dir=seed_dir,
+        static_membership=static_membership,
     )
     _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
     engine.run()

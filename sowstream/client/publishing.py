@@ -19,10 +19,22 @@ from sowstream.messagetypes import (
     MessageParseError,
     MessageSerialiseError,
 )
+from sowstream.sow.enrich import Stage, StageFailure
 from sowstream.sow.keygen import KeyGeneratorError, generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
 from sowstream.wire import headers as h
 from sowstream.wire.topics import JSON
+
+
+def preprocess_body(info: TopicInfo, stage: Stage, parsed: dict[str, Any]) -> dict[str, Any]:
+    """A message after the topic's Preprocessing, as the engine computes it (sow.ops)."""
+    try:
+        return stage.apply(parsed, None, 0)
+    except StageFailure as exc:
+        label = "topic" if info.message_type == JSON else f"{info.message_type} topic"
+        raise InvalidMessageError(
+            f"{label} {info.name!r}: {exc}", topic=info.name, reason="preprocessing_failed"
+        ) from exc
 
 
 class Publishing(Queueing):
@@ -78,7 +90,15 @@ class Publishing(Queueing):
         name: str | None = None,
     ) -> str | None:
         """The SowKey the engine gives a record of ``info`` (published under ``name`` on a
-        Pattern topic, whose names are their own key domains unless KeyDomain is set)."""
+        Pattern topic, whose names are their own key domains unless KeyDomain is set).
+
+        On a topic with Preprocessing the key is that of the preprocessed message, so the
+        publish goes to the partition that owns it; the body is sent as given and the engine
+        preprocesses it again (as for any Kafka producer's records).
+        """
+        stage = info.preprocessing_stage
+        if stage is not None:
+            parsed = preprocess_body(info, stage, parsed)
         if info.key_generator is not None:
             # The engine recomputes it; the same generator here routes the publish right.
             try:
@@ -163,6 +183,7 @@ class Publishing(Queueing):
                 h.REPLY_TO: self.reply_topic if ack else None,
                 h.COMMAND_ID: command_id,
                 h.TOPIC: name,
+                h.IDENTITY: self.identity or None,
             },
         )
         if command_id is not None:
@@ -204,6 +225,7 @@ class Publishing(Queueing):
             h.REPLY_TO: self.reply_topic,
             h.COMMAND_ID: command_id,
             h.TOPIC: name,  # a Pattern topic: only this name's records
+            h.IDENTITY: self.identity or None,
         }
         if filter is not None:
             compile_filter(filter)  # a bad filter fails here, with its position

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -14,6 +15,7 @@ from sowstream.messagetypes import (
     TypeOptions,
     registry,
 )
+from sowstream.sow.enrich import PREPROCESSING, Stage, StageError, compile_stage
 from sowstream.sow.patterns import literal_name, name_regex
 from sowstream.wire.topics import JSON, topic_ident
 
@@ -37,6 +39,9 @@ class TopicInfo:
     schema: str = ""  # an avro topic's record schema
     view_of: tuple[str, ...] = ()  # a view: the topics it is computed from (only the engine writes)
     pattern: str = ""  # a regular expression topic: the Pattern its topic names match
+    # Preprocessing Fields, applied before computing a SowKey (and AMPS_INSTANCE_NAME() there).
+    preprocessing: tuple[str, ...] = ()
+    instance_name: str = ""
     # How a command addresses a Pattern topic: the regex its records' topic names must match
     # (one name escaped); None: every name. Not part of the definition on the meta topic.
     topic_regex: str | None = None
@@ -50,6 +55,13 @@ class TopicInfo:
     def ident(self) -> str:
         """The topic's identity: its name for json, ``<type>:<name>`` otherwise."""
         return topic_ident(self.name, self.message_type)
+
+    @property
+    def preprocessing_stage(self) -> Stage | None:
+        """The compiled Preprocessing, or None (compiled once per definition)."""
+        if not self.preprocessing:
+            return None
+        return _stage(self.preprocessing, self.instance_name)
 
     @property
     def codec(self) -> MessageType:
@@ -76,6 +88,8 @@ class TopicInfo:
             schema=d.get("schema") or "",
             view_of=tuple(d.get("view_of") or ()),
             pattern=d.get("pattern") or "",
+            preprocessing=tuple(d.get("preprocessing") or ()),
+            instance_name=d.get("instance_name") or "",
         )
 
     def refuse_writes(self) -> None:
@@ -99,6 +113,14 @@ class TopicInfo:
     def published_name(self) -> str | None:
         """The one topic name a Pattern topic is addressed by (None: several or none)."""
         return literal_name(self.topic_regex) if self.topic_regex is not None else None
+
+
+@functools.lru_cache(maxsize=256)
+def _stage(fields: tuple[str, ...], instance_name: str) -> Stage:
+    try:
+        return compile_stage(PREPROCESSING, fields, instance_name=instance_name)
+    except StageError as exc:  # the engine checked it: only a version mismatch gets here
+        raise InvalidCommandError(f"the topic's Preprocessing cannot be used here: {exc}") from None
 
 
 def type_name(message_type: str) -> str:

@@ -1,8 +1,8 @@
 """Reading the ``<SOW>`` section of an AMPS configuration file as-is, so AMPS users can migrate.
 
-Topics, queues, conflated topics and views are read; what sowstream cannot honour yet
-(enrichment, ...) is an error, or with ``skip_unsupported`` a warning that
-skips the topic or element.
+Topics (with their Preprocessing and Enrichment), queues, conflated topics and views are read;
+what sowstream cannot honour yet is an error, or with ``skip_unsupported`` a warning that
+skips the topic or element. The instance's ``<Name>`` is what ``AMPS_INSTANCE_NAME()`` gives.
 Storage-sizing elements are accepted and ignored: RocksDB manages storage here.
 """
 
@@ -23,7 +23,7 @@ from sowstream.config.errors import (
     from_validation_error,
     skip_or_raise,
 )
-from sowstream.config.models import SowstreamConfig, TopicConfig, schema_path
+from sowstream.config.models import EngineConfig, SowstreamConfig, TopicConfig, schema_path
 from sowstream.config.queues import (
     ELEMENT_KINDS,
     FIELD_ELEMENTS,
@@ -59,7 +59,9 @@ ROOTS = ("AMPSConfig", "SOW", "TopicMetaData")
 SOW_SECTIONS = ("SOW", "TopicMetaData")
 TOPIC_ELEMENTS = ("Topic", "TopicDefinition")
 UNSUPPORTED_DEFINITIONS: tuple[str, ...] = ()
-UNSUPPORTED_TOPIC_ELEMENTS = ("Preprocessing", "Enrichment")
+UNSUPPORTED_TOPIC_ELEMENTS: tuple[str, ...] = ()
+# Elements holding a list of <Field> children (sowstream.sow.enrich).
+STAGE_ELEMENTS = {"Preprocessing": "preprocessing", "Enrichment": "enrichment"}
 # What a regular expression topic (with a Pattern) may not have, as AMPS documents.
 NOT_WITH_PATTERN = ("History", "Preprocessing", "Enrichment")
 
@@ -93,7 +95,15 @@ _SCALARS: dict[str, str] = {
 _NAME_TAGS = ("Name", "Topic")
 _REPEATABLE = ("Key", "HashIndex", "Index")
 _KNOWN_TOPIC_ELEMENTS = frozenset(
-    [*_SCALARS, *_NAME_TAGS, *_REPEATABLE, "History", "KeyGenerator", *IGNORED_TOPIC_ELEMENTS]
+    [
+        *_SCALARS,
+        *_NAME_TAGS,
+        *_REPEATABLE,
+        "History",
+        "KeyGenerator",
+        *STAGE_ELEMENTS,
+        *IGNORED_TOPIC_ELEMENTS,
+    ]
 )
 _HISTORY_FIELDS = {"Window": "window_ms", "Granularity": "granularity_ms"}
 _HISTORY_TAGS = {field: tag for tag, field in _HISTORY_FIELDS.items()}
@@ -106,6 +116,7 @@ _DEFAULT_TAGS = {
     "indexes": "Index",
     "history": "History",
     "key_generator": "KeyGenerator",
+    **{field: tag for tag, field in STAGE_ELEMENTS.items()},
 }
 
 
@@ -223,14 +234,16 @@ def load_amps_xml(
         view_path = views[exc.index][1]
         tag = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)
         raise ConfigError(source=source, element=f"{view_path}/{tag}", problem=str(exc)) from None
+    instance = _child_text(root, "Name") if root.tag == "AMPSConfig" else None
     try:
         return SowstreamConfig(
+            engine=EngineConfig(instance_name=instance),
             topics=tuple(topics),
             queues=tuple(q for q, _, _ in queues),
             views=tuple(v for v, _ in views),
             conflated_topics=tuple(c for c, _ in conflated),
             source=source,
-        )
+        ).stamped()
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "SOW") from None
 
@@ -350,6 +363,8 @@ def _topic(
             tag_of["history"] = "History"
         elif tag == "KeyGenerator":
             fields["key_generator"] = _key_generator(child, where, source, modules)
+        elif tag in STAGE_ELEMENTS:
+            fields[STAGE_ELEMENTS[tag]] = _stage_fields(child, where, source)
         else:
             field = _SCALARS[tag]
             if field in tag_of and tag_of[field] != tag:
@@ -489,6 +504,27 @@ def _hash_index(element: ET.Element, where: str, source: str) -> list[str]:
             source=source, element=where, problem="a <HashIndex> needs at least one <Key>"
         )
     return paths
+
+
+def _stage_fields(element: ET.Element, where: str, source: str) -> list[str]:
+    """The ``<Field>`` texts of a ``<Preprocessing>`` or ``<Enrichment>``, in order."""
+    fields: list[str] = []
+    for child in element:
+        if child.tag != "Field":
+            raise ConfigError(
+                source=source,
+                element=f"{where}/{child.tag}",
+                problem=f"<{element.tag}> holds only <Field> elements",
+            )
+        fields.append(element_text(child, f"{where}/Field[{len(fields) + 1}]", source))
+    if not fields:
+        raise ConfigError(
+            source=source,
+            element=where,
+            problem=f"<{element.tag}> needs at least one <Field>, like "
+            "<Field>/qty * /price AS /total</Field>",
+        )
+    return fields
 
 
 def _history(element: ET.Element, where: str, source: str) -> dict[str, str]:

@@ -77,6 +77,8 @@ TOPIC_KEYS: dict[str, str] = {
     "History": "history",
     "Schema": "schema_file",
     "Pattern": "pattern",
+    "Preprocessing": "preprocessing",
+    "Enrichment": "enrichment",
 }
 # What a plain (non-SOW) topic under ``topics:`` may set.
 PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions", "Schema"})
@@ -186,7 +188,16 @@ def load_yaml_text(
         )
     _check_keys(
         document,
-        ("engine", "sow", "topics", "queues", "conflated_topics", "views", "entitlements"),
+        (
+            "engine",
+            "sow",
+            "topics",
+            "queues",
+            "conflated_topics",
+            "views",
+            "entitlements",
+            "publish_entitlements",
+        ),
         "",
         source,
     )
@@ -249,15 +260,16 @@ def load_yaml_text(
         )
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=lambda _: "sow") from None
-    entitlements = document.get("entitlements")
-    if entitlements is None:
-        return config
-    try:
-        return config.model_copy(
-            update={"entitlements": Entitlements.parse(entitlements, config.topics)}
-        )
-    except FieldProblem as exc:
-        raise ConfigError(source=source, element=exc.field, problem=str(exc)) from None
+    for section in ("entitlements", "publish_entitlements"):
+        raw = document.get(section)
+        if raw is None:
+            continue
+        try:
+            rules = Entitlements.parse(raw, config.topics, section)
+        except FieldProblem as exc:
+            raise ConfigError(source=source, element=exc.field, problem=str(exc)) from None
+        config = config.model_copy(update={section: rules})
+    return config.stamped()
 
 
 def _engine(raw: Any, source: str) -> EngineConfig:

@@ -27,6 +27,14 @@ from sowstream.errors import InvalidCommandError, UnknownTopicError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageType as MessageTypeImpl
 from sowstream.messagetypes import MessageTypeConfigError, registry
+from sowstream.sow.enrich import (
+    ENRICHMENT,
+    NO_STAGES,
+    PREPROCESSING,
+    StageError,
+    TopicStages,
+    compile_stage,
+)
 from sowstream.sow.keygen import KeyGeneratorError, load_key_generator
 from sowstream.sow.patterns import compile_pattern
 from sowstream.sow.timestamps import parse_timestamp
@@ -43,6 +51,8 @@ RestoreMode = Literal["batched", "faust"]
 
 SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = tuple(registry.BUILT_IN)
 _CODEC = "\x00codec"  # where a TopicConfig keeps its MessageType (see TopicConfig.codec)
+_STAGES = "\x00stages"  # and its compiled Preprocessing and Enrichment (TopicConfig.stages)
+DEFAULT_INSTANCE_NAME = "sowstream"
 
 
 def message_type_name(value: object) -> str:
@@ -350,6 +360,14 @@ class TopicConfig(_Frozen):
     # A regular expression topic (AMPS ``Pattern``): the records of every topic name it matches
     # whole share this definition, its Kafka topics and its stores (see sowstream.sow.patterns).
     pattern: str | None = None
+    # The Field texts of the topic's Preprocessing and Enrichment (sowstream.sow.enrich).
+    preprocessing: tuple[str, ...] = ()
+    enrichment: tuple[str, ...] = ()
+    # Set by the loaders from the whole configuration (SowstreamConfig.stamped), because every
+    # log record of the topic needs them: what AMPS_INSTANCE_NAME() gives, and the publish
+    # entitlements as (identity, filter) pairs.
+    instance_name: str = DEFAULT_INSTANCE_NAME
+    publish_filters: tuple[tuple[str, str], ...] = ()
 
     @field_validator("name", mode="before")
     @classmethod
@@ -446,6 +464,20 @@ class TopicConfig(_Frozen):
     def _partitions(cls, value: object) -> int:
         return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
+    @field_validator("preprocessing", "enrichment", mode="before")
+    @classmethod
+    def _fields(cls, value: object, info: ValidationInfo) -> tuple[str, ...]:
+        what = PREPROCESSING if info.field_name == "preprocessing" else ENRICHMENT
+        if isinstance(value, Mapping) and set(value) == {"Field"}:
+            value = value["Field"]  # the AMPS shape, {Field: [...]}
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{what} must be a list of Fields like '/a * 2 AS /b', got {value!r}")
+        if not value:
+            raise ValueError(f"{what} needs at least one Field, like '/a * 2 AS /b'")
+        return tuple(value)
+
     @field_validator("pattern", mode="before")
     @classmethod
     def _pattern(cls, value: object) -> object:
@@ -510,6 +542,29 @@ class TopicConfig(_Frozen):
             raise FieldProblem(
                 "pattern", f"topic {self.name!r}: Pattern applies to SOW topics only"
             )
+        for field, kind in (("preprocessing", PREPROCESSING), ("enrichment", ENRICHMENT)):
+            if not getattr(self, field):
+                continue
+            if self.pattern is not None:
+                raise FieldProblem(
+                    field,
+                    f"{kind} cannot be used with Pattern: topic {self.name!r} is a regular "
+                    "expression topic",
+                )
+            if not self.sow:
+                raise FieldProblem(field, f"{kind} applies to SOW topics only")
+            if not registry.type_class(self.message_type).has_fields:
+                raise FieldProblem(
+                    field,
+                    f"topic {self.name!r} is {self.message_type}: its messages are not parsed, "
+                    f"so it cannot have {kind}",
+                )
+        try:
+            self.stages  # noqa: B018 -- compiled here, once, so a bad Field fails at start
+        except StageError as exc:
+            field = "preprocessing" if exc.element.startswith(PREPROCESSING) else "enrichment"
+            where = exc.element.partition("/")[2]
+            raise FieldProblem(field, f"{where}: {exc.problem}" if where else exc.problem) from None
         if self.history is not None and self.expiration.mode != "disabled":
             raise FieldProblem(
                 "expiration",
@@ -537,6 +592,40 @@ class TopicConfig(_Frozen):
             cached = self.__dict__[_CODEC] = (made_from, registry.get(self.message_type, self))
         codec: MessageTypeImpl = cached[1]
         return codec
+
+    @property
+    def stages(self) -> TopicStages:
+        """The compiled Preprocessing and Enrichment (cached like :attr:`codec`)."""
+        if not self.preprocessing and not self.enrichment:
+            return NO_STAGES  # every log record asks: keep the common case cheap
+        made_from = (self.preprocessing, self.enrichment, self.instance_name, self.keys)
+        cached = self.__dict__.get(_STAGES)
+        if cached is None or cached[0] != made_from:
+            stages = TopicStages(
+                compile_stage(PREPROCESSING, self.preprocessing, instance_name=self.instance_name)
+                if self.preprocessing
+                else None,
+                compile_stage(
+                    ENRICHMENT,
+                    self.enrichment,
+                    instance_name=self.instance_name,
+                    key_fields=self.keys,
+                )
+                if self.enrichment
+                else None,
+            )
+            cached = self.__dict__[_STAGES] = (made_from, stages)
+        result: TopicStages = cached[1]
+        return result
+
+    def publish_filter(self, identity: str) -> Filter | None:
+        """The publish entitlement filter ``identity`` is held to on this topic (its own rule,
+        else the ``*`` rule), or None."""
+        if not self.publish_filters:
+            return None
+        rules = dict(self.publish_filters)
+        text = rules.get(identity, rules.get(ANY_IDENTITY))
+        return compile_filter(text) if text else None
 
     @property
     def ident(self) -> str:
@@ -652,6 +741,8 @@ class EngineConfig(_Frozen):
     # topics, no SOW), as AMPS needs no declaration; false refuses them (production).
     auto_create_topics: bool = True
     auto_topic_partitions: int = 4
+    # What AMPS_INSTANCE_NAME() gives in Preprocessing and Enrichment (default: app_id).
+    instance_name: str | None = None
     # How a worker refills a partition store from its changelog when the store is missing or far
     # behind: ``batched`` (confluent-kafka into RocksDB WriteBatches) or ``faust`` (its recovery).
     restore: RestoreMode = "batched"
@@ -680,7 +771,12 @@ class EngineConfig(_Frozen):
     def _names(cls, value: object, info: ValidationInfo) -> str:
         return _kafka_name(value, str(info.field_name), MAX_PREFIX)
 
-    @field_validator("bootstrap_servers", "data_dir", mode="before")
+    @property
+    def effective_instance_name(self) -> str:
+        """``instance_name`` if set, else ``app_id`` (the name every worker of an engine shares)."""
+        return self.instance_name or self.app_id
+
+    @field_validator("bootstrap_servers", "data_dir", "instance_name", mode="before")
     @classmethod
     def _non_empty(cls, value: object, info: ValidationInfo) -> object:
         if value is not None and (not isinstance(value, str) or not value.strip()):
@@ -754,18 +850,19 @@ class Entitlements(_Frozen):
     rules: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     @classmethod
-    def parse(cls, raw: object, topics: Iterable[TopicConfig]) -> Entitlements:
-        """Validate ``identity -> topic -> filter``; FieldProblem names the bad element."""
+    def parse(
+        cls, raw: object, topics: Iterable[TopicConfig], section: str = "entitlements"
+    ) -> Entitlements:
+        """Validate ``identity -> topic -> filter``; FieldProblem names the bad element
+        (under ``section``: ``entitlements`` or ``publish_entitlements``)."""
         names = {t.name for t in topics}
         if not isinstance(raw, Mapping):
-            raise FieldProblem(
-                "entitlements", f"must map identities to topics and filters, got {raw!r}"
-            )
+            raise FieldProblem(section, f"must map identities to topics and filters, got {raw!r}")
         rules: dict[str, dict[str, str]] = {}
         for identity, per_topic in raw.items():
-            where = f"entitlements.{identity}"
+            where = f"{section}.{identity}"
             if not isinstance(identity, str) or not identity:
-                raise FieldProblem("entitlements", f"identity must be a string, got {identity!r}")
+                raise FieldProblem(section, f"identity must be a string, got {identity!r}")
             if not isinstance(per_topic, Mapping):
                 raise FieldProblem(where, f"must map topic names to filters, got {per_topic!r}")
             rules[identity] = {}
@@ -798,7 +895,27 @@ class SowstreamConfig(_Frozen):
     views: tuple[ViewConfig, ...] = ()
     conflated_topics: tuple[ConflatedTopicConfig, ...] = ()
     entitlements: Entitlements = Entitlements()
+    # What each identity may publish: a publish must match the filter (checked as received).
+    publish_entitlements: Entitlements = Entitlements()
     source: str = "<string>"
+
+    def stamped(self) -> SowstreamConfig:
+        """This configuration with each SOW topic given what its log records need from the rest
+        of it (the loaders' last step): the instance name and the publish entitlements."""
+        instance = self.engine.effective_instance_name
+        rules = self.publish_entitlements.rules
+        topics = tuple(
+            t.model_copy(
+                update={
+                    "instance_name": instance,
+                    "publish_filters": tuple(
+                        sorted((who, on[t.name]) for who, on in rules.items() if t.name in on)
+                    ),
+                }
+            )
+            for t in self.topics
+        )
+        return self.model_copy(update={"topics": topics})
 
     def entitlement_lookup(self, topic: str) -> Callable[[str], Filter | None]:
         """identity -> compiled entitlement filter on ``topic`` (cached; None = all visible)."""

@@ -47,7 +47,7 @@ _MAX_COUNT = 2**62
 # Functions whose answer can differ between two reads of the same log record; a queue filter or
 # barrier test must be repeatable because the queue state is rebuilt by replaying the log.
 NON_DETERMINISTIC_FUNCTIONS = ("UNIX_TIMESTAMP", "LAST_READ", "VALUE_LOOKUP")
-_UNKNOWN_FUNCTION = re.compile(r"unknown function '(\w+)'")
+_UNKNOWN_FUNCTION = re.compile(r"unknown function '(\w+)'|(\w+) is only available in")
 
 # AMPS element of each kind, and the kind of each element (QueueDefinition is an old synonym).
 KIND_ELEMENTS: dict[str, str] = {
@@ -120,8 +120,9 @@ def checked_expression(text: object, what: str, *, predicate: bool) -> str:
         tree = parse_filter(text)
     except FilterError as exc:
         match = _UNKNOWN_FUNCTION.match(exc.reason)
-        if match and match[1].upper() in NON_DETERMINISTIC_FUNCTIONS:
-            raise ValueError(_non_deterministic(what, match[1].upper(), exc.position)) from None
+        name = (match[1] or match[2]).upper() if match else ""
+        if name in NON_DETERMINISTIC_FUNCTIONS:
+            raise ValueError(_non_deterministic(what, name, exc.position)) from None
         raise ValueError(f"bad {what}: {exc}") from None
     for node in ast.walk(tree):
         if isinstance(node, ast.Func) and node.name in NON_DETERMINISTIC_FUNCTIONS:

@@ -29,7 +29,6 @@ from confluent_kafka import (
 )
 from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka.admin import AdminClient
-from prometheus_client import start_http_server
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.queues import QUEUE_MESSAGE_TYPES
@@ -39,11 +38,12 @@ from sowstream.engine import metrics
 from sowstream.engine.commands import CommandInbox, runs
 from sowstream.engine.conflated import ConflatedRunner
 from sowstream.engine.directory import TopicDirectory
+from sowstream.engine.health import BEAT_SECONDS, Health, Readiness, serve
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.restore import batched_table_manager
-from sowstream.engine.security import faust_credentials
+from sowstream.engine.security import expand_environment, faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.views import ViewRunner
@@ -504,17 +504,25 @@ class Engine:
         session_timeout: float = 10.0,
         log_level: str = "info",
         metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
         seed_dir: str | Path | None = None,
+        static_membership: bool = False,
     ) -> None:
         if config.views or config.conflated_topics:
             # A view or conflated topic is a SOW topic to readers: its log, control topic,
             # table and processor are made like any declared topic's.
             derived = (*config.conflated_topic_configs, *config.view_topics)
             config = config.model_copy(update={"topics": (*config.topics, *derived)})
+        # Secrets stay out of the config file: ${NAME} in engine.kafka reads the environment.
+        engine = config.engine.model_copy(update={"kafka": expand_environment(config.engine.kafka)})
+        config = config.model_copy(update={"engine": engine})
         self.config = config
         self.seed_dir = Path(seed_dir) if seed_dir is not None else None
         self.tables: dict[str, Any] = {}
         self.metrics_port = metrics_port if metrics_port is not None else config.engine.web_port
+        self.metrics_host = metrics_host
+        self.health = Health()
+        self._assigned = False  # faust handed this worker its first assignment
         self.bootstrap = bootstrap
         self.names = TopicNames(config.engine.topic_prefix)
         self.worker_name = worker_name or socket.gethostname()
@@ -546,6 +554,10 @@ class Engine:
             stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
             stream_wait_empty=False,
             broker_credentials=faust_credentials(config.engine.kafka),
+            # Static membership (KIP-345): the worker name is the group member, so a worker that
+            # restarts within the session timeout takes its own partitions back without a
+            # rebalance; one that stops is only replaced once the session times out.
+            consumer_group_instance_id=self.worker_name if static_membership else None,
             **restore,
         )
         self.sender = FaustSender(self.app)
@@ -1212,11 +1224,67 @@ class Engine:
             for pump in self.pumps:
                 await pump.proc.drop(tp.partition for tp in revoked if tp.topic == pump.ctl_topic)
             for runner in self.view_runners.values():
-                runner.drop(tp.partition for tp in revoked if tp.topic == runner.input_topic)
+                await runner.drop(
+                    [tp.partition for tp in revoked if tp.topic == runner.input_topic]
+                )
             for crunner in self.conflated_runners.values():
-                crunner.drop(tp.partition for tp in revoked if tp.topic == crunner.input_topic)
+                await crunner.drop(
+                    [tp.partition for tp in revoked if tp.topic == crunner.input_topic]
+                )
+
+        async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+            self._assigned = True  # for the readiness probe
+            for runner in self.view_runners.values():
+                runner.assign(tp.partition for tp in assigned if tp.topic == runner.input_topic)
+            for crunner in self.conflated_runners.values():
+                crunner.assign(tp.partition for tp in assigned if tp.topic == crunner.input_topic)
 
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
+        app.on_partitions_assigned.connect(cast(Any, on_assigned))
+
+        @app.task
+        async def heartbeat() -> None:
+            # The probes' view of the worker (sowstream.engine.health): stamped from the loop,
+            # so a loop that stops turning stops the stamps.
+            self.health.serve_status(asyncio.get_running_loop(), self.worker_status)
+            while True:
+                self.health.beat(self.readiness())
+                await asyncio.sleep(BEAT_SECONDS)
+
+    # -- probes -----------------------------------------------------------------------------------
+
+    def readiness(self) -> Readiness:
+        """Whether this worker owns its partitions and has restored them (``/ready``).
+
+        Ready once faust has assigned partitions (none is an answer too), the rebalance and the
+        changelog recovery are over, the subscription registry is read (or live changes would
+        miss subscribers) and every SOW partition it owns is loaded.
+        """
+        app = self.app
+        if not self._assigned:
+            return Readiness(False, "waiting for the consumer group to assign partitions")
+        if app.rebalancing or app.in_recovery:
+            return Readiness(False, "rebalancing: restoring tables from their changelogs")
+        if not self.registry.loaded.is_set():
+            return Readiness(False, "reading the subscription registry")
+        owned = 0
+        for pump in self.pumps:
+            for partition in sorted(pump.owned()):
+                state = pump.proc.state(partition)
+                if state is None or not state.ready:
+                    name = pump.proc.topic.name
+                    return Readiness(False, f"loading topic {name} partition {partition}")
+                owned += 1
+        return Readiness(True, f"ready: {owned} topic partition(s) owned and restored")
+
+    async def worker_status(self) -> list[dict[str, Any]]:
+        """This worker's rows of ``sowstream status`` (``/status``): its partitions now."""
+        rows = []
+        for pump in list(self.pumps):
+            for partition in sorted(pump.owned()):
+                row = await pump.proc.partition_status(partition)
+                rows.append({**row, "worker": self.worker_name})
+        return rows
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -1294,7 +1362,7 @@ class Engine:
         if self.seed_dir is not None:
             self.apply_seeds(self.seed_dir)
         if self.metrics_port:
-            start_http_server(self.metrics_port, addr="127.0.0.1")
+            serve(self.health, self.metrics_host, self.metrics_port)
         worker = faust.Worker(self.app, loglevel=self.log_level, quiet=True, override_logging=False)
         worker.execute_from_commandline()
 
@@ -1361,4 +1429,6 @@ def topic_info(topic: TopicConfig, names: TopicNames, *, auto: bool = False) -> 
         "auto": auto,
         "schema": getattr(topic.codec, "schema_text", ""),
         "pattern": topic.pattern or "",
+        "preprocessing": list(topic.preprocessing),
+        "instance_name": topic.instance_name,
     }

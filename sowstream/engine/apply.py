@@ -30,6 +30,7 @@ from sowstream.sow.ops import (
     LogOp,
     RawRecord,
     apply_keyed,
+    check_publish_entitlement,
     decode_log_record,
     deleted_by_filter,
     parse_body,
@@ -112,8 +113,8 @@ class Applier(ProcessorBase):
                 else:
                     self._commit(ps, head.outcome)
                     await ps.store.replicate(head.outcome.changes, self._sender.send)
-                    # Leaves the overlay only now: until its changelog sends are queued no later
-                    # batch may commit (the changelog keeps write order); readers looking
+                    # Leaves the overlay only now: until Kafka has its changelog records no later
+                    # batch may be stored (see RocksPartition.replicate); readers looking
                     # through the overlay meanwhile find the same records as in the store.
                     ps.in_flight.popleft()
                     await self._perform(head.outcome)
@@ -264,6 +265,10 @@ class Applier(ProcessorBase):
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
             try:
                 sow_key = self._plain_key(rec, command)
+                if self.topic.publish_filters and command != h.SOW_DELETE:
+                    delta = command == h.DELTA_PUBLISH
+                    body = parse_body(self.topic, rec.value, delta=delta)
+                    check_publish_entitlement(self.topic, rec.headers, body)
             except InvalidMessageError as exc:
                 if not replay:
                     outcome.dead.append((rec, exc))

@@ -57,6 +57,7 @@ class ConflatedRunner:
         self._reader = input_reader
         self._codec = codec
         self._parts: dict[int, Conflator] = {}
+        self._held: set[int] = set()  # input partitions faust assigned this worker
         self._stores: dict[int, PartitionStore] = {}
         self._memory: dict[int, MemoryPartition] = {}
         self._lock = asyncio.Lock()
@@ -68,10 +69,13 @@ class ConflatedRunner:
             store = self._stores[partition] = runner_store(self._table, self._memory, partition)
         return store
 
-    async def _ready(self, partition: int) -> Conflator:
-        """The partition's conflator; on first use it reads the input from the last flush."""
+    async def _ready(self, partition: int) -> Conflator | None:
+        """The partition's conflator; on first use it reads the input from the last flush.
+        None for a partition not assigned here (its events may arrive after a revocation)."""
         conflator = self._parts.get(partition)
         if conflator is None:
+            if partition not in self._held:
+                return None
             stored = self._store(partition).get(FLUSHED)
             conflator = Conflator(int(stored) if stored is not None else -1)
             last = await self._reader.end_offset(partition)
@@ -105,11 +109,19 @@ class ConflatedRunner:
                     partition,
                 )
 
-    def drop(self, partitions: Iterable[int]) -> None:
-        """Forget partitions taken away by a rebalance (the new owner reads from the flush)."""
-        for p in partitions:
-            self._parts.pop(p, None)
-            self._stores.pop(p, None)
+    def assign(self, partitions: Iterable[int]) -> None:
+        """Partitions faust assigned this worker: only these are loaded and folded."""
+        self._held.update(partitions)
+
+    async def drop(self, partitions: Iterable[int]) -> None:
+        """Forget partitions taken away by a rebalance (the new owner reads from the flush).
+
+        Waits for a flush or fold in progress, so the next owner starts after it."""
+        async with self._lock:
+            for p in partitions:
+                self._held.discard(p)
+                self._parts.pop(p, None)
+                self._stores.pop(p, None)
 
     async def handle(self, records: Sequence[RawRecord]) -> None:
         """Fold a batch of input records in (any mix of partitions, each in offset order)."""
@@ -124,6 +136,8 @@ class ConflatedRunner:
                         rec.partition,
                     )
                     continue
+                if conflator is None:
+                    continue  # not (or no longer) assigned here: the owner reads it itself
                 if rec.offset > conflator.taken + 1:
                     # faust's committed offset ran past what was taken in: read the gap.
                     async for batch in self._reader.batches(

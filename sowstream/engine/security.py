@@ -2,10 +2,14 @@
 
 One ``engine.kafka`` mapping configures every client the engine makes, so TLS and SASL are given
 once, in the names Kafka users know (``security.protocol``, ``sasl.mechanism``, ...).
+Secrets need not be in the file: ``${NAME}`` in a value is read from the environment, where
+an orchestrator puts them (a Kubernetes Secret as an environment variable).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import ssl
 from collections.abc import Mapping
 
@@ -15,6 +19,32 @@ from faust.types.auth import CredentialsT
 from sowstream.errors import SowstreamError
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_environment(
+    kafka: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``engine.kafka`` with every ``${NAME}`` replaced by environment variable ``NAME``.
+
+    Raises SowstreamError naming the setting and the variable when one is not set: a worker
+    started without its password must say so, not try to log in with the text ``${...}``.
+    """
+    env = os.environ if environ is None else environ
+
+    def value(setting: str, text: str) -> str:
+        def lookup(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                raise SowstreamError(
+                    f"engine.kafka: {setting} refers to environment variable {name}, "
+                    "which is not set"
+                )
+            return env[name]
+
+        return _ENV_REFERENCE.sub(lookup, text)
+
+    return {setting: value(setting, text) for setting, text in kafka.items()}
 
 
 def _ssl_context(kafka: Mapping[str, str]) -> ssl.SSLContext:

@@ -44,6 +44,7 @@ __all__ = [
 
 SendFn = Callable[..., Awaitable["asyncio.Future[Any] | None"]]
 REPLICATE_YIELD_EVERY = 256
+REPLICATE_TIMEOUT_SECONDS = 60.0
 
 
 class PartitionStore(Protocol):
@@ -104,33 +105,44 @@ class RocksPartition:
             raise StateStoreError(f"RocksDB write failed for {self._table.name!r}: {exc}") from exc
 
     async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
-        """Send the batch to the table's changelog, in write order.
+        """Send the batch to the table's changelog, in write order, and return once Kafka has it.
 
         Sent straight through the producer rather than faust's one-at-a-time send buffer, which
         stalls on batches; like faust, the changelog offset is recorded in RocksDB on delivery so
         a restart replays only the changelog's tail.
+
+        Waiting for delivery keeps the local store at most one batch ahead of the changelog. A
+        restart re-applies the changelog's tail over the local store; if a later batch had been
+        written locally meanwhile, that tail would put some of its keys back to older values
+        while its watermark stayed ahead, and the log would not be replayed over them.
         """
         topic = self._table.changelog_topic.get_topic_name()
-        last = None
+        sent: list[asyncio.Future[Any]] = []
         for i, (key, value) in enumerate(changes.items(), 1):
-            last = await send(topic, value, key=key, partition=self._partition)
+            fut = await send(topic, value, key=key, partition=self._partition)
+            if fut is not None:
+                sent.append(fut)
             if i % REPLICATE_YIELD_EVERY == 0:
                 # A big batch must not hold the event loop: later batches fold and send their
                 # subscription messages meanwhile (their changelog records queue behind these).
                 await asyncio.sleep(0)
-        if last is None:
+        if not sent:
             return
+        _, late = await asyncio.wait(sent, timeout=REPLICATE_TIMEOUT_SECONDS)
+        failed = next((f.exception() for f in sent if f.done() and f.exception()), None)
+        if late or failed is not None:
+            raise StateStoreError(
+                f"changelog {topic!r} partition {self._partition}: "
+                + (
+                    f"{len(late)} records not acknowledged within {REPLICATE_TIMEOUT_SECONDS:.0f}s"
+                    if late
+                    else f"delivery failed: {failed}"
+                )
+            )
         store = self._table.data
-        tp = TP(topic, self._partition)
-        partition = self._partition
-
-        def persisted(fut: asyncio.Future[Any]) -> None:
-            # Skip when the partition moved away meanwhile: writing would reopen its database.
-            if fut.cancelled() or fut.exception() is not None or partition not in store._dbs:
-                return
-            store.set_persisted_offset(tp, fut.result().offset)
-
-        last.add_done_callback(persisted)
+        # Skip when the partition moved away meanwhile: writing would reopen its database.
+        if self._partition in store._dbs:
+            store.set_persisted_offset(TP(topic, self._partition), sent[-1].result().offset)
 
     def scan(
         self, start: bytes = RECORDS_START, prefix: bytes | None = None

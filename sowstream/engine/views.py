@@ -83,6 +83,7 @@ class ViewRunner:
         self._reader = input_reader
         self._codec = codec
         self._parts: dict[int, ViewPartition] = {}
+        self._held: set[int] = set()  # input partitions faust assigned this worker
         self._memory: dict[int, MemoryPartition] = {}
         self._view_header = (h.VIEW, view.name.encode())
 
@@ -91,10 +92,14 @@ class ViewRunner:
     def _new_store(self, partition: int) -> PartitionStore:
         return runner_store(self._table, self._memory, partition)
 
-    def ready(self, partition: int) -> ViewPartition:
-        """The partition's state, loaded from its store on first use after an assignment."""
+    def ready(self, partition: int) -> ViewPartition | None:
+        """The partition's state, loaded from its store on first use after an assignment;
+        None for a partition not assigned here (events of it may still arrive after a
+        revocation, and applying them would race the new owner)."""
         vp = self._parts.get(partition)
         if vp is None:
+            if partition not in self._held:
+                return None
             store = self._new_store(partition)
             maintainer = ViewMaintainer(self.view)
             entries = list(store.scan(start=b""))
@@ -126,6 +131,8 @@ class ViewRunner:
                 continue
             try:
                 vp = self.ready(partition)
+                if vp is None:
+                    continue
                 end = await self._reader.end_offset(partition)
                 if end > vp.watermark:
                     recs: list[RawRecord] = []
@@ -137,10 +144,23 @@ class ViewRunner:
                 log.exception("view %s partition %d: catching up failed", self.view.name, partition)
                 self._parts.pop(partition, None)
 
-    def drop(self, partitions: Iterable[int]) -> None:
-        """Forget partitions taken away by a rebalance (their state stays in the store)."""
-        for p in partitions:
-            self._parts.pop(p, None)
+    def assign(self, partitions: Iterable[int]) -> None:
+        """Partitions faust assigned this worker: only these are loaded and applied."""
+        self._held.update(partitions)
+
+    async def drop(self, partitions: Iterable[int]) -> None:
+        """Forget partitions taken away by a rebalance (their state stays in the store).
+
+        Returns once a batch being applied to them is finished, outputs and state included:
+        the rebalance waits for this, so the next owner starts from the stored state and its
+        outputs cannot be overtaken by ours.
+        """
+        for p in list(partitions):
+            self._held.discard(p)
+            vp = self._parts.pop(p, None)
+            if vp is not None:
+                async with vp.lock:
+                    pass
 
     def records(self) -> dict[str, dict[str, Any]]:
         """The view records of the partitions held here (for tests and status)."""
@@ -169,6 +189,8 @@ class ViewRunner:
 
     async def _apply_partition(self, partition: int, recs: list[RawRecord]) -> None:
         vp = self.ready(partition)
+        if vp is None:
+            return
         async with vp.lock:
             if self._parts.get(partition) is not vp:
                 return

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "FUNCTIONS",
+    "STAGE_FUNCTIONS",
     "And",
     "Arith",
     "ArithOp",
@@ -41,6 +42,7 @@ __all__ = [
     "Not",
     "Or",
     "Path",
+    "Previous",
     "Scalar",
     "children",
     "depth",
@@ -67,6 +69,15 @@ FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "COALESCE": (1, None),
 }
 
+# Functions of Preprocessing and Enrichment fields only (sowstream.sow.enrich): the parser
+# refuses them in filters, which other backends (Spark columns, indexes) compile too.
+STAGE_FUNCTIONS: dict[str, tuple[int, int | None]] = {
+    "IF": (3, 3),
+    "CRC32": (1, 1),
+    "AMPS_INSTANCE_NAME": (0, 0),
+    "UNIX_TIMESTAMP": (0, 0),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Expr:
@@ -85,6 +96,14 @@ class Path(Expr):
     def steps(self) -> tuple[str, ...]:
         """The object keys to follow, in order (``/a/b`` -> ``("a", "b")``)."""
         return tuple(self.text[1:].split("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class Previous(Expr):
+    """``/path OF PREVIOUS`` (Enrichment only): the path read in the record stored under the
+    message's SowKey, NULL when there is none."""
+
+    path: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +209,7 @@ class Neg(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Func(Expr):
-    """A call of one of ``FUNCTIONS``; ``name`` is upper case."""
+    """A call of one of ``FUNCTIONS`` (or ``STAGE_FUNCTIONS``); ``name`` is upper case."""
 
     name: str
     args: tuple[Expr, ...]
@@ -207,6 +226,8 @@ def children(node: Expr) -> tuple[Expr, ...]:
             return ops
         case Not(operand=operand) | Neg(operand=operand):
             return (operand,)
+        case Previous(path=path):
+            return (path,)
         case In(value=value, options=items) | BeginsWith(value=value, prefixes=items):
             return (value, *items)
         case EndsWith(value=value, suffixes=items):
@@ -283,6 +304,8 @@ def to_text(node: Expr) -> str:
     match node:
         case Path(text=text):
             return text
+        case Previous(path=path):
+            return f"{path.text} OF PREVIOUS"
         case Literal(value=value):
             return _literal_text(value)
         case Compare(op=op, left=left, right=right) | Arith(op=op, left=left, right=right):

@@ -12,7 +12,8 @@ import functools
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from itertools import product
 from typing import Any
 
@@ -21,7 +22,7 @@ from .parser import parse_filter
 from .values import collect_path, str_to_number
 from .values import scalar_text as _text
 
-__all__ = ["Filter", "compile_filter", "compile_predicate", "compile_value"]
+__all__ = ["Filter", "StageInput", "compile_filter", "compile_predicate", "compile_value"]
 
 Record = Mapping[str, Any]
 Truth = bool | None
@@ -211,8 +212,16 @@ def compile_predicate(expr: ast.Expr) -> Predicate:
     return _pred(expr)
 
 
+# Functions whose value comes from the StageInput rather than from their arguments.
+_CONTEXT_FUNCTIONS = frozenset({"AMPS_INSTANCE_NAME", "UNIX_TIMESTAMP"})
+
+
 def _has_path(node: ast.Expr) -> bool:
-    return any(isinstance(n, ast.Path) for n in ast.walk(node))
+    """Whether the value depends on the record (else it is folded to a constant)."""
+    return any(
+        isinstance(n, ast.Path) or (isinstance(n, ast.Func) and n.name in _CONTEXT_FUNCTIONS)
+        for n in ast.walk(node)
+    )
 
 
 def _pred(node: ast.Expr) -> Predicate:
@@ -536,6 +545,14 @@ def _value_raw(node: ast.Expr) -> ValueFn:
     match node:
         case ast.Path():
             return _compile_path(node.steps)
+        case ast.Previous(path=path):
+            read = _compile_path(path.steps)
+
+            def previous(rec: Record) -> Any:
+                stored = rec.previous  # type: ignore[attr-defined]  # a StageInput
+                return None if stored is None else read(stored)
+
+            return previous
         case ast.Literal(value=value):
             const = None if value == "" else value
             return lambda rec: const
@@ -677,7 +694,13 @@ def _concat(*parts: Any) -> str | None:
     return "".join(t for t in map(_text, parts) if t is not None) or None
 
 
+def _crc32(v: Any) -> int | None:
+    s = _text(v)
+    return None if s is None else zlib.crc32(s.encode("utf-8"))
+
+
 _SCALAR_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "CRC32": _crc32,
     "UPPER": _upper,
     "LOWER": _lower,
     "LENGTH": _length,
@@ -689,6 +712,12 @@ _SCALAR_FUNCTIONS: dict[str, Callable[..., Any]] = {
 
 
 def _compile_func(node: ast.Func) -> ValueFn:
+    if node.name == "IF":
+        return _compile_if(*node.args)
+    if node.name == "UNIX_TIMESTAMP":
+        return lambda rec: rec.timestamp_ms / 1000  # type: ignore[attr-defined]
+    if node.name == "AMPS_INSTANCE_NAME":
+        return lambda rec: rec.instance_name  # type: ignore[attr-defined]
     getters = [_value(a) for a in node.args]
     if node.name == "COALESCE":
 
@@ -714,6 +743,45 @@ def _compile_func(node: ast.Func) -> ValueFn:
         return fn(*args)
 
     return call
+
+
+def _compile_if(condition: ast.Expr, then: ast.Expr, otherwise: ast.Expr) -> ValueFn:
+    # UNKNOWN takes the else branch, as a SQL CASE does.
+    test, get_then, get_else = _pred(condition), _value(then), _value(otherwise)
+    return lambda rec: get_then(rec) if test(rec) is True else get_else(rec)
+
+
+class StageInput(Mapping[str, Any]):
+    """What a Preprocessing or Enrichment expression reads: paths read ``current`` (the message
+    being processed), ``OF PREVIOUS`` reads ``previous`` (the stored record, or None),
+    ``UNIX_TIMESTAMP()`` is ``timestamp_ms`` in seconds and ``AMPS_INSTANCE_NAME()`` is
+    ``instance_name``."""
+
+    __slots__ = ("current", "instance_name", "previous", "timestamp_ms")
+
+    def __init__(
+        self,
+        current: Mapping[str, Any],
+        previous: Mapping[str, Any] | None,
+        timestamp_ms: int,
+        instance_name: str,
+    ) -> None:
+        self.current = current
+        self.previous = previous
+        self.timestamp_ms = timestamp_ms
+        self.instance_name = instance_name
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.current.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.current[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.current)
+
+    def __len__(self) -> int:
+        return len(self.current)
 
 
 # ---------------------------------------------------------------------------- public API

@@ -100,11 +100,13 @@ _DISPLAY = {
 _KEYWORDS = (
     "OR AND NOT IN BETWEEN LIKE IS BEGINS ENDS WITH TRUE FALSE NULL ASC DESC".split()  # noqa: SIM905
 )
-_DISPLAY.update({k: f"'{k}'" for k in _KEYWORDS})
+# Keywords of Preprocessing and Enrichment fields only: not offered in a filter's errors.
+_STAGE_KEYWORDS = ("OF", "CURRENT", "PREVIOUS")
+_DISPLAY.update({k: f"'{k}'" for k in (*_KEYWORDS, *_STAGE_KEYWORDS)})
 
 
-def _display_expected(names: Iterable[str]) -> list[str]:
-    shown = {_DISPLAY[n] for n in names if n in _DISPLAY}
+def _display_expected(names: Iterable[str], stage: bool = False) -> list[str]:
+    shown = {_DISPLAY[n] for n in names if n in _DISPLAY and (stage or n not in _STAGE_KEYWORDS)}
     # Quoted tokens first, in a stable order, then the descriptive words.
     return sorted(shown, key=lambda s: (not s.startswith("'"), s))
 
@@ -179,7 +181,11 @@ class _Builder(Transformer[Token, Any]):
     # ---- leaves
 
     def path(self, c: list[Token]) -> ast.Path:
+        # `/a OF CURRENT` is `/a`: the message being processed is what a path reads anyway.
         return ast.Path(str(c[0]), pos=_pos(c[0]))
+
+    def previous(self, c: list[Token]) -> ast.Previous:
+        return ast.Previous(ast.Path(str(c[0]), pos=_pos(c[0])), pos=_pos(c[0]))
 
     def string(self, c: list[Token]) -> ast.Literal:
         return ast.Literal(decode_string(str(c[0])), pos=_pos(c[0]))
@@ -217,13 +223,14 @@ class _Builder(Transformer[Token, Any]):
         name_tok = c[0]
         args: tuple[ast.Expr, ...] = c[1] if len(c) > 1 else ()
         name = str(name_tok).upper()
-        if name not in ast.FUNCTIONS:
+        arity = ast.FUNCTIONS.get(name) or ast.STAGE_FUNCTIONS.get(name)
+        if arity is None:
             raise _SemanticError(
                 f"unknown function '{name_tok}'",
                 _pos(name_tok),
                 expected=sorted(ast.FUNCTIONS),
             )
-        low, high = ast.FUNCTIONS[name]
+        low, high = arity
         if len(args) < low or (high is not None and len(args) > high):
             wanted = f"{low}" if low == high else f"at least {low}"
             plural = "" if low == 1 else "s"
@@ -368,7 +375,7 @@ def _expected_at(text: str, start: str, position: int) -> set[str] | None:
         return None
 
 
-def _convert(exc: BaseException, text: str, start: str) -> FilterError:
+def _convert(exc: BaseException, text: str, start: str, stage: bool = False) -> FilterError:
     """Turn whatever the parsing machinery raised into a FilterError pointing into ``text``."""
     if isinstance(exc, VisitError):
         exc = exc.orig_exc
@@ -382,7 +389,7 @@ def _convert(exc: BaseException, text: str, start: str) -> FilterError:
             position = exc.token.start_pos if exc.token.start_pos is not None else 0
             found = _describe_found(str(exc.token))
         names = _expected_at(text, start, position) or set(exc.expected)
-        expected = _display_expected(names)
+        expected = _display_expected(names, stage)
         message = _expected_message(expected, found)
         if names == {"_LPAR"}:
             message += " (a name must be a function call; field paths start with '/')"
@@ -390,7 +397,7 @@ def _convert(exc: BaseException, text: str, start: str) -> FilterError:
     if isinstance(exc, UnexpectedCharacters):
         position = exc.pos_in_stream or 0
         names = _expected_at(text, start, position) or set(exc.allowed or ())
-        expected = _display_expected(names)
+        expected = _display_expected(names, stage)
         char = text[position] if position < len(text) else ""
         if char in ("'", '"'):
             message = "unterminated string literal"
@@ -398,7 +405,7 @@ def _convert(exc: BaseException, text: str, start: str) -> FilterError:
             message = _expected_message(expected, _describe_found(char))
         return FilterError(message, text=text, position=position, expected=expected)
     if isinstance(exc, UnexpectedEOF):
-        expected = _display_expected(exc.expected)
+        expected = _display_expected(exc.expected, stage)
         return FilterError(
             _expected_message(expected, "end of input"),
             text=text,
@@ -412,7 +419,7 @@ def _convert(exc: BaseException, text: str, start: str) -> FilterError:
     return FilterError(f"internal error while parsing: {exc!r}", text=text, position=0)
 
 
-def _parse(text: str, start: str) -> Any:
+def _parse(text: str, start: str, stage: bool = False) -> Any:
     if not isinstance(text, str):
         raise TypeError(f"filter text must be a str, not {type(text).__name__}")
     try:
@@ -420,16 +427,39 @@ def _parse(text: str, start: str) -> Any:
     except FilterError:
         raise
     except Exception as exc:  # the contract: only FilterError leaves, whatever lark does
-        raise _convert(exc, text, start) from None
+        raise _convert(exc, text, start, stage) from None
 
 
-def parse_filter(text: str) -> ast.Expr:
-    """Parse filter text into its AST; any problem is a FilterError with a position."""
-    tree = _parse(text, "filter")
+def parse_filter(text: str, *, stage: bool = False) -> ast.Expr:
+    """Parse filter text into its AST; any problem is a FilterError with a position.
+
+    ``stage`` admits what only a SOW topic's Preprocessing and Enrichment fields may use:
+    ``OF PREVIOUS`` and ``ast.STAGE_FUNCTIONS`` (sowstream.sow.enrich says where each applies).
+    """
+    tree = _parse(text, "filter", stage)
     if not isinstance(tree, ast.Expr):  # pragma: no cover - the grammar only yields nodes
         raise FilterError("internal error: no expression", text=text, position=0)
     _check_depth(tree, text)
+    if not stage:
+        _refuse_stage_only(tree, text)
     return tree
+
+
+def _refuse_stage_only(tree: ast.Expr, text: str) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Previous):
+            raise FilterError(
+                "OF PREVIOUS is only available in the Enrichment fields of a SOW topic",
+                text=text,
+                position=max(node.pos, 0),
+            )
+        if isinstance(node, ast.Func) and node.name in ast.STAGE_FUNCTIONS:
+            raise FilterError(
+                f"{node.name} is only available in the Preprocessing and Enrichment fields of "
+                "a SOW topic",
+                text=text,
+                position=max(node.pos, 0),
+            )
 
 
 def _check_depth(tree: ast.Expr, text: str) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import LogRange, plan_log_range
-from sowstream.sow.fold import FilterDeletes, fold_sorted, state_row
+from sowstream.sow.fold import FilterDeletes, fold_sorted, reads_previous, state_row
 from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
@@ -113,8 +113,9 @@ def require_supported(topic: TopicConfig) -> None:
 def fold_log(topic: TopicConfig, log: DataFrame, until_ms: int, partitions: int) -> DataFrame:
     """The SOW (``STATE_SCHEMA`` rows) that folding ``log`` (from ``read_log``) gives.
 
-    A full publish replaces its record whatever came before, so only each key's records from
-    its last full publish on are sent to Python (the JVM finds that point with a window); the
+    A full publish replaces its record whatever came before (unless the topic's Enrichment reads
+    the record before it), so only each key's records from its last full publish on are sent to
+    Python (the JVM finds that point with a window); the
     rare key whose last publish the engine would reject or re-key is folded again from its
     whole history.
     """
@@ -124,6 +125,12 @@ def fold_log(topic: TopicConfig, log: DataFrame, until_ms: int, partitions: int)
     is_fdel = _filter_delete_condition()
     fdel_rows = [_raw(r.asDict()) for r in log.where(is_fdel).collect()]
     keyed = log.where(~is_fdel & log["key"].isNotNull()).repartition(partitions, "key", "partition")
+    if reads_previous(topic):
+        # Each publish's Enrichment reads the record before it: every key folds its whole log.
+        whole = keyed.sortWithinPartitions("key", "partition", "offset")
+        return whole.mapInArrow(
+            _folder(topic, fdel_rows, until_ms, anchored=False), FOLD_SCHEMA
+        ).drop("refold")
     command = F.coalesce(F.col("headers")[h.COMMAND], F.lit(h.PUBLISH))
     is_publish = (command == h.PUBLISH) & F.col("value").isNotNull()
     anchor = F.max(F.when(is_publish, F.col("offset"))).over(Window.partitionBy("key", "partition"))

@@ -168,9 +168,12 @@ def replaces_record(topic: TopicConfig, rec: RawRecord) -> bool:
     """Whether ``rec`` is a full publish the engine applies as it stands under its own key.
 
     Such a record replaces whatever came before it, so a bulk fold may start a key's history
-    there; a record the engine would reject or re-key does not.
+    there; a record the engine would reject or re-key does not, nor any publish on a topic
+    whose Enrichment reads the record before it (``OF PREVIOUS``).
     """
     if (rec.headers.get(h.COMMAND) or h.PUBLISH) != h.PUBLISH or rec.value is None:
+        return False
+    if reads_previous(topic):
         return False
     try:
         op = decode_log_record(topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp)
@@ -204,6 +207,13 @@ def fold_sorted(
         state = fold_key(topic, run, deletes.get(partition, NO_DELETES), until_ms=until_ms)
         if state is not None:
             yield partition, key, state
+
+
+def reads_previous(topic: TopicConfig) -> bool:
+    """Whether applying a publish depends on the record before it (Enrichment with
+    ``OF PREVIOUS``), so a key's history cannot be cut at its last publish."""
+    enrichment = topic.stages.enrichment
+    return enrichment is not None and enrichment.reads_previous
 
 
 def _looks_like_publish(rec: RawRecord) -> bool:

@@ -2,6 +2,12 @@
 
 The engine, the test oracle and the Spark rebuild all fold the log with these functions, so they
 agree by construction. Every function here is pure.
+
+One publish goes through, in this order (docs/enrichment.md): the publish entitlement check on
+the message as received, the topic's Preprocessing, the SowKey, and when it is applied the
+delta merge, then the Enrichment (on the merged record, reading the stored one as OF PREVIOUS).
+The log keeps what was published; the stored record is the enriched one, and an operation is
+applied once (see ``apply_keyed``), so a replay never enriches a record again.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ from typing import Any
 from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidMessageError
 from sowstream.filters import Filter, FilterError, compile_filter
-from sowstream.messagetypes import MessageParseError, MessageSerialiseError
+from sowstream.messagetypes import MessageParseError, MessageSerialiseError, MessageType
+from sowstream.sow.enrich import Stage, StageFailure
 from sowstream.sow.expiration import expiration_time, parse_expiration_header
 from sowstream.sow.keygen import generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
+from sowstream.sow.merge import merge_delta
 from sowstream.sow.patterns import record_key, split_key
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
@@ -39,9 +47,11 @@ class LogOp:
     """One decoded log record, ready to apply.
 
     ``sow_key`` is None only for a delete by filter, which applies to the whole partition it was
-    written to. ``rekey`` is set when the record arrived without the right Kafka key: the engine
-    then writes a correctly keyed copy to the log instead of applying it here, so that all updates
-    of a record stay ordered in one partition.
+    written to. ``body`` and ``data`` are the message after the topic's Preprocessing (``data``
+    is the record's own bytes when it has none). ``rekey`` is set when the record arrived
+    without the right Kafka key: the engine then writes a correctly keyed copy (of the record
+    as published) to the log instead of applying it here, so that all updates of a record stay
+    ordered in one partition.
     """
 
     command: str
@@ -185,14 +195,67 @@ def decode_log_record(
             supplied = kafka_key or headers.get(h.SOW_KEY)
             _keyed(op, resolve_sow_key(topic, None, supplied, op.name), kafka_key is None)
             return op
-    op.body = parse_body(topic, value, delta=command == h.DELTA_PUBLISH)
+    delta = command == h.DELTA_PUBLISH
+    op.body = parse_body(topic, value, delta=delta)
     op.data = value
+    if command != h.SOW_DELETE:
+        check_publish_entitlement(topic, headers, op.body)
+    preprocessing = topic.stages.preprocessing
+    if preprocessing is not None:
+        op.body = preprocess(topic, preprocessing, op.body)
+        if command != h.SOW_DELETE:
+            op.data = _written(topic, op.body, "Preprocessing", delta=delta)
     supplied = kafka_key if topic.user_supplied_keys and kafka_key else headers.get(h.SOW_KEY)
     sow_key = resolve_sow_key(topic, op.body, supplied, op.name)
     _keyed(op, sow_key, kafka_key != sow_key)
     if command != h.SOW_DELETE:
         op.expiration_ms = parse_expiration_header(topic.name, headers.get(h.EXPIRATION))
     return op
+
+
+def check_publish_entitlement(
+    topic: TopicConfig, headers: Mapping[str, str], body: Mapping[str, Any]
+) -> None:
+    """Refuse a publish its publisher's identity (header ``sow.identity``) is not entitled to:
+    one that does not match the identity's publish entitlement filter, as received."""
+    if not topic.publish_filters:
+        return
+    identity = headers.get(h.IDENTITY) or ""
+    flt = topic.publish_filter(identity)
+    if flt is not None and not flt.matches(body):
+        raise InvalidMessageError(
+            f"{_label(topic)}: identity {identity!r} may not publish this message: it does not "
+            f"match the identity's publish entitlement filter {flt.text!r}",
+            topic=topic.name,
+            reason="entitlement",
+        )
+
+
+def preprocess(topic: TopicConfig, stage: Stage, body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` after the topic's Preprocessing; a Field that cannot be applied is an
+    InvalidMessageError (reason ``preprocessing_failed``) naming it. The Python client does the
+    same before keying a publish (``client.publishing.preprocess_body``)."""
+    try:
+        # No stored record and no log time yet: Preprocessing may use neither (sow.enrich).
+        return stage.apply(body, None, 0)
+    except StageFailure as exc:
+        raise InvalidMessageError(
+            f"{_label(topic)}: {exc}", topic=topic.name, reason="preprocessing_failed"
+        ) from exc
+
+
+def _written(topic: TopicConfig, body: dict[str, Any], stage: str, *, delta: bool = False) -> bytes:
+    """``body`` in the topic's message type, or InvalidMessageError naming ``stage``."""
+    codec = topic.codec
+    try:
+        return codec.serialise_delta(body) if delta else codec.serialise(body)
+    except (MessageSerialiseError, TypeError, ValueError, OverflowError) as exc:
+        # orjson refuses integers beyond 64 bits with a TypeError, for example.
+        raise InvalidMessageError(
+            f"{_label(topic)}: the message after {stage} cannot be written as {codec.name}: {exc}",
+            topic=topic.name,
+            reason=f"{stage.lower()}_failed",
+        ) from exc
 
 
 def _keyed(op: LogOp, sow_key: str, rekey: bool) -> None:
@@ -206,9 +269,10 @@ def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowR
     """The record's state after ``op`` (None = absent).
 
     An op at or below the stored record's log offset was applied before (a replay after a crash)
-    and changes nothing, which makes replay idempotent. A delta_publish whose merge the message
-    type cannot write (an xml update with another root element, an avro insert missing fields)
-    raises InvalidMessageError and changes nothing.
+    and changes nothing, which makes replay idempotent: the stored, enriched record stays what
+    the first application made it. A delta_publish whose merge the message type cannot write
+    (an xml update with another root element, an avro insert missing fields), or an Enrichment
+    that cannot be applied, raises InvalidMessageError and changes nothing.
     """
     if stored is not None and stored.log_offset >= op.offset:
         return stored
@@ -216,7 +280,10 @@ def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowR
         return None
     assert op.sow_key is not None and op.body is not None and op.data is not None
     data = op.data
-    if op.command == h.DELTA_PUBLISH and (codec := topic.codec).supports_delta:
+    enrichment = topic.stages.enrichment
+    if enrichment is not None:
+        data = _enriched(topic, enrichment, stored, op)
+    elif op.command == h.DELTA_PUBLISH and (codec := topic.codec).supports_delta:
         try:
             if stored is not None:
                 data = codec.merge_fields(codec.parse(stored.data), op.body)
@@ -231,6 +298,44 @@ def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowR
             ) from exc
     expires = expiration_time(topic.expiration, op.expiration_ms, op.timestamp)
     return SowRecord(op.sow_key, data, op.offset, op.timestamp, expires)
+
+
+def _enriched(topic: TopicConfig, stage: Stage, stored: SowRecord | None, op: LogOp) -> bytes:
+    """The record ``op`` stores on a topic with Enrichment: the message (a delta_publish merged
+    into the stored record first) after the Enrichment, which reads the stored record as
+    ``OF PREVIOUS`` and the log time as ``UNIX_TIMESTAMP()``."""
+    assert op.body is not None
+    codec = topic.codec
+    delta = op.command == h.DELTA_PUBLISH
+    needed = stored is not None and (delta or stage.reads_previous)
+    previous = stored.parsed(codec) if needed and stored is not None else None
+    message = merge_delta(previous, op.body) if delta and previous is not None else op.body
+    try:
+        enriched = stage.apply(message, previous, op.timestamp)
+    except StageFailure as exc:
+        raise InvalidMessageError(
+            f"{_label(topic)}: {exc}", topic=topic.name, reason="enrichment_failed"
+        ) from exc
+    try:
+        return _written(topic, enriched, "Enrichment")
+    except InvalidMessageError:
+        problem = _unwritable(codec, message) if delta else None
+        if problem is not None:  # the merge itself, not the Enrichment, is what failed
+            raise InvalidMessageError(
+                f"{_label(topic)}: the delta_publish cannot be merged into the record: {problem}",
+                topic=topic.name,
+                reason="bad_merge",
+            ) from None
+        raise
+
+
+def _unwritable(codec: MessageType, message: dict[str, Any]) -> str | None:
+    """Why ``message`` cannot be written in ``codec``'s type, or None."""
+    try:
+        codec.serialise(message)
+    except (MessageSerialiseError, TypeError, ValueError, OverflowError) as exc:
+        return str(exc)
+    return None
 
 
 def deleted_by_filter(topic: TopicConfig, stored: SowRecord, op: LogOp) -> bool:

@@ -15,6 +15,7 @@ REPLY_TO = "sow.reply_to"  # reply topic for the processed ack
 COMMAND_ID = "sow.cmd_id"  # correlates the ack with the command
 VIEW = "sow.view"  # on a view's log: the view whose maintainer wrote the record (only it may)
 ORIGIN = "sow.origin"  # "partition:offset" of the unkeyed record this keyed copy came from
+IDENTITY = "sow.identity"  # the publisher's identity, for publish entitlements
 
 # Live subscription messages on a reply topic: the value is the JSON body, the rest is here, so a
 # plain Kafka consumer can read a subscription. Engine replies (Avro) carry no sow.cmd header.

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from sowstream.broker.local import LocalBroker
 from sowstream.client import Client
@@ -34,8 +35,15 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         broker.stop()
 
 
-def test_engine_and_client_work_over_sasl(secured: str, tmp_path: Path) -> None:
+def test_engine_and_client_work_over_sasl(
+    secured: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = EngineProcesses(secured, tmp_path, [{"Name": "orders", "Key": "/id"}], kafka=SASL)
+    # The worker reads its password from the environment, as a pod gets it from a Secret.
+    config = yaml.safe_load(engine.config.read_text())
+    config["engine"]["kafka"]["sasl.password"] = "${SOWSTREAM_TEST_SASL_PASSWORD}"
+    engine.config.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("SOWSTREAM_TEST_SASL_PASSWORD", SASL["sasl.password"])
     engine.start("w1")
     try:
         engine.wait_ready(["orders"])

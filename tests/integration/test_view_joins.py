@@ -173,11 +173,6 @@ def test_join_fan_out_over_two_workers_equals_a_recomputation(
         assert "view TOTAL_COMPANY_VOLUME partition" in log, worker
 
 
-# Known bug (issue 11, open): after a SIGKILL under load a join view can end up off by some
-# updates (seen in about half the runs on 2026-11-25), so the crash guarantee is not met yet.
-# The test runs every time and reports XPASS when it holds; strict=False keeps CI meaningful
-# for the rest while the cause (change events vs partly replicated state) is found.
-@pytest.mark.xfail(strict=False, reason="issue 11: view state after SIGKILL can drift (known bug)")
 def test_views_survive_sigkill_and_equal_a_recomputation(
     engine: EngineProcesses, client: Client
 ) -> None:

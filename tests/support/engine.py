@@ -35,6 +35,7 @@ def write_config(
     queues: list[dict[str, Any]] | None = None,
     views: list[dict[str, Any]] | None = None,
     conflated_topics: list[dict[str, Any]] | None = None,
+    publish_entitlements: dict[str, dict[str, str]] | None = None,
 ) -> Path:
     """Write a YAML config with an isolated app id and topic prefix."""
     engine: dict[str, Any] = {"app_id": prefix, "topic_prefix": prefix, **(engine_extra or {})}
@@ -43,6 +44,8 @@ def write_config(
     doc: dict[str, Any] = {"engine": engine, "sow": topics}
     if entitlements:
         doc["entitlements"] = entitlements
+    if publish_entitlements:
+        doc["publish_entitlements"] = publish_entitlements
     if plain_topics:
         doc["topics"] = plain_topics
     if queues:
@@ -71,6 +74,7 @@ class EngineProcesses:
         queues: list[dict[str, Any]] | None = None,
         views: list[dict[str, Any]] | None = None,
         conflated_topics: list[dict[str, Any]] | None = None,
+        publish_entitlements: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
@@ -87,6 +91,7 @@ class EngineProcesses:
             queues=queues,
             views=views,
             conflated_topics=conflated_topics,
+            publish_entitlements=publish_entitlements,
         )
         self.views = [v["Name"] for v in views or ()]
         self.views += [c["Name"] for c in conflated_topics or ()]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import pickle
 from pathlib import Path
 from typing import Any
@@ -518,16 +517,13 @@ def test_errors_name_the_element_and_problem(text: str, element: str, problem: s
 
 
 @pytest.mark.parametrize("key", ["Preprocessing", "Enrichment"])
-def test_amps_only_topic_keys_are_unsupported(key: str, caplog: pytest.LogCaptureFixture) -> None:
-    text = f"sow:\n  - Name: a\n    {key}: x\n  - Name: b\n"
-    err = load_error(text)
+def test_stage_keys_are_read_and_checked(key: str) -> None:
+    """Once unsupported, now read: a bad Field is an error even with skip_unsupported."""
+    config = load(f"sow:\n  - Name: a\n    Key: /id\n    {key}: [/x * 2 AS /y]\n")
+    assert getattr(config.topics[0], key.lower()) == ("/x * 2 AS /y",)
+    err = load_error(f"sow:\n  - Name: a\n    {key}: x\n  - Name: b\n", skip_unsupported=True)
     assert err.element == f"sow[0].{key}"
-    assert err.problem == f"{key} is not supported by sowstream yet"
-    config = load(text, "cfg.yaml", skip_unsupported=True)
-    assert [t.name for t in config.topics] == ["b"]
-    (record,) = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert record.name == "sowstream.config"
-    assert "skipping topic 'a'" in record.getMessage()
+    assert err.problem.startswith("Field[1]: position 1: expected '('")
 
 
 def test_other_message_types_are_unsupported() -> None:

@@ -227,6 +227,7 @@ def new_runner(sender: Recorder, memory: dict[int, Any] | None = None) -> ViewRu
     )
     if memory is not None:
         runner._memory = memory
+    runner.assign(range(4))  # as faust's assignment hook does
     return runner
 
 
@@ -285,5 +286,43 @@ def test_duplicated_events_and_restarts_leave_the_view_equal_to_a_recomputation(
         expected = ViewMaintainer(VIEW).recompute({"t": state})
         assert view_log(sender) == expected
         assert runner.records() == expected
+
+    asyncio.run(go())
+
+
+def test_events_of_a_revoked_partition_are_not_applied_and_drop_waits_for_a_batch() -> None:
+    """A rebalance revokes an input partition while the runner applies a batch of it: the
+    revocation returns only once that batch is stored, and events faust still hands over for
+    the partition afterwards are left to its next owner (who reads them from the store's
+    watermark), so two maintainers never write the same partition."""
+
+    async def go() -> None:
+        sender = Recorder()
+        source = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        source.views.append(ViewFeed(VIEW, "t", "in"))
+        await source.ready(0)
+        await source.process(to_records([("publish", 1, 1, 5), ("publish", 2, 1, 7)]))
+        await source.drain()
+        inputs = [r for (t, _), recs in sender.topics.items() if t == "in" for r in recs]
+        assert inputs
+
+        memory: dict[int, Any] = {}
+        runner = new_runner(sender, memory)
+        partition = inputs[0].partition
+        applying = asyncio.create_task(runner.handle(inputs[:1]))
+        await asyncio.sleep(0)  # the batch holds the partition's lock now
+        await runner.drop([partition])
+        assert applying.done(), "drop returned while a batch of the partition was applying"
+        stored = dict(memory[partition].scan(start=b""))
+        log_before = view_log(sender)
+
+        await runner.handle(inputs[1:])  # late events of the revoked partition
+        assert dict(memory[partition].scan(start=b"")) == stored
+        assert view_log(sender) == log_before
+        assert runner.records() == {}
+
+        runner.assign([partition])  # assigned back: it catches up from its store
+        await runner.handle(inputs[1:])
+        assert runner.records() == view_log(sender) != {}
 
     asyncio.run(go())
