@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
-.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index clean
+.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index bench-restore clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,10 @@ bench-queues: $(STAMP)
 
 bench-index: $(STAMP)
 	$(BIN)/python -m bench.index_bench --records 100000
+
+# KEYS=200000 for a quick run
+bench-restore: $(STAMP)
+	$(BIN)/python -m bench.restore_bench --keys $(or $(KEYS),1000000)
 
 clean:
 	rm -rf $(VENV) .sowstream build *.egg-info

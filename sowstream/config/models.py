@@ -47,6 +47,7 @@ Durability = Literal["persistent", "transient"]
 # A RecoveryPoint is one of these words or a timestamp (kept as written, see recovery_point_ms).
 RECOVERY_WORDS = ("epoch", "now")
 ExpirationMode = Literal["disabled", "enabled", "default"]
+RestoreMode = Literal["batched", "faust"]
 
 SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = tuple(registry.BUILT_IN)
 _CODEC = "\x00codec"  # where a TopicConfig keeps its MessageType (see TopicConfig.codec)
@@ -742,12 +743,22 @@ class EngineConfig(_Frozen):
     auto_topic_partitions: int = 4
     # What AMPS_INSTANCE_NAME() gives in Preprocessing and Enrichment (default: app_id).
     instance_name: str | None = None
+    # How a worker refills a partition store from its changelog when the store is missing or far
+    # behind: ``batched`` (confluent-kafka into RocksDB WriteBatches) or ``faust`` (its recovery).
+    restore: RestoreMode = "batched"
 
     @field_validator("auto_create_topics", mode="before")
     @classmethod
     def _flag(cls, value: object, info: ValidationInfo) -> bool:
         if not isinstance(value, bool):
             raise ValueError(f"{info.field_name} must be true or false, got {value!r}")
+        return value
+
+    @field_validator("restore", mode="before")
+    @classmethod
+    def _restore(cls, value: object) -> object:
+        if value not in get_args(RestoreMode):
+            raise ValueError(f"restore must be batched or faust, got {value!r}")
         return value
 
     @field_validator("auto_topic_partitions", mode="before")

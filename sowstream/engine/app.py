@@ -42,6 +42,7 @@ from sowstream.engine.health import BEAT_SECONDS, Health, Readiness, serve
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
+from sowstream.engine.restore import batched_table_manager
 from sowstream.engine.security import expand_environment, faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
@@ -266,9 +267,14 @@ class KafkaLogReader:
         consumer = self._consumer()
         first = start if start > 0 else OFFSET_BEGINNING
         consumer.assign([TopicPartition(self._topic, partition, first)])
+        following = start  # the offset expected next
         try:
             while True:
-                msgs = await loop.run_in_executor(None, consumer.consume, 5_000, 1.0)
+                # consume() returns early only with as many records as asked for: asking for
+                # more than are left made every read of a log's last record (the check of a
+                # loaded partition's watermark) wait out the timeout.
+                want = max(1, min(5_000, until - following + 1))
+                msgs = await loop.run_in_executor(None, consumer.consume, want, 1.0)
                 batch: list[RawRecord] = []
                 done = False
                 for msg in msgs:
@@ -279,6 +285,7 @@ class KafkaLogReader:
                         done = True
                         break
                     batch.append(_record(msg))
+                    following = offset + 1
                     done = offset >= until
                 if batch:
                     yield batch
@@ -524,6 +531,12 @@ class Engine:
         self.data_dir = base_dir / config.engine.app_id / self.worker_name
         self.log_level = log_level
         brokers = [f"kafka://{b.strip()}" for b in bootstrap.split(",") if b.strip()]
+        restore: dict[str, Any] = {}
+        if config.engine.restore == "batched":
+            # Stores far behind their changelog are copied in bulk before faust's recovery.
+            restore["TableManager"] = batched_table_manager(
+                {"bootstrap.servers": bootstrap, **config.engine.kafka}
+            )
         self.app = faust.App(
             config.engine.app_id,
             broker=brokers,
@@ -545,6 +558,7 @@ class Engine:
             # restarts within the session timeout takes its own partitions back without a
             # rebalance; one that stops is only replaced once the session times out.
             consumer_group_instance_id=self.worker_name if static_membership else None,
+            **restore,
         )
         self.sender = FaustSender(self.app)
         self.sender.on_gone = self._reply_topic_missing

@@ -37,6 +37,7 @@ engine:
   topic_prefix: trading.sow
   replication_factor: 3
   web_port: 9100
+  restore: faust
   kafka:
     security.protocol: SASL_SSL
     sasl.mechanism: PLAIN
@@ -108,6 +109,7 @@ def test_full_example() -> None:
     assert engine.topic_prefix == "trading.sow"
     assert engine.replication_factor == 3
     assert engine.web_port == 9100
+    assert engine.restore == "faust"
     # librdkafka takes every setting as text.
     assert engine.kafka == {
         "security.protocol": "SASL_SSL",
@@ -156,6 +158,7 @@ def test_defaults() -> None:
     assert engine.replication_factor == 1
     assert engine.web_port is None
     assert engine.kafka == {}
+    assert engine.restore == "batched"
     # Sized for a laptop, far below faust's 2 GiB cache and 3 x 64 MiB buffers per partition.
     assert engine.rocksdb == RocksDBConfig(
         block_cache_size=64 * MIB, write_buffer_size=16 * MIB, max_write_buffer_number=2
@@ -389,6 +392,7 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
         ("engine: {web_port: 70000}\n", "engine.web_port", "between 1 and 65535"),
         ("engine: {kafka: {a: [1]}}\n", "engine.kafka", "'a' must be a single value"),
         ("engine: {kafka: 5}\n", "engine.kafka", "must be a mapping"),
+        ("engine: {restore: fast}\n", "engine.restore", "must be batched or faust, got 'fast'"),
         (
             "engine: {rocksdb: {block_cache_size: lots}}\n",
             "engine.rocksdb.block_cache_size",
