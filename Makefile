@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 
-.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index clean
+.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-views bench-index clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,9 @@ bench-pipeline: $(STAMP)
 
 bench-queues: $(STAMP)
 	$(BIN)/python -m bench.queue_bench
+
+bench-views: $(STAMP)
+	$(BIN)/python -m bench.view_bench
 
 bench-index: $(STAMP)
 	$(BIN)/python -m bench.index_bench --records 100000
