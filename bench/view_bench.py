@@ -248,12 +248,14 @@ def read_log(
     try:
         while any(v > 0 for v in left.values()):
             for msg in consumer.consume(5000, 1.0):
-                if msg.error() or left.get(msg.partition(), 0) <= 0:
+                partition = msg.partition()
+                if msg.error() or partition is None or left.get(partition, 0) <= 0:
                     continue
-                left[msg.partition()] -= 1
-                key = msg.key() or b""
+                left[partition] -= 1
+                key = bytes(msg.key() or b"")
                 size = len(key) + len(msg.value() or b"")
-                size += sum(len(k) + len(v or b"") for k, v in msg.headers() or [])
+                for header in msg.headers() or []:
+                    size += len(header[0]) + len(header[1] or b"")
                 out.append((msg.timestamp()[1], key, size))
     finally:
         consumer.close()
