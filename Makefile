@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
-.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-index bench-restore clean
+.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,9 @@ bench-pipeline: $(STAMP)
 
 bench-queues: $(STAMP)
 	$(BIN)/python -m bench.queue_bench
+
+bench-views: $(STAMP)
+	$(BIN)/python -m bench.view_bench
 
 bench-index: $(STAMP)
 	$(BIN)/python -m bench.index_bench --records 100000

@@ -1,0 +1,450 @@
+"""Views and conflated topics benchmark: what a maintained view costs against plain SOW ingest.
+
+Run with ``make bench-views`` (``python -m bench.view_bench``; ``--records 20000`` is quicker).
+It uses $SOWSTREAM_BOOTSTRAP or starts the embedded local broker, and one worker serving every
+topic below. In one run, on that worker:
+
+1. plain ingest: ``--records`` new records published to a topic without views, timed from the
+   first publish until the worker's ``sowstream_updates_applied_total`` counts them all;
+2. the same to a topic under a grouped SUM/COUNT view (``--groups`` groups), timed until the
+   view's COUNT and SUM totals equal what was published;
+3. the same to a topic joined with a limits topic (one limit per group), grouped by the join key;
+4. publish→view-subscriber latency: one update per new record at ``--latency-rate`` (default
+   half the rate of 2), the view's MAX(/sent) read on arrival;
+5. a conflated topic (Interval 1 s) over ``--records`` price records updated at up to
+   ``--px-rate``: messages and bytes per second on both logs, read back from Kafka.
+
+Rates 2 and 3 are printed as a ratio to rate 1. Everything printed is measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import bench_bootstrap, stop_process, wait_queryable, worker_command, workspace
+from sowstream.client import Client, Message
+from sowstream.wire.topics import TopicNames
+
+console = Console(stderr=True)
+PARTITIONS = 4
+INTERVAL = 1.0
+
+
+def write_config(work: Path, prefix: str) -> Path:
+    config: dict[str, Any] = {
+        "engine": {"app_id": prefix, "topic_prefix": prefix},
+        "sow": [
+            {"Name": name, "Key": key, "Partitions": PARTITIONS}
+            for name, key in (
+                ("plain", "/id"),
+                ("pos", "/id"),
+                ("jpos", "/id"),
+                ("lim", "/grp"),
+                ("lat", "/id"),
+                ("px", "/sym"),
+            )
+        ],
+        "views": [
+            {
+                "Name": "by_grp",
+                "UnderlyingTopic": "pos",
+                "Projection": ["/grp AS /grp", "SUM(/qty) AS /total", "COUNT(/id) AS /n"],
+                "Grouping": ["/grp"],
+                "Partitions": PARTITIONS,
+            },
+            {
+                "Name": "joined",
+                "UnderlyingTopic": {"Join": ["[jpos]./grp = [lim]./grp"]},
+                "Projection": [
+                    "[jpos]./grp AS /grp",
+                    "SUM([jpos]./qty) AS /total",
+                    "COUNT([jpos]./id) AS /n",
+                    "[lim]./limit AS /limit",
+                ],
+                "Grouping": ["[jpos]./grp"],
+                "Partitions": PARTITIONS,
+            },
+            {
+                "Name": "lat_v",
+                "UnderlyingTopic": "lat",
+                "Projection": ["/grp AS /grp", "MAX(/sent) AS /sent", "COUNT(/id) AS /n"],
+                "Grouping": ["/grp"],
+                "Partitions": PARTITIONS,
+            },
+        ],
+        "conflated_topics": [
+            {"Name": "px-C", "UnderlyingTopic": "px", "Interval": "1s", "Partitions": PARTITIONS}
+        ],
+    }
+    path = work / "views.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def applied(port: int, topic: str) -> float:
+    """The worker's ``sowstream_updates_applied_total`` for one topic (0 until it answers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    label = f'topic="{topic}"'
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sowstream_updates_applied_total{") and label in line
+    )
+
+
+def bodies(records: int, groups: int, seed: int) -> tuple[list[bytes], int]:
+    """One new record per id, spread over ``groups``, and the SUM of their /qty."""
+    rng = random.Random(seed)
+    out = []
+    total = 0
+    for i in range(records):
+        qty = rng.randrange(1, 1000)
+        total += qty
+        out.append(orjson.dumps({"id": i, "grp": f"g{i % groups}", "qty": qty, "pad": "x" * 32}))
+    return out, total
+
+
+def publish_all(client: Client, topic: str, batch: list[bytes]) -> float:
+    """Publish every body; returns the perf_counter time of the first publish."""
+    started = time.perf_counter()
+    for body in batch:
+        client.publish(topic, body)
+    client.flush()
+    return started
+
+
+def view_totals(client: Client, view: str) -> tuple[int, int]:
+    n = total = 0
+    for m in client.sow(view, batch_size=1000):
+        if m.command == "sow":
+            record = m.json()
+            n += int(record.get("n") or 0)
+            total += int(record.get("total") or 0)
+    return n, total
+
+
+def wait_view(client: Client, view: str, expected: tuple[int, int], timeout: float) -> float:
+    """perf_counter time at which ``view``'s COUNT/SUM totals were first seen equal to
+    ``expected`` (polled every 0.25 s, so up to that much late)."""
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if view_totals(client, view) == expected:
+            return time.perf_counter()
+        time.sleep(0.25)
+    raise SystemExit(f"view {view} did not reach {expected} in {timeout:.0f} s")
+
+
+def plain_rate(client: Client, port: int, records: int, groups: int) -> float:
+    batch, _ = bodies(records, groups, seed=1)
+    started = publish_all(client, "plain", batch)
+    deadline = time.perf_counter() + 900
+    while applied(port, "plain") < records:
+        if time.perf_counter() > deadline:
+            raise SystemExit("plain ingest did not finish in 900 s")
+        time.sleep(0.05)
+    return records / (time.perf_counter() - started)
+
+
+def grouped_rate(client: Client, records: int, groups: int) -> float:
+    batch, total = bodies(records, groups, seed=2)
+    started = publish_all(client, "pos", batch)
+    done = wait_view(client, "by_grp", (records, total), 900)
+    return records / (done - started)
+
+
+def join_rate(client: Client, port: int, records: int, groups: int) -> float:
+    for g in range(groups):
+        client.publish("lim", {"grp": f"g{g}", "limit": 1_000_000})
+    client.flush()
+    while applied(port, "lim") < groups:
+        time.sleep(0.1)
+    batch, total = bodies(records, groups, seed=3)
+    started = publish_all(client, "jpos", batch)
+    done = wait_view(client, "joined", (records, total), 900)
+    return records / (done - started)
+
+
+def view_latency(
+    bootstrap: str, prefix: str, groups: int, rate: float, seconds: float
+) -> tuple[list[float], float]:
+    """Publish→view-message latencies (ms) at ``rate``, and the publish rate achieved."""
+    latencies: list[float] = []
+
+    def handle(msg: Message) -> None:
+        if msg.command == "publish":
+            latencies.append((time.time() - float(msg.json()["sent"])) * 1000)
+
+    with (
+        Client(bootstrap, prefix=prefix) as sub_client,
+        Client(bootstrap, prefix=prefix, config={"linger.ms": "0"}) as pub,
+    ):
+        sub = sub_client.subscribe("lat_v", on_message=handle)
+        time.sleep(1.0)  # registered on the worker before the updates come
+        gap = 1.0 / rate
+        start = time.perf_counter()
+        end = start + seconds
+        next_at = start
+        n = 0
+        while time.perf_counter() < end:
+            pub.publish("lat", {"id": n, "grp": f"g{n % groups}", "sent": time.time()})
+            n += 1
+            next_at += gap
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+        achieved = n / (time.perf_counter() - start)
+        pub.flush()
+        time.sleep(3.0)
+        sub.close()
+    return latencies, achieved
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex})
+    try:
+        out = {}
+        for p in range(PARTITIONS):
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            out[p] = high
+        return out
+    finally:
+        consumer.close()
+
+
+def read_log(
+    bootstrap: str, topic: str, start: dict[int, int], stop: dict[int, int]
+) -> list[tuple[int, bytes, int]]:
+    """(timestamp ms, key, size) of each record of ``topic`` between the offsets."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, start[p]) for p in start if stop[p] > start[p]])
+    left = {p: stop[p] - start[p] for p in start if stop[p] > start[p]}
+    out: list[tuple[int, bytes, int]] = []
+    try:
+        while any(v > 0 for v in left.values()):
+            for msg in consumer.consume(5000, 1.0):
+                partition = msg.partition()
+                if msg.error() or partition is None or left.get(partition, 0) <= 0:
+                    continue
+                left[partition] -= 1
+                key = bytes(msg.key() or b"")
+                size = len(key) + len(msg.value() or b"")
+                for header in msg.headers() or []:
+                    size += len(header[0]) + len(header[1] or b"")
+                out.append((msg.timestamp()[1], key, size))
+    finally:
+        consumer.close()
+    return out
+
+
+def settle(bootstrap: str, topic: str, quiet: float, timeout: float) -> dict[int, int]:
+    """The end offsets of ``topic`` once they have not moved for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = end_offsets(bootstrap, topic)
+    still_since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = end_offsets(bootstrap, topic)
+        if now != last:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= quiet:
+            break
+    return last
+
+
+def conflation(
+    bootstrap: str, prefix: str, records: int, rate: float, seconds: float
+) -> dict[str, float]:
+    """Input and conflated log traffic while ``records`` price records are updated at ``rate``."""
+    names = TopicNames(prefix)
+    src, out = names.log("px"), names.log("px-C")
+    rng = random.Random(4)
+    with Client(bootstrap, prefix=prefix, timeout=600) as client:
+        for i in range(records):  # every record exists before the timed updates
+            client.publish("px", orjson.dumps({"sym": f"S{i}", "px": 100.0, "seq": 0}))
+        client.flush()
+        before_src = settle(bootstrap, src, 1.0, 60)
+        before_out = settle(bootstrap, out, 3 * INTERVAL, 900)
+        updates = [
+            orjson.dumps({"sym": f"S{rng.randrange(records)}", "px": 100 + n % 997 / 100, "seq": n})
+            for n in range(int(rate * seconds))
+        ]
+        chunk = max(1, int(rate / 100))  # paced in 10 ms slices
+        started = time.perf_counter()
+        for i in range(0, len(updates), chunk):
+            for body in updates[i : i + chunk]:
+                client.publish("px", body)
+            wait = started + (i + chunk) / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+        client.flush()
+        elapsed = time.perf_counter() - started
+    after_src = end_offsets(bootstrap, src)
+    after_out = settle(bootstrap, out, 3 * INTERVAL, 900)
+    inp = read_log(bootstrap, src, before_src, after_src)
+    conf = read_log(bootstrap, out, before_out, after_out)
+    in_span = max(1e-3, (max(t for t, _, _ in inp) - min(t for t, _, _ in inp)) / 1000)
+    out_span = max(INTERVAL, (max(t for t, _, _ in conf) - min(t for t, _, _ in conf)) / 1000)
+    per_key = Counter(k for _, k, _ in conf)
+    return {
+        "achieved": len(updates) / elapsed,
+        "in_msgs": len(inp),
+        "in_bytes": sum(s for _, _, s in inp),
+        "in_span": in_span,
+        "out_msgs": len(conf),
+        "out_bytes": sum(s for _, _, s in conf),
+        "out_span": out_span,
+        "max_per_key": max(per_key.values()),
+        "distinct_updated": len({k for _, k, _ in inp}),
+    }
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=100_000, help="records per measurement")
+    parser.add_argument("--groups", type=int, default=1_000)
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        default=None,
+        help="updates/s for the latency run (default: half the grouped view's rate, at most 2,000)",
+    )
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument("--px-rate", type=float, default=50_000.0, help="price updates/s aimed at")
+    parser.add_argument("--px-seconds", type=float, default=6.0)
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        bootstrap = bench_bootstrap(stack)
+        work, prefix = workspace(stack, "viewbench")
+        config = write_config(work, prefix)
+        port = free_port()
+        log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
+        stack.callback(log.close)
+        worker = subprocess.Popen(
+            worker_command(config, bootstrap, work, "--metrics-port", str(port)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        stack.callback(stop_process, worker)
+        ready = wait_queryable(
+            bootstrap, prefix, ["plain", "pos", "jpos", "lim", "by_grp", "joined", "px-C"], 180
+        )
+        if ready is None:
+            raise SystemExit(f"worker did not start; see {work / 'worker.log'}")
+        console.print(f"worker pid {worker.pid} ready in {ready:.1f} s; log {work / 'worker.log'}")
+        with Client(bootstrap, prefix=prefix, timeout=600) as client:
+            plain = plain_rate(client, port, args.records, args.groups)
+            console.print(f"plain SOW ingest: {plain:,.0f} upd/s")
+            grouped = grouped_rate(client, args.records, args.groups)
+            console.print(f"grouped SUM/COUNT view: {grouped:,.0f} upd/s")
+            joined = join_rate(client, port, args.records, args.groups)
+            console.print(f"join view: {joined:,.0f} upd/s")
+        # Below what the view absorbs, so the figure is a delay and not a growing backlog.
+        target = args.latency_rate or min(2_000.0, grouped / 2)
+        latencies, lat_rate = view_latency(
+            bootstrap, prefix, args.groups, target, args.latency_seconds
+        )
+        console.print(f"latency: {len(latencies)} view messages at {lat_rate:,.0f} upd/s")
+        conf = conflation(bootstrap, prefix, args.records, args.px_rate, args.px_seconds)
+        console.print(f"conflation: {conf}")
+
+    table = Table(
+        title=f"sowstream views benchmark: {args.records:,} records in {args.groups:,} groups, "
+        f"{PARTITIONS} partitions, 1 worker"
+    )
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    table.add_column("ratio", justify="right")
+    table.add_column("aim", justify="right")
+    table.add_row("plain SOW ingest (publish → applied)", f"{plain:,.0f} upd/s", "1.00", "")
+    table.add_row(
+        "grouped SUM/COUNT view (publish → view totals right)",
+        f"{grouped:,.0f} upd/s",
+        f"{grouped / plain:.2f}x",
+        "≥0.5x",
+    )
+    table.add_row(
+        "two-topic join view, grouped (publish → view totals right)",
+        f"{joined:,.0f} upd/s",
+        f"{joined / plain:.2f}x",
+        "≥0.3x",
+    )
+    table.add_row(
+        f"update → view subscriber p50 (at {lat_rate:,.0f} upd/s)",
+        f"{pct(latencies, 0.5):.1f} ms",
+        "",
+        "",
+    )
+    table.add_row(
+        f"update → view subscriber p99 ({len(latencies):,} messages)",
+        f"{pct(latencies, 0.99):.1f} ms",
+        "",
+        "",
+    )
+    in_rate = conf["in_msgs"] / conf["in_span"]
+    out_rate = conf["out_msgs"] / conf["out_span"]
+    in_bps = conf["in_bytes"] / conf["in_span"]
+    out_bps = conf["out_bytes"] / conf["out_span"]
+    table.add_row(
+        f"price updates published (aim {args.px_rate:,.0f}/s, {args.records:,} records)",
+        f"{conf['achieved']:,.0f} upd/s",
+        "",
+        "",
+    )
+    table.add_row(
+        f"input log px ({conf['in_span']:.1f} s)",
+        f"{in_rate:,.0f} msg/s, {in_bps / 1e6:.2f} MB/s",
+        f"{conf['in_msgs']:,.0f} msgs, {conf['in_bytes'] / 1e6:.1f} MB",
+        "",
+    )
+    table.add_row(
+        f"conflated log px-C, Interval 1 s ({conf['out_span']:.1f} s until the worker caught up)",
+        f"{out_rate:,.0f} msg/s, {out_bps / 1e6:.2f} MB/s",
+        f"{conf['out_msgs']:,.0f} msgs, {conf['out_bytes'] / 1e6:.1f} MB",
+        "",
+    )
+    table.add_row(
+        "reduction, whole run (input / conflated)",
+        f"{conf['in_msgs'] / conf['out_msgs']:.2f}x msgs, "
+        f"{conf['in_bytes'] / conf['out_bytes']:.2f}x bytes",
+        f"{conf['distinct_updated']:,.0f} records changed; at most {conf['max_per_key']:.0f} "
+        "updates of one record",
+        "",
+    )
+    Console(width=150).print(table)
+
+
+if __name__ == "__main__":
+    main()
