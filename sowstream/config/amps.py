@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from sowstream.config.errors import (
     ConfigError,
     Loc,
+    child_texts,
     element_text,
     from_validation_error,
     skip_or_raise,
@@ -490,41 +491,14 @@ def _child_text(element: ET.Element, tag: str) -> str | None:
 
 def _hash_index(element: ET.Element, where: str, source: str) -> list[str]:
     """The ``<Key>`` paths of one ``<HashIndex>``."""
-    paths = []
-    for child in element:
-        if child.tag != "Key":
-            raise ConfigError(
-                source=source,
-                element=f"{where}/{child.tag}",
-                problem="a <HashIndex> holds only <Key> elements",
-            )
-        paths.append(element_text(child, f"{where}/Key", source))
-    if not paths:
-        raise ConfigError(
-            source=source, element=where, problem="a <HashIndex> needs at least one <Key>"
-        )
-    return paths
+    return child_texts(element, "Key", where, source)
 
 
 def _stage_fields(element: ET.Element, where: str, source: str) -> list[str]:
     """The ``<Field>`` texts of a ``<Preprocessing>`` or ``<Enrichment>``, in order."""
-    fields: list[str] = []
-    for child in element:
-        if child.tag != "Field":
-            raise ConfigError(
-                source=source,
-                element=f"{where}/{child.tag}",
-                problem=f"<{element.tag}> holds only <Field> elements",
-            )
-        fields.append(element_text(child, f"{where}/Field[{len(fields) + 1}]", source))
-    if not fields:
-        raise ConfigError(
-            source=source,
-            element=where,
-            problem=f"<{element.tag}> needs at least one <Field>, like "
-            "<Field>/qty * /price AS /total</Field>",
-        )
-    return fields
+    return child_texts(
+        element, "Field", where, source, like="<Field>/qty * /price AS /total</Field>"
+    )
 
 
 def _history(element: ET.Element, where: str, source: str) -> dict[str, str]:

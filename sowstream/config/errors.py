@@ -84,3 +84,27 @@ def element_text(element: ET.Element, where: str, source: str) -> str:
     if not text:
         raise ConfigError(source=source, element=where, problem=f"<{element.tag}> is empty")
     return text
+
+
+def child_texts(
+    element: ET.Element, tag: str, where: str, source: str, like: str = ""
+) -> list[str]:
+    """The texts of ``element``'s children, which must all be ``<tag>`` and at least one
+    (``<HashIndex>`` of ``<Key>``, ``<Enrichment>`` of ``<Field>``); ``like`` shows one."""
+    texts: list[str] = []
+    for child in element:
+        if child.tag != tag:
+            raise ConfigError(
+                source=source,
+                element=f"{where}/{child.tag}",
+                problem=f"<{element.tag}> holds only <{tag}> elements",
+            )
+        texts.append(element_text(child, f"{where}/{tag}[{len(texts) + 1}]", source))
+    if not texts:
+        example = f", like {like}" if like else ""
+        raise ConfigError(
+            source=source,
+            element=where,
+            problem=f"<{element.tag}> needs at least one <{tag}>{example}",
+        )
+    return texts

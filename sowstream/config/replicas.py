@@ -22,6 +22,7 @@ from sowstream.config.errors import (
     ConfigError,
     FieldProblem,
     Loc,
+    child_texts,
     element_text,
     from_validation_error,
 )
@@ -349,19 +350,7 @@ def conflated_from_xml(
                 problem=f"unknown element <{child.tag}> in a <{element.tag}>",
             )
         if child.tag == "HashIndex":
-            keys: list[str] = []
-            for key in child:
-                if key.tag != "Key":
-                    raise ConfigError(
-                        source=source,
-                        element=f"{where}/{key.tag}",
-                        problem="a <HashIndex> holds only <Key> elements",
-                    )
-                keys.append(element_text(key, f"{where}/Key[{len(keys) + 1}]", source))
-            if not keys:
-                raise ConfigError(
-                    source=source, element=where, problem="a <HashIndex> needs at least one <Key>"
-                )
+            keys = child_texts(child, "Key", where, source)
             fields.setdefault("hash_indexes", []).append(keys)
             continue
         field = "name" if child.tag == "Topic" else CONFLATED_ELEMENTS[child.tag]
