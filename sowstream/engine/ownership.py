@@ -37,8 +37,10 @@ class Ownership(Applier):
                     ps.folded = ps.watermark
                     if self._parts.get(partition) is not ps:
                         # Revoked while loading: what the load handed the queues and the
-                        # subscriptions belongs to the next owner (or the next load), not here.
-                        self._forget(partition)
+                        # subscriptions is not this worker's (unless a newer load of the
+                        # partition has started since: that one owns them now).
+                        if partition not in self._parts:
+                            self._forget(partition)
                         return ps
                     ps.ready = True
         return ps
