@@ -28,7 +28,14 @@ from confluent_kafka import Consumer, Producer
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, stop_process, wait_queryable, worker_command, workspace
+from bench.common import (
+    bench_bootstrap,
+    pct,
+    stop_process,
+    wait_queryable,
+    worker_command,
+    workspace,
+)
 from sowstream.client import Client, Message
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -262,13 +269,6 @@ def kafka_latency(
     reader.join()
     consumer.close()
     return latencies, achieved
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:

@@ -37,7 +37,14 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, stop_process, wait_queryable, worker_command, workspace
+from bench.common import (
+    bench_bootstrap,
+    pct,
+    stop_process,
+    wait_queryable,
+    worker_command,
+    workspace,
+)
 from sowstream.client import Client, Message
 from sowstream.wire.topics import TopicNames
 
@@ -322,13 +329,6 @@ def conflation(
         "max_per_key": max(per_key.values()),
         "distinct_updated": len({k for _, k, _ in inp}),
     }
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
