@@ -8,8 +8,6 @@ replayed from a random point; the bulk side folds the same log per key as the Sp
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from typing import Any
 
 import orjson
@@ -17,14 +15,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
-from sowstream.engine.processor import RawRecord, TopicProcessor
-from sowstream.engine.store import is_record_key
+from sowstream.engine.processor import RawRecord
 from sowstream.sow.fold import FilterDeletes, apply_record, fold_sorted, is_filter_delete
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
-from sowstream.wire.topics import TopicNames
-from tests.unit.test_processor_model import NullSender
+from tests.unit.test_processor_model import run
 
 TOPIC = load_config_text(
     """
@@ -116,28 +112,6 @@ def model(sequence: list[tuple[str, int, int, int]]) -> dict[bytes, Any]:
     return state
 
 
-def engine(records: list[RawRecord], cuts: list[int], replay_from: int | None) -> dict[bytes, Any]:
-    async def go() -> dict[bytes, Any]:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), NullSender())
-        ps = await proc.ready(0)
-        bounds = sorted({0, len(records), *[c % (len(records) + 1) for c in cuts]})
-        for lo, hi in itertools.pairwise(bounds):
-            await proc.process(records[lo:hi])
-        if replay_from is not None and records:
-            # a crash that lost the watermark: the log is applied again from an earlier point
-            await proc.drain()
-            ps.watermark = ps.folded = -1
-            await proc.process(records[replay_from % len(records) :])
-        await proc.drain()
-        return {
-            key: orjson.loads(SowRecord.from_bytes(value).data)
-            for key, value in ps.store.scan()
-            if is_record_key(key)
-        }
-
-    return asyncio.run(go())
-
-
 def bulk(records: list[RawRecord], *, anchored: bool) -> dict[bytes, Any]:
     """The Spark rebuild's fold: per key, optionally from its last publish, refolding keys
     the cut cannot start (every key here: the Enrichment reads the record before)."""
@@ -180,7 +154,7 @@ def test_engine_fold_and_model_agree(
 ) -> None:
     records = to_records(sequence)
     expected = model(sequence)
-    assert engine(records, cuts, replay_from) == expected
+    assert run(records, cuts, replay_from, TOPIC) == expected
     assert bulk(records, anchored=False) == expected
     assert bulk(records, anchored=True) == expected
     assert stepped(records) == expected

@@ -15,7 +15,7 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from sowstream.config import load_config_text
+from sowstream.config import TopicConfig, load_config_text
 from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
 from sowstream.engine.store import is_record_key
 from sowstream.sow.keys import generated_sow_key
@@ -86,9 +86,17 @@ def model(sequence: list[tuple[str, int, int, int]]) -> dict[bytes, Any]:
     return state
 
 
-def run(records: list[RawRecord], cuts: list[int], replay_from: int | None) -> dict[bytes, Any]:
+def run(
+    records: list[RawRecord],
+    cuts: list[int],
+    replay_from: int | None,
+    topic: TopicConfig = TOPIC,
+) -> dict[bytes, Any]:
+    """The processor's SOW after ``records`` in batches cut at ``cuts``, optionally replayed
+    from ``replay_from`` after a crash that lost the watermark."""
+
     async def go() -> dict[bytes, Any]:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), NullSender())
+        proc = TopicProcessor(topic, TopicNames("p"), NullSender())
         ps = await proc.ready(0)
         bounds = sorted({0, len(records), *[c % (len(records) + 1) for c in cuts]})
         for lo, hi in itertools.pairwise(bounds):
