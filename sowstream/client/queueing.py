@@ -94,7 +94,8 @@ class Queueing(Querying):
         """Acknowledge queue messages by bookmark (or every one matching ``filter``).
 
         ``action='cancel'`` returns them to the queue, ``'expire'`` expires them. With ``wait``
-        the call returns how many messages it removed or returned once the engine answered;
+        the call returns how many messages it removed or returned once the engine answered
+        (a repeat of this client's own earlier acknowledgement counts: acks are idempotent);
         without, it returns 0 at once and the engine sends no answer.
         """
         info = self.topic_info(queue)

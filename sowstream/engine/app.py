@@ -593,7 +593,9 @@ class Engine:
         self._tasks: set[asyncio.Future[None]] = set()
         self._admin: AdminClient | None = None
         for queue in config.queues:
-            runtime = QueueRuntime(queue, self.names, self.sender, self._store_queue_changes)
+            runtime = QueueRuntime(
+                queue, self.names, self.sender, self._store_queue_changes, self._read_queue_store
+            )
             self.queues[queue.name] = runtime
             for proc in self.processors.values():
                 if proc.topic.ident in self._fed and runtime.feeds_on(proc.topic.name):
@@ -627,6 +629,9 @@ class Engine:
         self, topic: str, partition: int, changes: Mapping[bytes, bytes | None]
     ) -> None:
         await self.processors[topic].store_changes(partition, changes)
+
+    def _read_queue_store(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        return self.processors[topic].stored(partition, key)
 
     def _wire(self, topic: TopicConfig) -> None:
         app = self.app

@@ -297,6 +297,12 @@ class Applier(ProcessorBase):
         expiration = int(float(raw) * 1000) if raw else None
         return rec.offset, rec.timestamp, data, body, expiration
 
+    def stored(self, partition: int, key: bytes) -> bytes | None:
+        """``key``'s value in ``partition``'s store; None when absent or the partition is not
+        held (a partition being loaded is not held yet)."""
+        ps = self._parts.get(partition)
+        return ps.store.get(key) if ps is not None and ps.ready else None
+
     async def store_changes(self, partition: int, changes: Mapping[bytes, bytes | None]) -> None:
         """Write ``changes`` (queue entries) into ``partition``'s store after the batches before
         them, and return once they are stored. Nothing happens for a partition not held."""

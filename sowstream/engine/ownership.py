@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import heapq
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from sowstream.config.queues import QueueConfig
 from sowstream.engine import memo, metrics
 from sowstream.engine.apply import Applier
 from sowstream.engine.partition import PartitionState, wall_clock_ms
 from sowstream.engine.store import APPLIED_RECORD_KEY, WARNINGS_KEY, WATERMARK_KEY, is_record_key
-from sowstream.queues.store import queue_prefix
+from sowstream.errors import InvalidMessageError
+from sowstream.queues.store import queue_prefix, start_key
 from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
+from sowstream.sow.ops import RawRecord, parse_body
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.journal import JOURNAL_PREFIX
 from sowstream.subscriptions.model import LOG_RESET
 from sowstream.wire import headers as h
+
+if TYPE_CHECKING:
+    from sowstream.engine.queues import QueueRuntime
 
 log = logging.getLogger("sowstream.engine")
 
@@ -51,8 +57,68 @@ class Ownership(Applier):
             await self._load_memo(partition, ps)
         await self._load_state(partition, ps)
         for queue in self.queues:
-            entries = ps.store.scan(prefix=queue_prefix(queue.name))
-            queue.load(self.topic.name, partition, entries, ps.watermark)
+            await self._load_queue(partition, ps, queue)
+
+    async def _load_queue(self, partition: int, ps: PartitionState, queue: QueueRuntime) -> None:
+        """Hand ``queue`` the partition's stored messages. A queue that meets the partition for
+        the first time resolves its RecoveryPoint to a log offset, stores it, and takes the
+        publishes the partition applied before it existed from that offset on (from the log)."""
+        entries = ps.store.scan(prefix=queue_prefix(queue.name))
+        key = start_key(queue.name)
+        raw = ps.store.get(key)
+        if raw is not None or self._log_reader is None:
+            queue.load(self.topic.name, partition, entries, ps.watermark, start=int(raw or 0))
+            return
+        start = await self._queue_start(partition, queue.config)
+        backfill: list[tuple[int, int, bytes, dict[str, Any], int | None] | None] = []
+        if start <= ps.watermark:
+            async for batch in self._log_reader.batches(partition, ps.watermark, start):
+                backfill.extend(self._as_published(r) for r in batch if r.offset >= start)
+        changes = queue.load(
+            self.topic.name,
+            partition,
+            entries,
+            max(ps.watermark, start - 1),
+            start=start,
+            backfill=[item for item in backfill if item is not None],
+        )
+        changes[key] = str(start).encode()
+        ps.store.write(changes)
+        await ps.store.replicate(changes, self._sender.send)
+        log.info(
+            "queue %s: takes %s partition %d from offset %d on (RecoveryPoint %s; %d from the log)",
+            queue.name,
+            self.topic.name,
+            partition,
+            start,
+            queue.config.recovery_point,
+            len(changes) - 1,
+        )
+
+    async def _queue_start(self, partition: int, config: QueueConfig) -> int:
+        """The first log offset a queue's RecoveryPoint lets in (epoch: the log's first)."""
+        assert self._log_reader is not None
+        if config.recovery_point == "now":
+            return await self._log_reader.end_offset(partition) + 1
+        at_ms = config.recovery_point_ms
+        if at_ms is None:
+            return await self._log_reader.start_offset(partition)
+        return await self._log_reader.offset_for_time(partition, at_ms)
+
+    def _as_published(
+        self, rec: RawRecord
+    ) -> tuple[int, int, bytes, dict[str, Any], int | None] | None:
+        """A logged publish as a queue takes it when the queue starts behind the partition: the
+        message as published (the log does not keep merged or enriched records); None for
+        deletes and records that do not decode (they were dead-lettered when applied)."""
+        command = rec.headers.get(h.COMMAND) or h.PUBLISH
+        if rec.value is None or command == h.SOW_DELETE:
+            return None
+        try:
+            body = parse_body(self.topic, rec.value, delta=command == h.DELTA_PUBLISH)
+        except InvalidMessageError:
+            return None
+        return self._queued(rec, rec.value, body)
 
     async def _load_state(self, partition: int, ps: PartitionState) -> None:
         if not self.topic.sow:

@@ -25,8 +25,15 @@ from sowstream.config.queues import QueueConfig
 from sowstream.engine.processor import Sender
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError, compile_filter
-from sowstream.queues.machine import AckOutcome, Bookmark, QueueMachine, Removed
-from sowstream.queues.store import StoredMessage, entry_key, offset_of
+from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
+from sowstream.queues.store import (
+    AckMemory,
+    StoredMessage,
+    ack_marker,
+    entry_key,
+    offset_of,
+    read_ack_marker,
+)
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
@@ -40,11 +47,17 @@ NO_ANSWER = "none"
 _PUBLISH = h.PUBLISH.encode()
 # The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
 IDLE_WAIT = 1.0
+# How often old ack markers are deleted (each sweep is one store write per partition).
+MARKER_SWEEP_MS = 10_000
+# Results of an acknowledgement that count as done in its answer.
+DONE_RESULTS = ("removed", "returned", "expired", "freed", "acked")
 
 
 # Writes queue store changes into a log partition's store, in order with its batches; returns
 # once they are stored.
 StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[None]]
+# Reads one key of a log partition's store (None when absent or the partition is not held).
+StoreRead = Callable[[str, int, bytes], bytes | None]
 
 
 def _now_ms() -> int:
@@ -60,12 +73,16 @@ class QueueRuntime:
         names: TopicNames,
         sender: Sender,
         store: StoreChanges,
+        read: StoreRead,
     ) -> None:
         self.config = config
         self.names = names
         self.machine = QueueMachine(config)
         self._sender = sender
         self._store = store
+        self._read = read
+        self._markers: dict[tuple[str, int], AckMemory] = {}
+        self._next_sweep = 0
         self._subs: dict[str, SubscriptionSpec] = {}
         self._name_bytes = config.name.encode()
         self._wake = asyncio.Event()
@@ -83,10 +100,25 @@ class QueueRuntime:
     # -- partitions (called by the topic's processor, under the partition's lock) ---------------
 
     def load(
-        self, topic: str, partition: int, entries: Iterable[tuple[bytes, bytes]], watermark: int
-    ) -> None:
-        """Take a partition's stored queue messages; the log after ``watermark`` follows."""
+        self,
+        topic: str,
+        partition: int,
+        entries: Iterable[tuple[bytes, bytes]],
+        watermark: int,
+        *,
+        start: int = 0,
+        backfill: Iterable[tuple[int, int, bytes, dict[str, Any], int | None]] = (),
+    ) -> dict[bytes, bytes | None]:
+        """Take a partition's stored queue messages; the log after ``watermark`` follows, but
+        nothing before ``start`` (the resolved RecoveryPoint) enters the queue. ``backfill``
+        offers publishes the partition applied before the queue existed (``append``'s form);
+        returns the store entries of those that became messages."""
+        markers: list[tuple[int, int]] = []
         for key, value in entries:
+            marker = read_ack_marker(value)
+            if marker is not None:
+                markers.append((marker[1], offset_of(key)))
+                continue
             stored = StoredMessage.from_bytes(value)
             self.machine.append(
                 Bookmark(topic, partition, offset_of(key)),
@@ -95,14 +127,21 @@ class QueueRuntime:
                 stored.timestamp_ms,
                 expiration_ms=stored.expiration_ms,
             )
-        self.machine.mark_appended(topic, partition, watermark)
+        self.machine.mark_appended(topic, partition, start - 1)
         self.counts[(topic, partition)] = Counter()
+        memory = self._markers[(topic, partition)] = AckMemory()
+        for at, offset in sorted(markers):
+            memory.remember(offset, at)
+        changes = self.append(topic, partition, backfill)
+        self.machine.mark_appended(topic, partition, watermark)
         self.kick()
+        return changes
 
     def drop(self, topic: str, partition: int) -> None:
         """The partition moved away: its messages and leases are its next owner's."""
         self.machine.drop_partition(topic, partition)
         self.counts.pop((topic, partition), None)
+        self._markers.pop((topic, partition), None)
 
     def append(
         self,
@@ -195,6 +234,7 @@ class QueueRuntime:
         another delivery of a message it acknowledged."""
         now = _now_ms()
         removed: list[Removed] = []
+        acked_by: dict[Bookmark, str] = {}
         outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError] = []
         for cmd, partition in commands:
             try:
@@ -203,10 +243,12 @@ class QueueRuntime:
                 outcomes.append(exc)
                 continue
             removed.extend(outcome.removed)
+            for item in outcome.removed:
+                if item.reason == "":
+                    acked_by[item.message.bookmark] = cmd["reply_to"]
             results = Counter(str(r) for r in outcome.results.values())
-            done = results["removed"] + results["returned"] + results["expired"] + results["freed"]
-            outcomes.append((done, dict(results)))
-        await self._removed(removed)
+            outcomes.append((sum(results[r] for r in DONE_RESULTS), dict(results)))
+        await self._removed(removed, acked_by, now)
         self.kick()
         return outcomes
 
@@ -232,9 +274,24 @@ class QueueRuntime:
                     raise InvalidCommandError(
                         f"queue {self.name!r}: an acknowledgement needs bookmarks or a filter"
                     )
-            return self.machine.ack(bookmarks, client=client, action=action, now_ms=now)
+            outcome = self.machine.ack(bookmarks, client=client, action=action, now_ms=now)
         except (ValueError, FilterError) as exc:
             raise InvalidCommandError(f"queue {self.name!r}: {exc}") from exc
+        if action == "":
+            self._repeats(outcome, client)
+        return outcome
+
+    def _repeats(self, outcome: AckOutcome, client: str) -> None:
+        """Mark GONE bookmarks that this client acknowledged before (their ack marker says so)
+        as ACKED: the answer to the first acknowledgement may have been lost with its worker."""
+        for bookmark, result in outcome.results.items():
+            if result is not AckResult.GONE:
+                continue
+            key = entry_key(self.name, bookmark.offset)
+            value = self._read(bookmark.topic, bookmark.partition, key)
+            marker = read_ack_marker(value) if value is not None else None
+            if marker is not None and (self.config.leasing != "strict" or marker[0] == client):
+                outcome.results[bookmark] = AckResult.ACKED
 
     # -- delivery ---------------------------------------------------------------------------------
 
@@ -254,6 +311,7 @@ class QueueRuntime:
             self._wake.clear()
             try:
                 await self.deliver_once()
+                await self.sweep_markers(_now_ms())
             except Exception:
                 log.exception("queue %s: delivery failed; retrying", self.name)
                 await asyncio.sleep(0.5)
@@ -287,14 +345,39 @@ class QueueRuntime:
         await self._removed([*removed, *gone])
         return len(leases)
 
-    async def _removed(self, removed: list[Removed]) -> None:
-        """Delete what left the queue from its store; raise expiry events."""
+    async def sweep_markers(self, now: int, *, force: bool = False) -> int:
+        """Delete the ack markers older than ACK_MEMORY_MS (every MARKER_SWEEP_MS, or now with
+        ``force``); returns how many went."""
+        if now < self._next_sweep and not force:
+            return 0
+        self._next_sweep = now + MARKER_SWEEP_MS
+        writes = []
+        for (topic, partition), memory in list(self._markers.items()):
+            old: dict[bytes, bytes | None] = {
+                entry_key(self.name, offset): None for offset in memory.due(now)
+            }
+            if old:
+                writes.append((topic, partition, old))
+        # Each log partition's store commits on its own: wait for them together.
+        await asyncio.gather(*(self._store(*write) for write in writes))
+        return sum(len(old) for _, _, old in writes)
+
+    async def _removed(
+        self, removed: list[Removed], acked_by: Mapping[Bookmark, str] | None = None, now: int = 0
+    ) -> None:
+        """Delete what left the queue from its store (an acknowledged message leaves an ack
+        marker from its client); raise expiry events."""
         by_partition: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
         for item in removed:
             b = item.message.bookmark
+            client = acked_by.get(b) if acked_by else None
+            value = None if client is None else ack_marker(client, now)
             by_partition.setdefault((b.topic, b.partition), {})[entry_key(self.name, b.offset)] = (
-                None
+                value
             )
+            memory = self._markers.get((b.topic, b.partition))
+            if client is not None and memory is not None:
+                memory.remember(b.offset, now)
             self._count(b, item.reason or "acked")
             if item.reason in EXPIRY_REASONS:
                 event = {

@@ -148,6 +148,9 @@ class AckResult(StrEnum):
     IGNORED = "ignored"  # not allowed (strict leasing, barrier) or nothing to do (cancel unleased)
     DEFERRED = "deferred"  # not in the queue yet: remembered for DeferredAckExpiration
     GONE = "gone"  # already removed (acknowledged, expired, filtered out): no effect
+    # Set by the engine, from the store's ack marker, for a GONE bookmark this client (or,
+    # with sublet leasing, anyone) acknowledged before: a repeat, so nothing left to do.
+    ACKED = "acked"
 
 
 @dataclass(slots=True)

@@ -103,13 +103,10 @@ def consume(client: Client, ledger: Ledger, rng: random.Random, stop: threading.
     sub.close()
 
 
-# Known bug (issue 10, open): about one run in six, one to three messages are never
-# acknowledged. Seen on 2026-11-25: each was delivered just before a rebalance (the kill or the
-# rejoin); the subscriber's ack after the rebalance answered "removed 0" (the new owner treats
-# the bookmark as already gone) and the message never came back, so the new owner's store had
-# the partition's watermark past the message but not its queue entry. Not yet found; the test
-# runs every time (XPASS when it holds) and prints the seed.
-@pytest.mark.xfail(strict=False, reason="issue 10: a message can go unacknowledged (known bug)")
+# Found on 2026-11-25: an acknowledgement stored by a worker killed before its answer reached
+# Kafka was read again by the next owner, which answered "removed 0" (the bookmark was gone), so
+# the ledger never confirmed the message. Acknowledged messages now leave an ack marker, and a
+# repeat by the same client is answered as done (docs/queues.md).
 def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
     engine: EngineProcesses,
 ) -> None:

@@ -397,6 +397,64 @@ def test_strict_leasing_ignores_an_ack_from_another_client(
         s2.close()
 
 
+def test_a_repeated_ack_is_answered_as_done_and_only_for_its_client(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """A client that repeats an acknowledgement (after a timeout, or because the worker that
+    took the partition over read the command again) is told it is done; a message a client
+    never acknowledged is not, and strict leasing keeps another client's repeat out."""
+    s1 = client.subscribe("SQ")
+    publisher.publish("strict", {"job": "repeat"})
+    m1 = take(s1, 1)[0]
+    assert client.ack("SQ", m1.bookmark) == 1
+    assert client.ack("SQ", m1.bookmark) == 1  # the same client again: acked already
+    with engine.client() as other:
+        assert other.ack("SQ", m1.bookmark) == 0  # strict: not its acknowledgement
+    # Sublet leasing (WQ): anyone's repeat is answered as done.
+    s2 = client.subscribe("WQ")
+    publisher.publish("work", {"job": "repeat"})
+    m2 = take(s2, 1)[0]
+    assert client.ack("WQ", m2.bookmark) == 1
+    with engine.client() as other:
+        assert other.ack("WQ", m2.bookmark) == 1
+    # Nothing was delivered again.
+    assert s1.next(timeout=1.5) is None and s2.next(timeout=0.1) is None
+    s1.close()
+    s2.close()
+
+
+def test_a_repeated_ack_survives_a_restart_of_the_worker(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The ack marker is stored with the removal: a worker started again on the same store (or
+    restored from the changelog) still answers a repeat as done, and delivers nothing again."""
+    with running_engine(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("queue-repeat"),
+        [],
+        workers=("w1",),
+        plain_topics=[{"Name": "rjobs", "Partitions": 1}],
+        queues=[{"Name": "RQ", "UnderlyingTopic": "rjobs"}],
+    ) as procs:
+        procs.wait_ready(["RQ"])
+        with procs.client() as c:
+            sub = c.subscribe("RQ")
+            c.publish("rjobs", {"n": 1})
+            c.publish("rjobs", {"n": 2})
+            first = take(sub, 1)[0]
+            assert c.ack("RQ", first.bookmark) == 1
+            sub.close()
+        procs.stop("w1", kill=True)
+        procs.start("w1")
+        procs.wait_ready(["RQ"])
+        with procs.client() as c:
+            assert c.ack("RQ", first.bookmark) == 1
+            sub = c.subscribe("RQ")
+            (msg,) = take(sub, 1)
+            assert msg.json() == {"n": 2}  # the acknowledged one is not delivered again
+            sub.close()
+
+
 def test_max_deliveries_expires_a_message_whose_holder_unsubscribes(
     client: Client, publisher: Client
 ) -> None:
