@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from sowstream.cli.broker import broker_app
+from sowstream.cli.console import register as register_console
 from sowstream.cli.common import (
     Bootstrap,
     MessageTypeOpt,
@@ -42,6 +43,7 @@ app = typer.Typer(
 app.add_typer(broker_app, name="broker", help="Run the embedded local Kafka broker.")
 app.add_typer(pipeline_app, name="pipeline", help="Spark jobs over the transaction log.")
 app.add_typer(queue_app, name="queue", help="Lease, acknowledge and inspect queue messages.")
+register_console(app)
 
 Prefix = Annotated[str, typer.Option(help="Topic prefix of the engine.")]
 
