@@ -55,7 +55,9 @@ def console(
     )
     auth = Auth.for_host(host, token=token, users=parse_users(user or []), identity=identity)
     shown = f"[{host}]" if ":" in host else host
-    err.print(f"[bold green]sowstream console[/] at http://{shown}:{port}/ (Kafka {settings.bootstrap})")
+    err.print(
+        f"[bold green]sowstream console[/] at http://{shown}:{port}/ (Kafka {settings.bootstrap})"
+    )
     if auth.generated:
         err.print(f"login token (identity {identity!r}): {auth.generated}", highlight=False)
     elif auth.required:

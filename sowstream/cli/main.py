@@ -18,7 +18,6 @@ from rich.live import Live
 from rich.table import Table
 
 from sowstream.cli.broker import broker_app
-from sowstream.cli.console import register as register_console
 from sowstream.cli.common import (
     Bootstrap,
     MessageTypeOpt,
@@ -29,6 +28,7 @@ from sowstream.cli.common import (
     payload_for,
     print_records,
 )
+from sowstream.cli.console import register as register_console
 from sowstream.cli.pipeline import pipeline_app
 from sowstream.cli.queue import queue_app
 from sowstream.client import Client, Message, QueueSubscription, Subscription

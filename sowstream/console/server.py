@@ -302,9 +302,7 @@ class Console:
                 )
             )
         except (SowstreamError, FilterError) as exc:
-            return web.json_response(
-                error_body(exc, filter=filter_, order_by=order_by), status=400
-            )
+            return web.json_response(error_body(exc, filter=filter_, order_by=order_by), status=400)
         elapsed = (time.monotonic() - started) * 1000
         self.query_ms.append((time.time(), elapsed))
         rows = [{KEY: m.sow_key, **cells(body(m))} for m in messages if m.command == "sow"]
