@@ -37,6 +37,12 @@ def console(
     bootstrap: Bootstrap = None,
     prefix: Annotated[str | None, typer.Option(help="Topic prefix of the engine.")] = None,
     poll: Annotated[float, typer.Option(help="Seconds between fleet samples.")] = 2.0,
+    metrics: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A worker's Prometheus endpoint (http://host:port/metrics) to chart (repeatable)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the web console: topics, queries, live grids, views, the fleet and its rates."""
     from aiohttp import web
@@ -52,6 +58,7 @@ def console(
         prefix=prefix or (cfg.engine.topic_prefix if cfg else "sowstream"),
         kafka=dict(cfg.engine.kafka) if cfg else {},
         poll=poll,
+        metrics=tuple(metrics or ()),
     )
     auth = Auth.for_host(host, token=token, users=parse_users(user or []), identity=identity)
     shown = f"[{host}]" if ":" in host else host

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 import time
+import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import WSMsgType, web
 from confluent_kafka import Consumer, KafkaException, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from sowstream.client import Client, Subscription
 from sowstream.client.topics import TopicInfo
@@ -44,6 +46,33 @@ class Settings:
     prefix: str = "sowstream"
     kafka: dict[str, str] = field(default_factory=dict)
     poll: float = 2.0  # seconds between fleet samples
+    metrics: tuple[str, ...] = ()  # workers' Prometheus endpoints (http://host:port/metrics)
+
+
+# Worker counters the fleet charts, summed over topics and workers.
+SCRAPED = {
+    "sowstream_updates_applied": "updates",
+    "sowstream_subscription_messages": "delivered",
+    "sowstream_query_seconds": "query",
+}
+
+
+def scrape(url: str) -> dict[str, float]:
+    """One worker's totals: updates applied, messages delivered, query count and seconds."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    totals = {"updates": 0.0, "delivered": 0.0, "query_count": 0.0, "query_sum": 0.0}
+    for family in text_string_to_metric_families(text):
+        name = SCRAPED.get(family.name)
+        for sample in family.samples if name else ():
+            if name == "query":
+                if sample.name.endswith("_count"):
+                    totals["query_count"] += sample.value
+                elif sample.name.endswith("_sum"):
+                    totals["query_sum"] += sample.value
+            elif name and sample.name.endswith("_total"):
+                totals[name] += sample.value
+    return totals
 
 
 def error_body(exc: BaseException, **fields: str | None) -> dict[str, Any]:
@@ -118,6 +147,8 @@ class Fleet:
     Throughput is computed by the console: records the workers applied per second (growth of
     the partitions' watermarks) and records published per second (growth of the log ends).
     Latency is the round trip of the status command through Kafka and every partition's worker.
+    With the workers' Prometheus endpoints given, their own counters are charted too: updates
+    applied and messages delivered per second, and the mean time to answer a partition query.
     """
 
     def __init__(self, clients: Clients, settings: Settings) -> None:
@@ -126,6 +157,7 @@ class Fleet:
         self.samples: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._last: tuple[float, dict[str, int], dict[str, int]] | None = None
         self._consumer: Consumer | None = None
+        self._scraped: tuple[float, dict[str, float]] | None = None
 
     def sample(self) -> dict[str, Any]:
         """Take one sample (blocking: call from a thread)."""
@@ -157,6 +189,7 @@ class Fleet:
                 }
         self._last = (now, applied, published)
         sample = {
+            **self._worker_rates(now),
             "time": now,
             "rows": rows,
             "rates": rates,
@@ -166,6 +199,35 @@ class Fleet:
         }
         self.samples.append(sample)
         return sample
+
+    def _worker_rates(self, now: float) -> dict[str, Any]:
+        """Rates from the workers' Prometheus counters since the last sample (none: no URLs)."""
+        if not self.settings.metrics:
+            return {}
+        totals = {"updates": 0.0, "delivered": 0.0, "query_count": 0.0, "query_sum": 0.0}
+        errors = []
+        for url in self.settings.metrics:
+            try:
+                for name, value in scrape(url).items():
+                    totals[name] += value
+            except (OSError, ValueError) as exc:  # a worker down or not Prometheus: say which
+                errors.append(f"{url}: {exc}")
+        rates: dict[str, Any] = {"metrics_errors": errors}
+        if self._scraped is not None:
+            then, before = self._scraped
+            dt = max(now - then, 1e-3)
+            queries = totals["query_count"] - before["query_count"]
+            rates.update(
+                worker_updates_per_s=max(0.0, totals["updates"] - before["updates"]) / dt,
+                worker_delivered_per_s=max(0.0, totals["delivered"] - before["delivered"]) / dt,
+                worker_query_ms=(
+                    (totals["query_sum"] - before["query_sum"]) / queries * 1000
+                    if queries > 0
+                    else None
+                ),
+            )
+        self._scraped = (now, totals)
+        return rates
 
     def _log_end(self, log_topic: str, partition: int) -> int | None:
         if self._consumer is None:
@@ -227,14 +289,14 @@ class Console:
         """Every API call and the websocket need an identity; the page and its files do not."""
         open_paths = ("/", "/api/login", "/api/session")
         if request.path in open_paths or request.path.startswith("/static/"):
-            return await handler(request)  # type: ignore[no-any-return]
+            return await handler(request)
         identity = self.auth.identity(
             request.cookies.get(COOKIE), request.headers.get("Authorization")
         )
         if identity is None:
             return web.json_response({"error": "login required"}, status=401)
         request["identity"] = identity
-        return await handler(request)  # type: ignore[no-any-return]
+        return await handler(request)
 
     async def login(self, request: web.Request) -> web.Response:
         """Trade a token for a session cookie."""
@@ -402,10 +464,15 @@ class Console:
                     "applied_per_s": s["applied_per_s"],
                     "published_per_s": s["published_per_s"],
                     "status_ms": s["status_ms"],
+                    "worker_updates_per_s": s.get("worker_updates_per_s"),
+                    "worker_delivered_per_s": s.get("worker_delivered_per_s"),
+                    "worker_query_ms": s.get("worker_query_ms"),
                 }
                 for s in self.fleet.samples
             ],
             "queries": [{"time": t, "ms": ms} for t, ms in self.query_ms],
+            "prometheus": bool(self.settings.metrics),
+            "metrics_errors": latest.get("metrics_errors", []),
         }
 
     async def _poll(self) -> None:

@@ -29,7 +29,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from sowstream.filters import FilterError
 from sowstream.sow.query import validate_query
-from tests.support.engine import REPO, EngineProcesses, running_engine
+from tests.support.engine import REPO, EngineProcesses
 
 pytestmark = pytest.mark.integration
 
@@ -68,21 +68,31 @@ ORDERS = [
 
 
 @pytest.fixture(scope="module")
+def metrics_port() -> int:
+    """Where the worker serves its Prometheus metrics."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
 def engine(
-    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, metrics_port: int
 ) -> Iterator[EngineProcesses]:
-    with running_engine(
+    procs = EngineProcesses(
         kafka_bootstrap,
         tmp_path_factory.mktemp("console"),
         TOPICS,
-        workers=("w1",),
         views=VIEWS,
         entitlements=ENTITLEMENTS,
-    ) as procs:
+    )
+    procs.start("w1", "--metrics-port", str(metrics_port))
+    try:
+        procs.wait_ready(["orders", "BY_CUSTOMER"])
         with procs.client() as client:
             for order in ORDERS:
                 client.publish("orders", order, ack=True)
         yield procs
+    finally:
+        procs.stop_all()
 
 
 def free_port() -> int:
@@ -160,9 +170,14 @@ class ConsoleProcess:
 
 @pytest.fixture(scope="module")
 def console(
-    engine: EngineProcesses, tmp_path_factory: pytest.TempPathFactory
+    engine: EngineProcesses, tmp_path_factory: pytest.TempPathFactory, metrics_port: int
 ) -> Iterator[ConsoleProcess]:
-    proc = ConsoleProcess(engine, tmp_path_factory.mktemp("console-open"))
+    proc = ConsoleProcess(
+        engine,
+        tmp_path_factory.mktemp("console-open"),
+        "--metrics",
+        f"http://127.0.0.1:{metrics_port}/metrics",
+    )
     yield proc
     proc.stop()
 
@@ -181,6 +196,9 @@ def secured(
         "alice=alice-token",
         "--user",
         "ops=ops-token",
+        # nothing listens there: the fleet view says so instead of failing
+        "--metrics",
+        f"http://127.0.0.1:{free_port()}/metrics",
     )
     yield proc
     proc.stop()
@@ -465,6 +483,14 @@ def test_off_loopback_a_token_is_required(secured: ConsoleProcess) -> None:
     # the page itself loads, and shows the login form
     status_code = urllib.request.urlopen(secured.url + "/", timeout=10).status
     assert status_code == 200
+
+
+def test_an_unreachable_metrics_endpoint_is_reported(secured: ConsoleProcess) -> None:
+    ops = {"Authorization": "Bearer ops-token"}
+    status, body, _ = http(f"{secured.url}/api/fleet", headers=ops)
+    assert status == 200
+    assert any(row["topic"] == "orders" for row in body["rows"])  # the rest still works
+    assert body["metrics_errors"] and "/metrics" in body["metrics_errors"][0]
 
 
 def login(console: ConsoleProcess, token: str) -> dict[str, str]:

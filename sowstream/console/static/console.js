@@ -18,7 +18,7 @@ async function api(path, body) {
 // A grid whose calls wait until Tabulator has built it.
 function grid(el, options) {
   const table = new Tabulator(el, {
-    layout: "fitDataFill", height: options.height || "360px", placeholder: "no rows",
+    layout: "fitDataFill", maxHeight: "420px", placeholder: "no rows",
     rowFormatter: (row) => { row.getElement().dataset.key = row.getData()[KEY] ?? ""; },
     ...options,
   });
@@ -37,11 +37,15 @@ function fieldsOf(rows, known = []) {
 }
 
 function showError(el, data, input) {
+  for (const i of document.querySelectorAll("input.bad")) i.classList.remove("bad");
   if (!data) { el.hidden = true; el.textContent = ""; return; }
   let text = data.error || String(data);
   if (data.position !== undefined && input) {
-    // point at the position in what the user typed
-    text += `\n\n${data.field}: ${input.value}\n${" ".repeat(data.field.length + 2 + data.position)}^`;
+    // the reason, then a caret under the position in what the user typed, which is selected
+    text = `${text.split("\n")[0]}\n${data.field}: ${input.value}\n${" ".repeat(data.field.length + 2 + data.position)}^`;
+    input.classList.add("bad");
+    input.focus();
+    input.setSelectionRange(data.position, Math.min(data.position + 1, input.value.length));
   }
   el.textContent = text;
   el.hidden = false;
@@ -93,7 +97,7 @@ async function loadTopics() {
   state.topics = res.data.topics;
   const cols = ["name", "kind", "message_type", "keys", "partitions", "view_of", "queue_of", "pattern", "preprocessing", "log_topic"];
   if (!state.topicsGrid) {
-    state.topicsGrid = grid($("topics-grid"), { data: state.topics, index: "name", height: "auto",
+    state.topicsGrid = grid($("topics-grid"), { data: state.topics, index: "name",
       columns: cols.map((f) => ({ title: f, field: f })) });
   } else {
     await state.topicsGrid.ready;
@@ -123,6 +127,7 @@ $("q-form").addEventListener("submit", async (ev) => {
   if (!res.ok) {
     showError($("q-error"), res.data, res.data.field === "order_by" ? $("q-order") : $("q-filter"));
     $("q-info").textContent = "";
+    if (state.queryGrid) { state.queryGrid.destroy(); state.queryGrid = null; }
     return;
   }
   showError($("q-error"), null);
@@ -229,7 +234,7 @@ async function refreshView() {
   const fields = fieldsOf(rows);
   if (!state.viewGrid || state.viewGridFor !== view) {
     if (state.viewGrid) state.viewGrid.destroy();
-    state.viewGrid = grid($("v-grid"), { data: rows, index: KEY, columns: columnsFor(fields), height: "260px" });
+    state.viewGrid = grid($("v-grid"), { data: rows, index: KEY, columns: columnsFor(fields) });
     state.viewGridFor = view;
   } else {
     await state.viewGrid.ready;
@@ -275,7 +280,7 @@ function onFleet(msg) {
   const cols = ["topic", "partition", "worker", "watermark", "log_end", "lag", "warnings"];
   const extra = fieldsOf(rows).filter((f) => !cols.includes(f) && f !== "sow" && typeof rows[0]?.[f] !== "object");
   if (!state.fleetGrid) {
-    state.fleetGrid = grid($("f-grid"), { data: rows, height: "auto", columns: [...cols, ...extra].map((f) => ({ title: f, field: f })) });
+    state.fleetGrid = grid($("f-grid"), { data: rows, columns: [...cols, ...extra].map((f) => ({ title: f, field: f })) });
   } else {
     state.fleetGrid.ready.then(() => state.fleetGrid.replaceData(rows));
   }
@@ -283,17 +288,21 @@ function onFleet(msg) {
   const lag = rows.reduce((a, r) => a + (r.lag || 0), 0);
   $("f-info").textContent = `${rows.length} partition(s) on ${workers.size} worker(s), total log lag ${lag} record(s)`;
   const t = msg.series.map((s) => new Date(s.time * 1000).toLocaleTimeString());
-  chart("f-throughput", "line", {
-    labels: t,
-    datasets: [
-      { label: "applied records/s", data: msg.series.map((s) => s.applied_per_s) },
-      { label: "published records/s", data: msg.series.map((s) => s.published_per_s) },
-    ],
-  }, "throughput (from the watermarks and log ends)", "records/s");
-  chart("f-latency", "line", {
-    labels: t,
-    datasets: [{ label: "status round trip, ms", data: msg.series.map((s) => s.status_ms) }],
-  }, "latency of a command through every partition", "ms");
+  const throughput = [
+    { label: "applied records/s", data: msg.series.map((s) => s.applied_per_s) },
+    { label: "published records/s", data: msg.series.map((s) => s.published_per_s) },
+  ];
+  const latency = [{ label: "status round trip, ms", data: msg.series.map((s) => s.status_ms) }];
+  if (msg.prometheus) {
+    // the workers' own counters, from their Prometheus endpoints
+    throughput.push({ label: "worker: updates applied/s", data: msg.series.map((s) => s.worker_updates_per_s) });
+    throughput.push({ label: "worker: messages to subscribers/s", data: msg.series.map((s) => s.worker_delivered_per_s) });
+    latency.push({ label: "worker: mean partition query, ms", data: msg.series.map((s) => s.worker_query_ms) });
+  }
+  chart("f-throughput", "line", { labels: t, datasets: throughput }, "throughput", "records/s");
+  chart("f-latency", "line", { labels: t, datasets: latency }, "latency", "ms");
+  $("f-errors").textContent = (msg.metrics_errors || []).join("\n");
+  $("f-errors").hidden = !(msg.metrics_errors || []).length;
 }
 
 start();
