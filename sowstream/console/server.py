@@ -126,8 +126,7 @@ class Clients:
                     self.settings.bootstrap,
                     prefix=self.settings.prefix,
                     config=self.settings.kafka,
-                    identity=identity,
-                    name=f"console-{identity or 'default'}-{int(time.time() * 1000) % 10**8}",
+                    identity=identity,  # the identity may hold characters topic names cannot
                 ).connect()
                 self._clients[identity] = client
             return client
@@ -449,7 +448,7 @@ class Console:
     async def _send(self, ws: web.WebSocketResponse, outbox: asyncio.Queue[dict[str, Any]]) -> None:
         while True:
             message = await outbox.get()
-            with contextlib.suppress(ConnectionResetError):
+            with contextlib.suppress(ConnectionResetError, RuntimeError):  # the page went
                 await ws.send_str(_dumps(message))
 
     def _fleet_message(self) -> dict[str, Any]:
@@ -486,7 +485,7 @@ class Console:
                 else:
                     text = _dumps(self._fleet_message())
                     for ws in list(self.pages):
-                        with contextlib.suppress(ConnectionResetError):
+                        with contextlib.suppress(ConnectionResetError, RuntimeError):
                             await ws.send_str(text)
             await asyncio.sleep(self.settings.poll)
 
