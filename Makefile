@@ -6,25 +6,45 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
-.PHONY: run test lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
+.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,spark]'
+	$(BIN)/pip install --quiet -e '.[test,spark,console]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # Provisions Kafka from Maven Central on first use, starts it, then runs a worker in the foreground.
-run: $(STAMP)
+run: $(STAMP) console-assets
 	$(BIN)/sowstream broker start
 	$(BIN)/sowstream worker --config $(CONFIG)
 
-test: $(STAMP) lint typecheck deploy-tools
+test: $(STAMP) lint typecheck deploy-tools console-assets chromium
 	$(BIN)/sowstream broker provision
 	$(BIN)/sowstream pipeline provision
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile
+
+# The console page's grid and chart libraries, from npm (package-lock.json pins them), copied
+# into the package's static dir (git-ignored): `sowstream console` serves them, no CDN.
+CONSOLE_WEB    := sowstream/console/web
+CONSOLE_VENDOR := sowstream/console/static/vendor
+console-assets: $(CONSOLE_VENDOR)/.installed
+
+$(CONSOLE_VENDOR)/.installed: $(CONSOLE_WEB)/package.json $(CONSOLE_WEB)/package-lock.json
+	cd $(CONSOLE_WEB) && npm ci --no-audit --no-fund
+	mkdir -p $(CONSOLE_VENDOR)
+	cp $(CONSOLE_WEB)/node_modules/tabulator-tables/dist/js/tabulator.min.js \
+	   $(CONSOLE_WEB)/node_modules/tabulator-tables/dist/css/tabulator.min.css \
+	   $(CONSOLE_WEB)/node_modules/chart.js/dist/chart.umd.min.js $(CONSOLE_VENDOR)/
+	touch $@
+
+# The console's browser tests drive Debian's headless Chromium through its chromedriver.
+chromium:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+	  apt-get install -y --no-install-recommends chromium chromium-driver || \
+	  { apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver; }; }
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

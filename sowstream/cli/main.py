@@ -28,6 +28,7 @@ from sowstream.cli.common import (
     payload_for,
     print_records,
 )
+from sowstream.cli.console import register as register_console
 from sowstream.cli.pipeline import pipeline_app
 from sowstream.cli.queue import queue_app
 from sowstream.client import Client, Message, QueueSubscription, Subscription
@@ -42,6 +43,7 @@ app = typer.Typer(
 app.add_typer(broker_app, name="broker", help="Run the embedded local Kafka broker.")
 app.add_typer(pipeline_app, name="pipeline", help="Spark jobs over the transaction log.")
 app.add_typer(queue_app, name="queue", help="Lease, acknowledge and inspect queue messages.")
+register_console(app)
 
 Prefix = Annotated[str, typer.Option(help="Topic prefix of the engine.")]
 
