@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
-.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
+.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-sow bench-memory bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,8 +74,16 @@ broker-start: $(STAMP)
 broker-stop: $(STAMP)
 	$(BIN)/sowstream broker stop
 
+# Every row of issue 13's table in one run, with ratios and aims (10-15 minutes).
 bench: $(STAMP)
+	$(BIN)/python -m bench.perf
+
+bench-sow: $(STAMP)
 	$(BIN)/python -m bench.sow_bench
+
+# 10M updates over 1M keys, worker RSS sampled (about 10 minutes).
+bench-memory: $(STAMP)
+	$(BIN)/python -m bench.memory_bench
 
 bench-subs: $(STAMP)
 	$(BIN)/python -m bench.subs_bench

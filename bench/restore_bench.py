@@ -28,6 +28,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import orjson
+import psutil
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
@@ -35,7 +37,7 @@ from rich.table import Table
 
 from bench.common import bench_bootstrap, stop_process, wait_queryable, worker_command, workspace
 from bench.pipeline_bench import wait_group_empty, write_log
-from bench.sow_bench import free_port, scrape
+from bench.sow_bench import dir_size, free_port, scrape
 from sowstream.client import Client
 from sowstream.config import load_config
 from sowstream.engine.app import Engine
@@ -100,6 +102,31 @@ def bare_consume(bootstrap: str, topic: str, ends: dict[int, int]) -> tuple[int,
     elapsed = time.perf_counter() - started
     consumer.close()
     return seen, elapsed
+
+
+def latest_value_bytes(bootstrap: str, topic: str, expected: int) -> int:
+    """Bytes of the latest value of each key in the log (the SOW's raw data)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    latest: dict[bytes | None, int] = {}
+    idle = 0
+    while idle < 5:
+        msgs = consumer.consume(10_000, 1.0)
+        idle = 0 if msgs else idle + 1
+        for msg in msgs:
+            if not msg.error():
+                latest[msg.key()] = len(msg.value() or b"")
+        if len(latest) >= expected and not msgs:
+            break
+    consumer.close()
+    return sum(latest.values())
 
 
 def summarize_profile(path: Path, top: int = 12) -> list[tuple[str, float]]:
@@ -205,6 +232,7 @@ def main() -> None:
     parser.add_argument("--restart-cap", type=float, default=900, help="give up waiting (s)")
     parser.add_argument("--profile", type=Path, help="record py-spy profiles of each restore here")
     parser.add_argument("--logs", type=Path, help="keep the worker logs here")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     results: dict[str, Any] = {}
@@ -229,6 +257,14 @@ def main() -> None:
             time.sleep(0.2)
         worker.wait_ready(args.restart_cap)
         ends = wait_changelog_settled(bootstrap, changelog)
+        assert worker.proc is not None
+        results["rss_bytes"] = psutil.Process(worker.proc.pid).memory_info().rss
+        results["rocksdb_bytes"] = dir_size(worker.data_dir)
+        results["raw_bytes"] = latest_value_bytes(bootstrap, log_topic, args.keys)
+        console.print(
+            f"{args.keys:,} keys: RSS {results['rss_bytes'] / 1e6:,.0f} MB, RocksDB "
+            f"{results['rocksdb_bytes'] / 1e6:,.1f} MB, raw {results['raw_bytes'] / 1e6:,.1f} MB"
+        )
         worker.kill()
         # A replacement started at once would first wait out the dead worker's session (10 s)
         # in the group join: the restore is timed from a group without it.
@@ -266,6 +302,8 @@ def main() -> None:
         results["intact_s"] = worker.wait_ready(args.restart_cap)
         worker.stop()
 
+    if args.json is not None:
+        args.json.write_text(orjson.dumps(results).decode())
     bare = results["bare_rate"]
     table = Table(
         title=f"sowstream restore benchmark: {args.keys:,} keys, {PARTITIONS} partitions, "
@@ -300,6 +338,18 @@ def main() -> None:
         table.add_row(f"  keys served after restore {mode}", f"{keys:,}", "")
     intact = results["intact_s"]
     table.add_row("restart with RocksDB intact (no restore)", f"{intact:.2f} s", "")
+    raw = results["raw_bytes"]
+    table.add_row("raw SOW data (latest value per key)", f"{raw / 1e6:,.1f} MB", "1.00")
+    table.add_row(
+        "RocksDB directory",
+        f"{results['rocksdb_bytes'] / 1e6:,.1f} MB",
+        f"{results['rocksdb_bytes'] / raw:.2f}x raw",
+    )
+    table.add_row(
+        "worker RSS",
+        f"{results['rss_bytes'] / 1e6:,.0f} MB",
+        f"{results['rss_bytes'] / raw:.2f}x raw",
+    )
     Console().print(table)
     if args.profile is not None:
         for mode in modes:

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 
 import orjson
@@ -139,36 +139,135 @@ def timed_query(client: Client, topic: str, flt: str | None, repeat: int = 3) ->
     return count, best
 
 
+def catch_up_rate(ports: list[int], target: float, timeout: float = 1800) -> float:
+    """Updates/s the workers behind ``ports`` apply together, from their own counters: from the
+    first applied update until ``target`` are applied in all."""
+    first = last = None
+    applied = 0.0
+    started = time.perf_counter()
+    while applied < target:
+        if time.perf_counter() - started > timeout:
+            raise SystemExit(f"only {applied:,.0f} of {target:,.0f} updates applied in {timeout} s")
+        applied = 0.0
+        for port in ports:
+            with suppress(OSError):
+                applied += scrape(port, "sowstream_updates_applied_total")
+        now = time.perf_counter()
+        if applied > 0 and first is None:
+            first = (now, applied)
+        last = now
+        time.sleep(0.05)
+    assert first is not None and last is not None
+    return (applied - first[1]) / max(1e-9, last - first[0])
+
+
+def broker_process(bootstrap: str) -> psutil.Process | None:
+    """The process listening on the bootstrap's port (the broker), if it runs on this machine."""
+    port = int(bootstrap.split(",")[0].rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return psutil.Process(conn.pid)
+    return None
+
+
+class CpuMeter:
+    """Cores a process used between ``start`` and ``stop`` (CPU seconds per wall second)."""
+
+    def __init__(self, proc: psutil.Process | None) -> None:
+        self.proc = proc
+        self._cpu = self._wall = 0.0
+
+    def _read(self) -> float:
+        if self.proc is None:
+            return 0.0
+        times = self.proc.cpu_times()
+        return float(times.user + times.system + times.children_user + times.children_system)
+
+    def start(self) -> None:
+        self._cpu, self._wall = self._read(), time.perf_counter()
+
+    def stop(self) -> float:
+        return (self._read() - self._cpu) / max(1e-9, time.perf_counter() - self._wall)
+
+
+def write_bench_config(path: Path, prefix: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "engine": {"app_id": prefix, "topic_prefix": prefix},
+                "sow": [
+                    {
+                        "Name": "orders",
+                        "Key": "/id",
+                        "Partitions": PARTITIONS,
+                        "HashIndex": [["/customer"]],
+                    }
+                ],
+            }
+        )
+    )
+    return path
+
+
+def copy_log(bootstrap: str, source: str, target: str, n: int) -> None:
+    """Copy ``n`` log records partition for partition (the same messages for another engine)."""
+    ensure_topics(bootstrap, [TopicSpec(target, PARTITIONS)])
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([source])
+    producer = Producer({**producer_config(bootstrap), "linger.ms": 20})
+    done = 0
+    while done < n:
+        for msg in consumer.consume(5000, 1.0):
+            if msg.error():
+                continue
+            while True:
+                try:
+                    producer.produce(
+                        target,
+                        key=msg.key(),
+                        value=msg.value(),
+                        headers=msg.headers(),
+                        partition=msg.partition() or 0,
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            done += 1
+        producer.poll(0)
+    producer.flush(120)
+    consumer.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--updates", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--subscriptions", type=int, default=100, help="filtered, 10%% match")
+    parser.add_argument("--skip-scaling", action="store_true", help="no two-worker run")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    if args.subscriptions > 1000:
+        parser.error("at most 1,000 subscriptions (one per customer)")
+    result: dict[str, float] = {}
 
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
+        broker = CpuMeter(broker_process(bootstrap))
         work, prefix = workspace(stack, "sowbench")
-        config = work / "bench.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "engine": {"app_id": prefix, "topic_prefix": prefix},
-                    "sow": [
-                        {
-                            "Name": "orders",
-                            "Key": "/id",
-                            "Partitions": PARTITIONS,
-                            "HashIndex": [["/customer"]],
-                        }
-                    ],
-                }
-            )
-        )
+        config = write_bench_config(work / "bench.yaml", prefix)
         port = free_port()
-        cmd = worker_command(config, bootstrap, work, "--metrics-port", str(port))
 
-        def start_worker() -> subprocess.Popen[bytes]:
-            log = open(work / "worker.log", "ab")  # noqa: SIM115
+        def start_worker(config: Path, port: int, name: str = "bench") -> subprocess.Popen[bytes]:
+            cmd = worker_command(config, bootstrap, work, "--metrics-port", str(port))
+            cmd[cmd.index("--name") + 1] = name
+            log = open(work / f"{name}-{config.stem}.log", "ab")  # noqa: SIM115
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             stack.callback(lambda: proc.poll() is None and (proc.terminate(), proc.wait(30)))
             return proc
@@ -177,7 +276,7 @@ def main() -> None:
         updates = make_updates(args.updates, args.keys)
 
         # 1. start a worker once so topics exist, then stop it: the log fills while it is down
-        worker = start_worker()
+        worker = start_worker(config, port)
         if wait_queryable(bootstrap, prefix, ["orders"], 120) is None:
             raise SystemExit("the worker did not answer queries within 120 s")
         worker.terminate()
@@ -197,23 +296,12 @@ def main() -> None:
             console.print(f"bare faust agent (count only): {floor:,.0f}/s")
 
             # 2. the worker catches up on the whole log; time it from its own counter
-            worker = start_worker()
-            first = last = None
-            applied = 0.0
-            while applied < len(updates):
-                try:
-                    applied = scrape(port, "sowstream_updates_applied_total")
-                except OSError:
-                    applied = 0.0
-                now = time.perf_counter()
-                if applied > 0 and first is None:
-                    first = (now, applied)
-                last = now
-                time.sleep(0.05)
-            assert first is not None and last is not None
-            apply_rate = (applied - first[1]) / (last - first[0])
+            worker = start_worker(config, port)
+            broker.start()
+            apply_rate = catch_up_rate([port], len(updates))
+            broker_one = broker.stop()
             rss = psutil.Process(worker.pid).memory_info().rss
-            console.print(f"worker applied at {apply_rate:,.0f}/s")
+            console.print(f"worker applied at {apply_rate:,.0f}/s (broker {broker_one:.2f} cores)")
 
             full_n, full_t = timed_query(client, "orders", None)
             range_n, range_t = timed_query(client, "orders", "/qty > 900")
@@ -223,6 +311,75 @@ def main() -> None:
             final = {orjson.loads(u)["id"]: len(u) for u in updates}
             raw_bytes = sum(final.values())
             rocks = dir_size(work / "data" / prefix / "bench")
+
+            # 3. the same updates again with filtered subscriptions, 10% of updates matching
+            subs = []
+            matching = 0
+            if args.subscriptions:
+                wanted = {f"c{i}" for i in range(args.subscriptions)}
+                subs = [
+                    client.subscribe("orders", f"/customer = '{c}'", options="oof")
+                    for c in sorted(wanted)
+                ]
+                time.sleep(2.0)  # placed on every partition
+                worker.terminate()
+                worker.wait(60)
+                again = make_updates(args.updates, args.keys, seed=2)
+                matching = sum(1 for u in again if orjson.loads(u)["customer"] in wanted)
+                for body in again:
+                    client.publish("orders", body)
+                client.flush()
+                received = 0
+                worker = start_worker(config, port)
+                subs_rate = catch_up_rate([port], len(again))
+                deadline = time.monotonic() + 300
+                while received < matching and time.monotonic() < deadline:
+                    for sub in subs:
+                        while (msg := sub.next(timeout=0)) is not None:
+                            received += msg.command == "publish"
+                    time.sleep(0.05)
+                result["subs_received"] = received
+                console.print(
+                    f"with {len(subs)} subscriptions: applied at {subs_rate:,.0f}/s, "
+                    f"{received:,} of {matching:,} messages received"
+                )
+                result["subs_rate"] = subs_rate
+                for sub in subs:
+                    sub.close()
+            worker.terminate()
+            worker.wait(60)
+
+        # 4. scaling: the first pass's messages, copied to a second engine's log, applied by
+        # two workers of that engine together
+        if not args.skip_scaling:
+            prefix2 = prefix + "x2"
+            config2 = write_bench_config(work / "bench2.yaml", prefix2)
+            copy_log(bootstrap, f"{prefix}.log.orders", f"{prefix2}.log.orders", len(updates))
+            ports = [free_port(), free_port()]
+            broker.start()
+            for i, p2 in enumerate(ports):
+                start_worker(config2, p2, f"w{i}")
+            two_rate = catch_up_rate(ports, len(updates))
+            result["broker_cores_two"] = broker.stop()
+            result["two_workers_rate"] = two_rate
+            console.print(f"two workers applied at {two_rate:,.0f}/s")
+
+    result.update(
+        relay=relay,
+        faust_floor=floor,
+        apply_rate=apply_rate,
+        broker_cores_one=broker_one,
+        publish_rate=publish_rate,
+        full_scan_rate=full_n / full_t,
+        range_ms=range_t * 1000,
+        raw_bytes=raw_bytes,
+        rocksdb_bytes=rocks,
+        rss_bytes=rss,
+        subscriptions=len(subs),
+        subs_matching=matching,
+    )
+    if args.json is not None:
+        args.json.write_text(orjson.dumps(result).decode())
 
     table = Table(
         title=f"sowstream SOW benchmark: {args.updates:,} updates, {args.keys:,} keys, "
@@ -240,6 +397,19 @@ def main() -> None:
         f"{apply_rate:,.0f} upd/s",
         f"{apply_rate / relay:.2f}x relay, {apply_rate / floor:.2f}x faust",
     )
+    if "subs_rate" in result:
+        table.add_row(
+            f"  the same with {len(subs)} filtered subscriptions ({matching:,} matches)",
+            f"{result['subs_rate']:,.0f} upd/s",
+            f"{result['subs_rate'] / relay:.2f}x relay",
+        )
+    if "two_workers_rate" in result:
+        table.add_row(
+            "  two workers together (same messages, broker "
+            f"{result['broker_cores_two']:.2f} cores; with one: {broker_one:.2f})",
+            f"{result['two_workers_rate']:,.0f} upd/s",
+            f"{result['two_workers_rate'] / apply_rate:.2f}x one worker",
+        )
     table.add_row("client publish", f"{publish_rate:,.0f} msg/s", f"{publish_rate / relay:.2f}x")
     table.add_row(f"query full scan ({full_n:,} records)", f"{full_n / full_t:,.0f} rec/s", "")
     table.add_row(

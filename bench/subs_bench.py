@@ -532,6 +532,7 @@ def main() -> None:
     parser.add_argument("--orders", type=int, default=10_000)
     parser.add_argument("--delta-updates", type=int, default=100_000)
     parser.add_argument("--timeout", type=float, default=180.0, help="per measurement, seconds")
+    parser.add_argument("--json", type=Path, help="also write the latency figures here")
     args = parser.parse_args()
     fanouts = [int(x) for x in args.fanouts.split(",")]
     if max(fanouts) > args.symbols or args.keys % args.symbols:
@@ -582,6 +583,24 @@ def main() -> None:
             console.print("[bold]worker log tail:")
             console.print(worker.log_tail(), markup=False, highlight=False)
     report(args, *results, time.perf_counter() - started)
+    if args.json is not None:
+        args.json.write_text(orjson.dumps(latency_figures(results[1])).decode())
+
+
+def latency_figures(lat: list[Latency]) -> list[dict[str, Any]]:
+    """Per latency run: the load, the rate reached and p50/p99 of sowstream and of bare Kafka."""
+    return [
+        {
+            "load": item.load,
+            "rate": item.achieved_rate,
+            "p50_ms": item.pct(0.5),
+            "p99_ms": item.pct(0.99),
+            "kafka_p50_ms": item.baseline.pct(0.5),
+            "kafka_p99_ms": item.baseline.pct(0.99),
+        }
+        for item in lat
+        if item.baseline is not None
+    ]
 
 
 def run(
@@ -655,6 +674,8 @@ def run(
                     console.print(f"[red]  {item.label}: {item.error}")
                 lat.append(item)
 
+        if not args.orders:
+            return fan, lat, []
         console.print(
             f"[bold]delta vs full: {args.orders:,} orders, {args.delta_updates:,} updates"
         )
@@ -732,7 +753,7 @@ def report(
             f"{item.pct(0.99) / item.baseline.pct(0.99):.1f}x raw p99" if item.baseline else "1.0",
             detail,
         )
-    full = delta[0]
+    full = delta[0] if delta else None
     for d in delta:
         name = "sow_and_subscribe" if d.mode == "full" else "sow_and_delta_subscribe"
         if d.error:
@@ -741,7 +762,7 @@ def report(
         per = max(1, d.received)
         wire = max(1, d.wire_msgs)
         ratio = ""
-        if d is not full and not full.error:
+        if full is not None and d is not full and not full.error:
             ratio = (
                 f"{(d.received / d.elapsed) / (full.received / full.elapsed):.2f}x msg/s, "
                 f"{(d.data_bytes / per) / (full.data_bytes / max(1, full.received)):.2f}x bytes"
