@@ -1275,7 +1275,20 @@ class Engine:
                     name = pump.proc.topic.name
                     return Readiness(False, f"loading topic {name} partition {partition}")
                 owned += 1
-        return Readiness(True, f"ready: {owned} topic partition(s) owned and restored")
+        # A view or conflated topic's input partition is usable once its state is loaded and
+        # its input read up to the end it had when assigned (warm), as a SOW partition is.
+        inputs = 0
+        runners: list[tuple[str, str, ViewRunner | ConflatedRunner]] = [
+            *(("view", name, r) for name, r in self.view_runners.items()),
+            *(("conflated topic", name, r) for name, r in self.conflated_runners.items()),
+        ]
+        for kind, name, runner in runners:
+            pending = runner.loading()
+            if pending:
+                return Readiness(False, f"loading {kind} {name} input partition {pending[0]}")
+            inputs += len(runner.assigned())
+        held = f", {inputs} view input partition(s) loaded" if inputs else ""
+        return Readiness(True, f"ready: {owned} topic partition(s) owned and restored{held}")
 
     async def worker_status(self) -> list[dict[str, Any]]:
         """This worker's rows of ``sowstream status`` (``/status``): its partitions now."""
