@@ -82,6 +82,14 @@ def worker(
             "group.instance.id): a quick restart keeps its partitions without a rebalance."
         ),
     ] = False,
+    kafka_wait: Annotated[
+        float,
+        typer.Option(
+            help="Seconds to keep retrying while no Kafka broker answers at start "
+            "(0: retry until one does).",
+            min=0,
+        ),
+    ] = 0.0,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
     from sowstream.engine.app import Engine
@@ -107,7 +115,7 @@ def worker(
         functools.partial(_cluster_status, servers, engine.names.prefix, engine.config.engine.kafka)
     )
     _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
-    engine.run()
+    engine.run(kafka_wait)
 
 
 def _cluster_status(bootstrap: str, prefix: str, kafka: dict[str, str]) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from sowstream.engine.security import expand_environment, faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.views import ViewRunner
-from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.errors import InvalidCommandError, KafkaUnreachableError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.views.conflation import ConflatedFeed
@@ -60,6 +60,7 @@ from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 from sowstream.wire.topics import TopicNames, kafka_topic_part, topic_ident
 
 log = logging.getLogger("sowstream.engine")
+KAFKA_PROBE_SECONDS = 10.0  # one attempt to reach Kafka at start
 ANNOUNCE_SECONDS = 2.0  # how often a worker announces itself on the workers topic
 
 LOG_BATCH_MAX = 2_000
@@ -1411,7 +1412,7 @@ class Engine:
             )
         return specs
 
-    def prepare(self) -> None:
+    def prepare(self, timeout: float = 30.0) -> None:
         """Create the Kafka topics and publish the topic definitions clients read."""
         extra = self.config.engine.kafka
         ensure_topics(
@@ -1419,6 +1420,7 @@ class Engine:
             self.topic_specs(),
             replication_factor=self.config.engine.replication_factor,
             extra=extra,
+            timeout=timeout,
         )
         self._write_meta(definitions(self.config, self.names))
 
@@ -1435,9 +1437,29 @@ class Engine:
             )
         return seeded
 
-    def run(self) -> None:
-        """Prepare Kafka, then run the faust worker until it is stopped (SIGINT/SIGTERM)."""
-        self.prepare()
+    def wait_for_kafka(self, deadline_s: float = 0.0) -> None:
+        """Prepare Kafka, retrying with backoff (1 s doubling to 30 s) while no broker answers;
+        ``deadline_s`` > 0 gives up after that many seconds (KafkaUnreachableError)."""
+        started = time.monotonic()
+        delay = 1.0
+        while True:
+            try:
+                self.prepare(KAFKA_PROBE_SECONDS)
+                return
+            except KafkaUnreachableError as exc:
+                waited = time.monotonic() - started
+                if deadline_s > 0 and waited + delay > deadline_s:
+                    raise KafkaUnreachableError(
+                        f"{exc}; gave up after {waited:.0f}s (--kafka-wait {deadline_s:.0f})"
+                    ) from exc
+                log.warning("%s; retrying in %.0fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def run(self, kafka_wait_s: float = 0.0) -> None:
+        """Prepare Kafka (waiting for it, see :meth:`wait_for_kafka`), then run the faust
+        worker until it is stopped (SIGINT/SIGTERM)."""
+        self.wait_for_kafka(kafka_wait_s)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.seed_dir is not None:
             self.apply_seeds(self.seed_dir)
