@@ -5,8 +5,9 @@
   call answers nothing else either, so restarting the process is the cure).
 * ``/ready``: the worker owns its partitions and has restored them (faust's rebalance and
   changelog recovery are over, the subscription registry is read and every partition the
-  worker was assigned is loaded). The worker works this out in its loop at each stamp; the
-  endpoint reports the last answer, and fails as well when the loop stopped turning.
+  worker was assigned is loaded, view and conflated-topic input partitions included). The
+  worker works this out in its loop at each stamp; the endpoint reports the last answer, and
+  fails as well when the loop stopped turning.
 * ``/status``: this worker's partitions (topic, partition, watermark, records, warnings), one
   JSON object per line.
 * ``/status/cluster``: the document ``sowstream status --json`` prints, gathered by this worker

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ import pytest
 from sowstream.broker.local import LocalBroker, free_port
 from sowstream.client import Client
 from sowstream.errors import SowstreamError
-from tests.support.engine import EngineProcesses
+from tests.support.engine import REPO, EngineProcesses
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +80,27 @@ def test_a_worker_waits_for_an_unreachable_broker_and_the_cli_fails_in_one_line(
         assert "Traceback" not in (tmp_path / "w1.log").read_text(errors="replace")
     finally:
         engine.stop_all()
+
+
+def test_a_worker_told_to_wait_a_while_gives_up_in_one_line(tmp_path: Path) -> None:
+    bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens there
+    engine = EngineProcesses(bootstrap, tmp_path, TOPICS)
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "sowstream", "worker", "--config", str(engine.config)),
+            *("--bootstrap", bootstrap, "--data-dir", str(tmp_path / "data"), "--kafka-wait", "1"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stdout + result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: cannot reach Kafka at {bootstrap} within 10s (Failed to get metadata: Local: "
+        "Broker transport failure); gave up after 10s (--kafka-wait 1)"
+    )
 
 
 class Publisher(threading.Thread):

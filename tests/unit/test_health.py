@@ -222,3 +222,26 @@ def test_readiness_waits_for_view_and_conflated_input_partitions(tmp_path: Any) 
     assert engine.readiness() == Readiness(
         True, "ready: 0 topic partition(s) owned and restored, 3 view input partition(s) loaded"
     )
+
+
+def test_cluster_status_is_the_gathered_document_or_why_there_is_none(
+    url: str, health: Health
+) -> None:
+    assert get(url + "/status/cluster") == (
+        503,
+        "this worker does not serve the cluster status\n",
+    )
+
+    def unreachable() -> dict[str, Any]:
+        raise SowstreamError("cannot reach Kafka at 127.0.0.1:1 within 10s (down)")
+
+    health.serve_cluster(unreachable)
+    assert get(url + "/status/cluster") == (
+        503,
+        "could not gather the cluster status: cannot reach Kafka at 127.0.0.1:1 within 10s "
+        "(down)\n",
+    )
+    doc = {"workers": [{"worker": "w-0", "answering": True}], "partitions": []}
+    health.serve_cluster(lambda: doc)
+    code, body = get(url + "/status/cluster")
+    assert code == 200 and orjson.loads(body) == doc
