@@ -1443,8 +1443,11 @@ class Engine:
         started = time.monotonic()
         delay = 1.0
         while True:
+            probe = KAFKA_PROBE_SECONDS
+            if deadline_s > 0:  # the last attempt ends at the deadline, not a probe later
+                probe = max(1.0, min(probe, deadline_s - (time.monotonic() - started)))
             try:
-                self.prepare(KAFKA_PROBE_SECONDS)
+                self.prepare(probe)
                 return
             except KafkaUnreachableError as exc:
                 waited = time.monotonic() - started

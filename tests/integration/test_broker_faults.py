@@ -98,8 +98,8 @@ def test_a_worker_told_to_wait_a_while_gives_up_in_one_line(tmp_path: Path) -> N
     assert result.returncode == 1
     assert "Traceback" not in result.stdout + result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
-        f"error: cannot reach Kafka at {bootstrap} within 10s (Failed to get metadata: Local: "
-        "Broker transport failure); gave up after 10s (--kafka-wait 1)"
+        f"error: cannot reach Kafka at {bootstrap} within 1s (Failed to get metadata: Local: "
+        "Broker transport failure); gave up after 1s (--kafka-wait 1)"
     )
 
 
