@@ -53,6 +53,10 @@ class BrokerError(SowstreamError):
     """The embedded local Kafka broker could not be provisioned, started or stopped."""
 
 
+class KafkaUnreachableError(SowstreamError):
+    """No broker of the bootstrap list answered."""
+
+
 class SubscriptionDroppedError(SowstreamError):
     """The engine ended a subscription, e.g. because its client fell too far behind."""
 

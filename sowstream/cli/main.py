@@ -6,6 +6,7 @@ Every subcommand is a thin layer over the client or the engine; errors become on
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -83,6 +84,14 @@ def worker(
             "group.instance.id): a quick restart keeps its partitions without a rebalance."
         ),
     ] = False,
+    kafka_wait: Annotated[
+        float,
+        typer.Option(
+            help="Seconds to keep retrying while no Kafka broker answers at start "
+            "(0: retry until one does).",
+            min=0,
+        ),
+    ] = 0.0,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
     from sowstream.engine.app import Engine
@@ -104,8 +113,17 @@ def worker(
         seed_dir=seed_dir,
         static_membership=static_membership,
     )
+    engine.health.serve_cluster(
+        functools.partial(_cluster_status, servers, engine.names.prefix, engine.config.engine.kafka)
+    )
     _banner(cfg.topics[0].name if cfg.topics else "TOPIC", servers, config)
-    engine.run()
+    engine.run(kafka_wait)
+
+
+def _cluster_status(bootstrap: str, prefix: str, kafka: dict[str, str]) -> dict[str, Any]:
+    """The worker's ``/status/cluster``: what ``sowstream status --json`` prints."""
+    with Client(bootstrap, prefix=prefix, config=kafka) as client:
+        return client.cluster_status()
 
 
 def _banner(topic: str, bootstrap: str, config: Path) -> None:
@@ -405,42 +423,126 @@ def delete(
 @friendly_errors
 def status(
     topic: Annotated[
-        str | None, typer.Argument(help="A topic or regular expression (default: all).")
+        str | None,
+        typer.Argument(help="Limit partitions, topics and queues to a topic or regex."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON document (docs/deploy.md#status).")
+    ] = False,
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for the workers' answers.", min=0.1)
+    ] = 5.0,
     bootstrap: Bootstrap = None,
     prefix: Prefix = "sowstream",
 ) -> None:
-    """Per topic and partition: the worker serving it, how far it applied the log, warnings."""
+    """The cluster: workers, their partitions, restore progress, log lag, records,
+    subscriptions, queues and dead letters. Workers that do not answer are shown as such."""
     with Client(bootstrap, prefix=prefix) as client:
-        rows = client.status(topic)
+        doc = client.cluster_status(wait, topic=topic)
     if as_json:
-        for row in rows:
-            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+        sys.stdout.write(orjson.dumps(doc).decode() + "\n")
         return
-    out.print(status_table(rows))
+    for table in status_tables(doc):
+        out.print(table)
 
 
-# Columns of the status table: (title, how to show a row's value). Add columns here.
+# Columns of the partitions table: (title, how to show a row's value). Add columns here.
 STATUS_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
     ("topic", lambda row: str(row["topic"])),
     ("partition", lambda row: str(row["partition"])),
-    ("worker", lambda row: str(row.get("worker", ""))),
-    ("SOW", lambda row: "yes" if row.get("sow", True) else "no"),
-    ("watermark", lambda row: str(row["watermark"])),
+    ("worker", lambda row: str(row.get("worker") or "-")),
+    ("answered", lambda row: "yes" if row["answered"] else "[red]no[/]"),
+    ("watermark", lambda row: _dash(row["watermark"])),
+    ("log end", lambda row: _dash(row["log_end"])),
+    ("lag", lambda row: _dash(row["lag"])),
+    ("records", lambda row: _dash(row["records"]) if row.get("sow", True) else "(no SOW)"),
     ("warnings", lambda row: "\n".join(w["message"] for w in row.get("warnings", []))),
 )
 
 
-def status_table(rows: list[dict[str, Any]]) -> Table:
-    """The rows of ``Client.status`` as a table, warnings in red."""
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _uptime(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def status_tables(doc: dict[str, Any]) -> list[Table]:
+    """``Client.cluster_status`` as rich tables: workers, partitions, topics, queues, dead
+    letters."""
+    workers = Table(title=f"{len(doc['workers'])} worker(s)")
+    for title in ("worker", "host", "pid", "uptime", "state", "partitions", "restoring"):
+        workers.add_column(title)
+    for w in doc["workers"]:
+        if not w["answering"]:
+            state = f"[red]not answering[/] (last seen {w['last_seen_s']:.0f}s ago)"
+        elif w["ready"]:
+            state = "[green]ready[/]"
+        else:
+            state = f"[yellow]not ready[/]: {w['reason']}"
+        restoring = "\n".join(
+            f"{r['changelog']}/{r['partition']}: {r['offset'] + 1}/{r['end'] + 1}"
+            for r in w["restore"]
+        )
+        workers.add_row(
+            str(w["worker"]),
+            str(w["host"]),
+            str(w["pid"]),
+            _uptime(w["uptime_s"]),
+            state,
+            " ".join(w["partitions"]),
+            restoring,
+        )
+    rows = doc["partitions"]
     warned = sum(1 for row in rows if row.get("warnings"))
-    table = Table(title=f"{len(rows)} partition(s), {warned} with warnings")
+    silent = sum(1 for row in rows if not row["answered"])
+    parts = Table(
+        title=f"{len(rows)} partition(s), {warned} with warnings, {silent} without an answer"
+    )
     for title, _ in STATUS_COLUMNS:
-        table.add_column(title, style="red" if title == "warnings" else None)
+        parts.add_column(title, style="red" if title == "warnings" else None)
     for row in rows:
-        table.add_row(*(show(row) for _, show in STATUS_COLUMNS))
-    return table
+        parts.add_row(*(show(row) for _, show in STATUS_COLUMNS))
+    topics = Table(title="topics")
+    for title in ("topic", "type", "partitions", "records", "lag", "subscriptions"):
+        topics.add_column(title)
+    for t in doc["topics"]:
+        records = _dash(t["records"]) if t["sow"] else "(no SOW)"
+        topics.add_row(
+            t["topic"],
+            t["message_type"],
+            str(t["partitions"]),
+            records,
+            str(t["lag"]),
+            str(t["subscriptions"]),
+        )
+    tables = [workers, parts, topics]
+    if doc["queues"]:
+        queues = Table(title="queues")
+        for title in ("queue", "depth", "leased", "delivered", "acked", "expired"):
+            queues.add_column(title)
+        for q in doc["queues"]:
+            if "error" in q:
+                queues.add_row(q["queue"], f"[red]{q['error']}[/]")
+                continue
+            expired = sum(q["expired"].values())
+            queues.add_row(
+                q["queue"],
+                *(str(q[c]) for c in ("depth", "leased", "delivered", "acked")),
+                str(expired),
+            )
+        tables.append(queues)
+    dead = doc["dead_letters"]
+    letters = Table(title=f"{dead['count']} dead letter(s)")
+    letters.add_column("reason")
+    letters.add_column("records")
+    for reason, count in sorted((dead["by_reason"] or {}).items()):
+        letters.add_row(reason, str(count))
+    tables.append(letters)
+    return tables
 
 
 def main() -> None:

@@ -24,10 +24,10 @@ from rich.text import Text
 from sowstream.cli.common import Bootstrap, err, out
 from sowstream.client import Client, Message
 from sowstream.client.client import TopicInfo
+from sowstream.client.cluster import queue_row
 from sowstream.config import ConfigError
 from sowstream.errors import InvalidCommandError, SowstreamError
 from sowstream.filters import FilterError
-from sowstream.queues.machine import EXPIRY_REASONS
 
 queue_app = typer.Typer(
     no_args_is_help=True,
@@ -281,21 +281,6 @@ def expire(
     _acknowledge("expire", queue, bookmarks, None, bootstrap, prefix)
 
 
-def _status_row(queue: str, raw: dict[str, int]) -> dict[str, Any]:
-    """The engine's counters in a fixed shape: expiries grouped by reason, the rest as sent."""
-    row: dict[str, Any] = {
-        "queue": queue,
-        "depth": raw.get("depth", 0),
-        "leased": raw.get("leased", 0),
-        "delivered": raw.get("delivered", 0),
-        "acked": raw.get("acked", 0),
-        "expired": {reason: raw[reason] for reason in EXPIRY_REASONS if raw.get(reason)},
-        "returned": raw.get("returned"),  # None: the engine does not report it
-    }
-    row.update({k: v for k, v in raw.items() if k not in row and k not in EXPIRY_REASONS})
-    return row
-
-
 def _expired_text(expired: dict[str, int]) -> str:
     if not expired:
         return "0"
@@ -324,7 +309,7 @@ def status(
             names = [_queue_info(client, name).name for name in queues]
         else:
             names = sorted(info.name for info in client.topics.values() if info.queue)
-        rows = [_status_row(name, client.queue_status(name)) for name in names]
+        rows = [queue_row(name, client.queue_status(name)) for name in names]
     if as_json:
         for row in rows:
             sys.stdout.write(orjson.dumps(row).decode() + "\n")

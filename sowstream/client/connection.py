@@ -59,6 +59,7 @@ REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
 PATTERN_ONLY = re.compile(r"[\\^$|?*+()\[\]{}]")
 # How often the reply reader tells the engine the client is alive (slow_consumer.client_timeout).
 HEARTBEAT_SECONDS = 2.0
+CONNECT_SECONDS = 10.0  # how long connect() waits for the cluster to answer at all
 
 
 class ClientBase:
@@ -111,6 +112,8 @@ class ClientBase:
             self.bootstrap,
             [TopicSpec(self.reply_topic, 1, {"retention.ms": "3600000"})],
             extra=self._extra,
+            # An unreachable cluster fails here, before any other Kafka client of ours exists.
+            timeout=min(self.timeout, CONNECT_SECONDS),
         )
         self._producer = Producer(producer_config(self.bootstrap, self._extra))
         # The group id is the reply topic: the engine reads this group's committed offset to see

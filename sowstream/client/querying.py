@@ -7,7 +7,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -32,6 +32,9 @@ from sowstream.sow.query import (
 )
 from sowstream.wire.avro import encode
 from sowstream.wire.topics import JSON
+
+if TYPE_CHECKING:
+    from sowstream.client.client import Client
 
 
 class Querying(ClientBase):
@@ -271,6 +274,17 @@ class Querying(ClientBase):
             if m.command == "sow"
         ]
         return sorted(rows, key=lambda row: (row["topic"], row["partition"]))
+
+    def cluster_status(
+        self, answer_seconds: float = 5.0, *, topic: str | None = None
+    ) -> dict[str, Any]:
+        """The whole cluster: workers, partitions (owner, watermark, log end, lag, records),
+        topics, subscriptions, queues and dead letters (see :mod:`sowstream.client.cluster`).
+        Workers that do not answer within ``answer_seconds`` show what they announced last;
+        ``topic`` (a name or regular expression) limits partitions, topics and queues."""
+        from sowstream.client.cluster import cluster_status
+
+        return cluster_status(cast("Client", self), answer_seconds, topic)
 
     def _queue_query(
         self, queue: str, command: str, filter: str | None, opts: QueryOptions

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import socket
 import time
 import uuid
@@ -42,12 +43,12 @@ from sowstream.engine.health import BEAT_SECONDS, Health, Readiness, serve
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
-from sowstream.engine.restore import batched_table_manager
+from sowstream.engine.restore import batched_table_manager, restore_progress
 from sowstream.engine.security import expand_environment, faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.views import ViewRunner
-from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.errors import InvalidCommandError, KafkaUnreachableError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.views.conflation import ConflatedFeed
@@ -59,6 +60,8 @@ from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 from sowstream.wire.topics import TopicNames, kafka_topic_part, topic_ident
 
 log = logging.getLogger("sowstream.engine")
+KAFKA_PROBE_SECONDS = 10.0  # one attempt to reach Kafka at start
+ANNOUNCE_SECONDS = 2.0  # how often a worker announces itself on the workers topic
 
 LOG_BATCH_MAX = 2_000
 APPLY_CHUNK = 500  # records folded in one go (one event-loop step) out of a fetched batch
@@ -522,6 +525,7 @@ class Engine:
         self.metrics_port = metrics_port if metrics_port is not None else config.engine.web_port
         self.metrics_host = metrics_host
         self.health = Health()
+        self._started = time.time()
         self._assigned = False  # faust handed this worker its first assignment
         self.bootstrap = bootstrap
         self.names = TopicNames(config.engine.topic_prefix)
@@ -1248,6 +1252,23 @@ class Engine:
         app.on_partitions_assigned.connect(cast(Any, on_assigned))
 
         @app.task
+        async def announce() -> None:
+            # The worker's line in `sowstream status`: readers judge it by the time it carries,
+            # so a worker that stops announcing shows as not answering.
+            failed = False
+            while True:
+                try:
+                    info = orjson.dumps(self.worker_info())
+                    await self.sender.send(self.names.workers, info, key=self.worker_name.encode())
+                    failed = False
+                except Exception as exc:  # the broker may be away: try again at the next beat
+                    if not failed:
+                        topic = self.names.workers
+                        log.warning("could not announce the worker on %s: %s", topic, exc)
+                    failed = True
+                await asyncio.sleep(ANNOUNCE_SECONDS)
+
+        @app.task
         async def heartbeat() -> None:
             # The probes' view of the worker (sowstream.engine.health): stamped from the loop,
             # so a loop that stops turning stops the stamps.
@@ -1280,7 +1301,66 @@ class Engine:
                     name = pump.proc.topic.name
                     return Readiness(False, f"loading topic {name} partition {partition}")
                 owned += 1
-        return Readiness(True, f"ready: {owned} topic partition(s) owned and restored")
+        # A view or conflated topic's input partition is usable once its state is loaded and
+        # its input read up to the end it had when assigned (warm), as a SOW partition is.
+        inputs = 0
+        runners: list[tuple[str, str, ViewRunner | ConflatedRunner]] = [
+            *(("view", name, r) for name, r in self.view_runners.items()),
+            *(("conflated topic", name, r) for name, r in self.conflated_runners.items()),
+        ]
+        for kind, name, runner in runners:
+            pending = runner.loading()
+            if pending:
+                return Readiness(False, f"loading {kind} {name} input partition {pending[0]}")
+            inputs += len(runner.assigned())
+        held = f", {inputs} view input partition(s) loaded" if inputs else ""
+        return Readiness(True, f"ready: {owned} topic partition(s) owned and restored{held}")
+
+    def worker_info(self) -> dict[str, Any]:
+        """What this worker announces on the workers topic (docs/deploy.md, *Status*)."""
+        readiness = self.readiness()
+        partitions: list[dict[str, Any]] = []
+        inputs: list[dict[str, Any]] = []
+        if self._assigned:
+            for pump in list(self.pumps):
+                for partition in sorted(pump.owned()):
+                    state = pump.proc.state(partition)
+                    partitions.append(
+                        {
+                            "topic": pump.proc.topic.name,
+                            "partition": partition,
+                            "watermark": state.watermark if state is not None else None,
+                            "loaded": state is not None and state.ready,
+                        }
+                    )
+            runners: list[tuple[str, ViewRunner | ConflatedRunner]] = [
+                *self.view_runners.items(),
+                *self.conflated_runners.items(),
+            ]
+            for name, runner in runners:
+                loading = set(runner.loading())
+                inputs.extend(
+                    {"topic": name, "partition": p, "loaded": p not in loading}
+                    for p in runner.assigned()
+                )
+        subscriptions = {p.topic.name: len(p.subs) for p in self.processors.values() if p.subs}
+        for name, queue in self.queues.items():
+            if queue.subscription_count():
+                subscriptions[name] = queue.subscription_count()
+        return {
+            "worker": self.worker_name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": round(self._started, 3),
+            "at": round(time.time(), 3),
+            "ready": readiness.ready,
+            "reason": readiness.reason,
+            "http": f"{self.metrics_host}:{self.metrics_port}" if self.metrics_port else None,
+            "partitions": partitions,
+            "inputs": inputs,
+            "restore": restore_progress(self.app),
+            "subscriptions": subscriptions,
+        }
 
     async def worker_status(self) -> list[dict[str, Any]]:
         """This worker's rows of ``sowstream status`` (``/status``): its partitions now."""
@@ -1299,6 +1379,7 @@ class Engine:
             TopicSpec(self.names.meta, 1, {"cleanup.policy": "compact"}),
             TopicSpec(self.names.dead_letter, 1, {"retention.ms": "-1"}),
             TopicSpec(self.names.subscriptions, 1, {"cleanup.policy": "compact"}),
+            TopicSpec(self.names.workers, 1, {"cleanup.policy": "compact"}),
             TopicSpec(
                 self.names.auto_control,
                 self.config.engine.auto_topic_partitions,
@@ -1336,7 +1417,7 @@ class Engine:
             )
         return specs
 
-    def prepare(self) -> None:
+    def prepare(self, timeout: float = 30.0) -> None:
         """Create the Kafka topics and publish the topic definitions clients read."""
         extra = self.config.engine.kafka
         ensure_topics(
@@ -1344,6 +1425,7 @@ class Engine:
             self.topic_specs(),
             replication_factor=self.config.engine.replication_factor,
             extra=extra,
+            timeout=timeout,
         )
         self._write_meta(definitions(self.config, self.names))
 
@@ -1360,9 +1442,32 @@ class Engine:
             )
         return seeded
 
-    def run(self) -> None:
-        """Prepare Kafka, then run the faust worker until it is stopped (SIGINT/SIGTERM)."""
-        self.prepare()
+    def wait_for_kafka(self, deadline_s: float = 0.0) -> None:
+        """Prepare Kafka, retrying with backoff (1 s doubling to 30 s) while no broker answers;
+        ``deadline_s`` > 0 gives up after that many seconds (KafkaUnreachableError)."""
+        started = time.monotonic()
+        delay = 1.0
+        while True:
+            probe = KAFKA_PROBE_SECONDS
+            if deadline_s > 0:  # the last attempt ends at the deadline, not a probe later
+                probe = max(1.0, min(probe, deadline_s - (time.monotonic() - started)))
+            try:
+                self.prepare(probe)
+                return
+            except KafkaUnreachableError as exc:
+                waited = time.monotonic() - started
+                if deadline_s > 0 and waited + delay > deadline_s:
+                    raise KafkaUnreachableError(
+                        f"{exc}; gave up after {waited:.0f}s (--kafka-wait {deadline_s:.0f})"
+                    ) from exc
+                log.warning("%s; retrying in %.0fs", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def run(self, kafka_wait_s: float = 0.0) -> None:
+        """Prepare Kafka (waiting for it, see :meth:`wait_for_kafka`), then run the faust
+        worker until it is stopped (SIGINT/SIGTERM)."""
+        self.wait_for_kafka(kafka_wait_s)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.seed_dir is not None:
             self.apply_seeds(self.seed_dir)

@@ -113,6 +113,14 @@ class ConflatedRunner:
         """Partitions faust assigned this worker: only these are loaded and folded."""
         self._held.update(partitions)
 
+    def assigned(self) -> list[int]:
+        """The input partitions faust assigned this worker."""
+        return sorted(self._held)
+
+    def loading(self) -> list[int]:
+        """Input partitions assigned here whose input is not read from the last flush yet."""
+        return sorted(p for p in self._held if p not in self._parts)
+
     async def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (the new owner reads from the flush).
 

@@ -5,9 +5,13 @@
   call answers nothing else either, so restarting the process is the cure).
 * ``/ready``: the worker owns its partitions and has restored them (faust's rebalance and
   changelog recovery are over, the subscription registry is read and every partition the
-  worker was assigned is loaded). The worker works this out in its loop at each stamp; the
-  endpoint reports the last answer, and fails as well when the loop stopped turning.
-* ``/status``: this worker's rows of ``sowstream status --json``, one JSON object per line.
+  worker was assigned is loaded, view and conflated-topic input partitions included). The
+  worker works this out in its loop at each stamp; the endpoint reports the last answer, and
+  fails as well when the loop stopped turning.
+* ``/status``: this worker's partitions (topic, partition, watermark, records, warnings), one
+  JSON object per line.
+* ``/status/cluster``: the document ``sowstream status --json`` prints, gathered by this worker
+  as a client would (from its HTTP thread, not the event loop).
 * any other path: the Prometheus metrics.
 
 The server runs in its own threads (as prometheus-client's does), so a blocked event loop
@@ -54,6 +58,7 @@ class Health:
         self._readiness = Readiness(False, "starting: the worker's event loop has not run yet")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None
+        self._cluster: Callable[[], dict[str, Any]] | None = None
 
     def beat(self, readiness: Readiness) -> None:
         """The loop turned (called from it), and this is the worker's readiness now."""
@@ -80,6 +85,19 @@ class Health:
         """Let ``/status`` ask ``rows()`` on ``loop`` (called from the loop once it runs)."""
         self._loop = loop
         self._status = rows
+
+    def serve_cluster(self, gather: Callable[[], dict[str, Any]]) -> None:
+        """Let ``/status/cluster`` answer ``gather()`` (blocking; run in the HTTP thread)."""
+        self._cluster = gather
+
+    def cluster(self) -> dict[str, Any] | Readiness:
+        """The cluster's status document, or why there is none."""
+        if self._cluster is None:
+            return Readiness(False, "this worker does not serve the cluster status")
+        try:
+            return self._cluster()
+        except Exception as exc:  # e.g. the broker is away: say so, the server keeps serving
+            return Readiness(False, f"could not gather the cluster status: {exc}")
 
     def status(self) -> list[dict[str, Any]] | None:
         """This worker's status rows, or None when the loop cannot answer in time."""
@@ -113,6 +131,12 @@ def wsgi_app(health: Health) -> Callable[[dict[str, Any], StartResponse], Iterab
             return probe(health.live(), start_response)
         if path == "/ready":
             return probe(health.ready(), start_response)
+        if path == "/status/cluster":
+            doc = health.cluster()
+            if isinstance(doc, Readiness):
+                return probe(doc, start_response)
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [orjson.dumps(doc)]
         if path == "/status":
             rows = health.status()
             if rows is None:

@@ -12,7 +12,13 @@ from sowstream.config.queues import QueueConfig
 from sowstream.engine import memo, metrics
 from sowstream.engine.apply import Applier
 from sowstream.engine.partition import PartitionState, wall_clock_ms
-from sowstream.engine.store import APPLIED_RECORD_KEY, WARNINGS_KEY, WATERMARK_KEY, is_record_key
+from sowstream.engine.store import (
+    APPLIED_RECORD_KEY,
+    RECORDS_START,
+    WARNINGS_KEY,
+    WATERMARK_KEY,
+    is_record_key,
+)
 from sowstream.errors import InvalidMessageError
 from sowstream.queues.store import queue_prefix, start_key
 from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
@@ -278,8 +284,14 @@ class Ownership(Applier):
             "partition": partition,
             "sow": self.topic.sow,
             "watermark": ps.watermark,
+            "records": self.record_count(ps),
             "warnings": self.warnings(ps),
         }
+
+    @staticmethod
+    def record_count(ps: PartitionState) -> int:
+        """The SOW records in the partition's store, counted by a key scan (on demand only)."""
+        return sum(1 for key in ps.store.keys(RECORDS_START, None) if is_record_key(key))
 
     async def _load_memo(self, partition: int, ps: PartitionState) -> None:
         """Take over the memo indexes the store holds; rebuild partial ones, build configured

@@ -183,6 +183,10 @@ class QueueRuntime:
         """The subscriptions of the client behind ``reply_to``."""
         return [spec for spec in self._subs.values() if spec.reply_to == reply_to]
 
+    def subscription_count(self) -> int:
+        """How many subscriptions lease from this queue."""
+        return len(self._subs)
+
     def clients(self) -> set[str]:
         """Reply topics of the clients subscribed to this queue."""
         return {spec.reply_to for spec in self._subs.values()}

@@ -178,6 +178,7 @@ class BatchedRecovery(Recovery):
         # A copy cut short by a rebalance finishes its current batch in its thread; the next
         # copy waits for it, so two never write one database.
         self._copying: asyncio.Future[None] | None = None
+        self.copies: dict[str, dict[int, PartitionCopy]] = {}  # the copy running now, by topic
 
     async def _wait(self, coro: Any, timeout: Any = None) -> None:
         # faust bounds each recovery step by the request timeout and takes a step that runs out
@@ -239,11 +240,14 @@ class BatchedRecovery(Recovery):
             return_exceptions=True,
         )
         self._copying = cast("asyncio.Future[None]", work)
+        self.copies = plans
         try:
             outcomes = await asyncio.shield(work)
         except asyncio.CancelledError:
             stop.set()  # a new rebalance: faust starts over, from what was stored
             raise
+        finally:
+            self.copies = {}
         elapsed = time.perf_counter() - started
         records = 0
         for (topic, copies), outcome in zip(plans.items(), outcomes, strict=True):
@@ -265,6 +269,30 @@ class BatchedRecovery(Recovery):
 
 
 _BUILD_OFFSETS = BatchedRecovery._build_offsets.__code__
+
+
+def restore_progress(app: Any) -> list[dict[str, Any]]:
+    """The changelog partitions this worker is restoring now: the last offset restored (by
+    faust or by a batched copy) and the changelog's end (``sowstream status``)."""
+    if not app.in_recovery:
+        return []
+    recovery = app.tables.recovery
+    copies: dict[str, dict[int, PartitionCopy]] = getattr(recovery, "copies", {})
+    rows = []
+    for tp, end in sorted(recovery.active_highwaters.items()):
+        done = recovery.active_offsets.get(tp)
+        copy = copies.get(tp.topic, {}).get(tp.partition)
+        if copy is not None and (done is None or copy.last > done):
+            done = copy.last
+        rows.append(
+            {
+                "changelog": tp.topic,
+                "partition": tp.partition,
+                "offset": -1 if done is None else int(done),
+                "end": int(end),
+            }
+        )
+    return rows
 
 
 def batched_table_manager(client_config: Mapping[str, str]) -> type[TableManager]:

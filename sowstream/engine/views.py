@@ -148,6 +148,16 @@ class ViewRunner:
         """Partitions faust assigned this worker: only these are loaded and applied."""
         self._held.update(partitions)
 
+    def assigned(self) -> list[int]:
+        """The input partitions faust assigned this worker."""
+        return sorted(self._held)
+
+    def loading(self) -> list[int]:
+        """Input partitions assigned here that are not loaded and caught up yet (``/ready``)."""
+        return sorted(
+            p for p in self._held if (vp := self._parts.get(p)) is None or not vp.caught_up
+        )
+
     async def drop(self, partitions: Iterable[int]) -> None:
         """Forget partitions taken away by a rebalance (their state stays in the store).
 

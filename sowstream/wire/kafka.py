@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from sowstream.errors import SowstreamError
+from sowstream.errors import KafkaUnreachableError, SowstreamError
 
 BOOTSTRAP_ENV = "SOWSTREAM_BOOTSTRAP"
 
@@ -72,11 +72,15 @@ def ensure_topics(
 
     A changed partition count would silently re-route keys, so it is an error, not a fix-up.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+    # librdkafka's own connection errors (log level 3, one line per retry) would bury ours.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2, **(extra or {})})
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
-        raise SowstreamError(f"cannot reach Kafka at {bootstrap}: {exc.args[0]}") from exc
+        reason = exc.args[0].str() if exc.args else str(exc)
+        raise KafkaUnreachableError(
+            f"cannot reach Kafka at {bootstrap} within {timeout:.0f}s ({reason})"
+        ) from exc
     for spec in specs:
         meta = existing.get(spec.name)
         if meta is not None and meta.error is None and len(meta.partitions) != spec.partitions:

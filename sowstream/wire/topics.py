@@ -111,6 +111,11 @@ class TopicNames:
         return f"{self.prefix}.deadletter"
 
     @property
+    def workers(self) -> str:
+        """Compacted topic of worker announcements (``sowstream status``), keyed by worker."""
+        return f"{self.prefix}.workers"
+
+    @property
     def subscriptions(self) -> str:
         """Compacted registry of live subscriptions, read by every worker."""
         return f"{self.prefix}.subs"

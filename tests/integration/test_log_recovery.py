@@ -138,8 +138,9 @@ def warnings_of(engine: EngineProcesses) -> list[str]:
     """The warnings `sowstream status --json` shows for the topic book."""
     result = engine.cli("status", "book", "--json")
     assert result.returncode == 0, result.stderr
-    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    rows = json.loads(result.stdout)["partitions"]
     assert sorted(row["partition"] for row in rows) == [0, 1]
+    assert all(row["answered"] for row in rows), rows
     return [w["message"] for row in rows for w in row["warnings"]]
 
 

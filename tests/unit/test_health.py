@@ -178,3 +178,70 @@ def test_a_worker_without_its_secret_refuses_to_start(tmp_path: Any) -> None:
     )
     with pytest.raises(SowstreamError, match="SOWSTREAM_TEST_UNSET_PASSWORD, which is not set"):
         Engine(config, bootstrap="kafka.invalid:9092", data_dir=tmp_path)
+
+
+def test_readiness_waits_for_view_and_conflated_input_partitions(tmp_path: Any) -> None:
+    from sowstream.config import load_config_text
+    from sowstream.engine.app import Engine
+    from sowstream.views.conflation import Conflator
+
+    config = load_config_text(
+        "sow:\n"
+        "  - {Name: orders, Key: /id}\n"
+        "conflated_topics:\n"
+        "  - {Name: orders-C, UnderlyingTopic: orders}\n"
+        "views:\n"
+        "  - Name: by_desk\n"
+        "    UnderlyingTopic: orders\n"
+        "    Projection: [/desk AS /desk, COUNT(/id) AS /n]\n"
+        "    Grouping: [/desk]\n",
+        source="test",
+    )
+    engine = Engine(config, bootstrap="kafka.invalid:9092", data_dir=tmp_path)
+    engine._assigned = True  # faust assigned partitions: no SOW partition of orders, though
+    engine.registry.loaded.set()
+    view, conflated = engine.view_runners["by_desk"], engine.conflated_runners["orders-C"]
+    assert engine.readiness().ready  # nothing assigned yet
+    view.assign([1, 0])
+    conflated.assign([2])
+    assert engine.readiness() == Readiness(False, "loading view by_desk input partition 0")
+    # Loaded (the runners keep memory stores without a table) and caught up with the input.
+    view._table = conflated._table = None
+    for partition in (0, 1):
+        loaded = view.ready(partition)
+        assert loaded is not None
+        loaded.caught_up = partition == 0
+    assert engine.readiness() == Readiness(False, "loading view by_desk input partition 1")
+    loaded = view.ready(1)
+    assert loaded is not None
+    loaded.caught_up = True
+    assert engine.readiness() == Readiness(
+        False, "loading conflated topic orders-C input partition 2"
+    )
+    conflated._parts[2] = Conflator(-1)  # read from its last flush (none): what _ready keeps
+    assert engine.readiness() == Readiness(
+        True, "ready: 0 topic partition(s) owned and restored, 3 view input partition(s) loaded"
+    )
+
+
+def test_cluster_status_is_the_gathered_document_or_why_there_is_none(
+    url: str, health: Health
+) -> None:
+    assert get(url + "/status/cluster") == (
+        503,
+        "this worker does not serve the cluster status\n",
+    )
+
+    def unreachable() -> dict[str, Any]:
+        raise SowstreamError("cannot reach Kafka at 127.0.0.1:1 within 10s (down)")
+
+    health.serve_cluster(unreachable)
+    assert get(url + "/status/cluster") == (
+        503,
+        "could not gather the cluster status: cannot reach Kafka at 127.0.0.1:1 within 10s "
+        "(down)\n",
+    )
+    doc = {"workers": [{"worker": "w-0", "answering": True}], "partitions": []}
+    health.serve_cluster(lambda: doc)
+    code, body = get(url + "/status/cluster")
+    assert code == 200 and orjson.loads(body) == doc
