@@ -170,7 +170,7 @@ def main() -> None:
         "≤ 2x raw",
         verdict(restore["rocksdb_bytes"] <= 2 * raw),
     )
-    Console().print(table)
+    Console(width=160).print(table)
     console.print(f"whole run: {time.perf_counter() - started:,.0f} s")
 
 

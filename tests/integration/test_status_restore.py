@@ -1,0 +1,86 @@
+"""``sowstream status`` while a worker restores a lost store: the restore's progress shows per
+changelog partition (records restored, the changelog's end) and goes away once it is ready.
+
+faust's own record-at-a-time restore (``engine.restore: faust``) is used so that the restore
+lasts long enough to be seen between two of the worker's announcements.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.engine import EngineProcesses
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 60_000
+
+
+@pytest.fixture
+def engine(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProcesses]:
+    procs = EngineProcesses(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("status-restore"),
+        [{"Name": "big", "Key": "/id", "Partitions": 1}],
+        engine_extra={"restore": "faust"},
+    )
+    procs.start("w1")
+    try:
+        procs.wait_ready(["big"])
+        yield procs
+    finally:
+        procs.stop_all()
+
+
+def worker_row(doc: dict[str, Any]) -> dict[str, Any] | None:
+    return next((w for w in doc["workers"] if w["worker"] == "w1"), None)
+
+
+def test_restore_progress_shows_while_a_lost_store_is_restored(engine: EngineProcesses) -> None:
+    with engine.client(timeout=60) as client:
+        for n in range(RECORDS):
+            client.publish("big", {"id": n, "pad": "x" * 40})
+        client.flush()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            (row,) = client.cluster_status(2.0)["partitions"]
+            if row["lag"] == 0:
+                break
+            time.sleep(0.5)
+        assert row["lag"] == 0 and row["records"] == RECORDS
+
+        engine.stop("w1")
+        shutil.rmtree(engine.workdir / "data" / engine.prefix / "w1")
+        engine.start("w1")
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 180
+        ready = False
+        looks: list[tuple[float, Any]] = []
+        began = time.monotonic()
+        while time.monotonic() < deadline and not ready:
+            worker = worker_row(client.cluster_status(1.0))
+            looks.append(
+                (
+                    round(time.monotonic() - began, 1),
+                    worker and (worker["answering"], worker["ready"], worker["restore"]),
+                )
+            )
+            if worker is not None and worker["answering"]:
+                seen.extend(worker["restore"])
+                ready = worker["ready"] and not worker["restore"] and bool(seen)
+            time.sleep(0.2)
+        assert seen, f"no restore progress was reported: {looks[:40]}"
+        changelog = {r["changelog"] for r in seen}
+        assert len(changelog) == 1 and next(iter(changelog)).endswith("-sow-big-changelog")
+        assert all(r["partition"] == 0 and r["end"] >= RECORDS - 1 for r in seen)
+        assert any(0 <= r["offset"] < r["end"] for r in seen), seen  # caught in the middle
+        assert ready, "the worker did not report ready with its restore done"
+        count = sum(1 for m in client.sow("big", batch_size=1000) if m.command == "sow")
+        assert count == RECORDS
