@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -494,6 +494,26 @@ class LogPump:
             await loop.run_in_executor(None, consumer.close)
 
 
+class EngineApp(faust.App):
+    """faust's App with *early tasks*: faust starts ``app.task`` coroutines only once table
+    recovery is over, but the probes' heartbeat and the status announcements must run while a
+    store is being restored (or a long restore fails the liveness probe and shows nothing)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._early_tasks: list[Callable[[], Awaitable[None]]] = []
+
+    def early_task(self, fun: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """Run ``fun`` from the app's first start on (a decorator, like ``app.task``)."""
+        self._early_tasks.append(fun)
+        return fun
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        for fun in self._early_tasks:
+            self.add_future(fun())
+
+
 class Engine:
     """Builds the faust app for a configuration; ``run()`` blocks until the worker stops."""
 
@@ -541,7 +561,7 @@ class Engine:
             restore["TableManager"] = batched_table_manager(
                 {"bootstrap.servers": bootstrap, **config.engine.kafka}
             )
-        self.app = faust.App(
+        self.app = EngineApp(
             config.engine.app_id,
             broker=brokers,
             store="rocksdb://",
@@ -1251,7 +1271,7 @@ class Engine:
         app.on_partitions_revoked.connect(cast(Any, on_revoked))
         app.on_partitions_assigned.connect(cast(Any, on_assigned))
 
-        @app.task
+        @app.early_task
         async def announce() -> None:
             # The worker's line in `sowstream status`: readers judge it by the time it carries,
             # so a worker that stops announcing shows as not answering.
@@ -1268,7 +1288,7 @@ class Engine:
                     failed = True
                 await asyncio.sleep(ANNOUNCE_SECONDS)
 
-        @app.task
+        @app.early_task
         async def heartbeat() -> None:
             # The probes' view of the worker (sowstream.engine.health): stamped from the loop,
             # so a loop that stops turning stops the stamps.

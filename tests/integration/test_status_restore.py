@@ -1,5 +1,6 @@
 """``sowstream status`` while a worker restores a lost store: the restore's progress shows per
-changelog partition (records restored, the changelog's end) and goes away once it is ready.
+changelog partition (records restored, the changelog's end) and goes away once it is ready; the
+liveness probe answers throughout (a long restore must not get the pod restarted).
 
 faust's own record-at-a-time restore (``engine.restore: faust``) is used so that the restore
 lasts long enough to be seen between two of the worker's announcements.
@@ -8,7 +9,10 @@ lasts long enough to be seen between two of the worker's announcements.
 from __future__ import annotations
 
 import shutil
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +22,24 @@ from tests.support.engine import EngineProcesses
 
 pytestmark = pytest.mark.integration
 
-RECORDS = 60_000
+RECORDS = 100_000
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def live(port: int) -> int:
+    """The HTTP status of the worker's /live (0 when nothing answers yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
 
 
 @pytest.fixture
@@ -58,8 +79,10 @@ def test_restore_progress_shows_while_a_lost_store_is_restored(engine: EnginePro
 
         engine.stop("w1")
         shutil.rmtree(engine.workdir / "data" / engine.prefix / "w1")
-        engine.start("w1")
+        port = free_port()
+        engine.start("w1", "--metrics-port", str(port))
         seen: list[dict[str, Any]] = []
+        live_while_restoring: list[int] = []
         deadline = time.monotonic() + 180
         ready = False
         looks: list[tuple[float, Any]] = []
@@ -74,6 +97,8 @@ def test_restore_progress_shows_while_a_lost_store_is_restored(engine: EnginePro
             )
             if worker is not None and worker["answering"]:
                 seen.extend(worker["restore"])
+                if worker["restore"]:
+                    live_while_restoring.append(live(port))
                 ready = worker["ready"] and not worker["restore"] and bool(seen)
             time.sleep(0.2)
         assert seen, f"no restore progress was reported: {looks[:40]}"
@@ -82,5 +107,6 @@ def test_restore_progress_shows_while_a_lost_store_is_restored(engine: EnginePro
         assert all(r["partition"] == 0 and r["end"] >= RECORDS - 1 for r in seen)
         assert any(0 <= r["offset"] < r["end"] for r in seen), seen  # caught in the middle
         assert ready, "the worker did not report ready with its restore done"
+        assert live_while_restoring and set(live_while_restoring) == {200}, live_while_restoring
         count = sum(1 for m in client.sow("big", batch_size=1000) if m.command == "sow")
         assert count == RECORDS
