@@ -57,7 +57,14 @@ def make_updates(n: int, keys: int, seed: int = 1) -> list[bytes]:
 
 def relay_rate(bootstrap: str, source: str, n: int) -> float:
     """Bare confluent-kafka consume -> produce of the same n log records."""
-    target = f"{source}.relay"
+    return relay(bootstrap, source, f"{source}.relay", n)
+
+
+def relay(
+    bootstrap: str, source: str, target: str, n: int, *, same_partition: bool = False
+) -> float:
+    """Consume ``n`` records of ``source`` and produce them to ``target`` (to the partition they
+    came from with ``same_partition``); records/s from the first one read."""
     ensure_topics(bootstrap, [TopicSpec(target, PARTITIONS)])
     consumer = Consumer(
         {
@@ -78,10 +85,11 @@ def relay_rate(bootstrap: str, source: str, n: int) -> float:
         for msg in msgs:
             if msg.error():
                 continue
+            where = {"partition": msg.partition() or 0} if same_partition else {}
             while True:
                 try:
                     producer.produce(
-                        target, key=msg.key(), value=msg.value(), headers=msg.headers()
+                        target, key=msg.key(), value=msg.value(), headers=msg.headers(), **where
                     )
                     break
                 except BufferError:
@@ -209,42 +217,6 @@ def write_bench_config(path: Path, prefix: str) -> Path:
     return path
 
 
-def copy_log(bootstrap: str, source: str, target: str, n: int) -> None:
-    """Copy ``n`` log records partition for partition (the same messages for another engine)."""
-    ensure_topics(bootstrap, [TopicSpec(target, PARTITIONS)])
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": uuid.uuid4().hex,
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([source])
-    producer = Producer({**producer_config(bootstrap), "linger.ms": 20})
-    done = 0
-    while done < n:
-        for msg in consumer.consume(5000, 1.0):
-            if msg.error():
-                continue
-            while True:
-                try:
-                    producer.produce(
-                        target,
-                        key=msg.key(),
-                        value=msg.value(),
-                        headers=msg.headers(),
-                        partition=msg.partition() or 0,
-                    )
-                    break
-                except BufferError:
-                    producer.poll(0.01)
-            done += 1
-        producer.poll(0)
-    producer.flush(120)
-    consumer.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--updates", type=int, default=1_000_000)
@@ -354,7 +326,9 @@ def main() -> None:
         if not args.skip_scaling:
             prefix2 = prefix + "x2"
             config2 = write_bench_config(work / "bench2.yaml", prefix2)
-            copy_log(bootstrap, f"{prefix}.log.orders", f"{prefix2}.log.orders", len(updates))
+            # the first pass's messages, partition for partition, as the second engine's log
+            source, target = f"{prefix}.log.orders", f"{prefix2}.log.orders"
+            relay(bootstrap, source, target, len(updates), same_partition=True)
             ports = [free_port(), free_port()]
             broker.start()
             for i, p2 in enumerate(ports):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +20,7 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
+from sowstream.broker.local import free_port
 from sowstream.client import Client
 from sowstream.errors import SowstreamError
 from sowstream.wire.topics import TopicNames
@@ -35,12 +35,6 @@ TOPICS = [
 PLAIN = [{"Name": "work", "Partitions": 2}]
 QUEUES: list[dict[str, Any]] = [{"Name": "WQ", "UnderlyingTopic": "work", "LeasePeriod": "30s"}]
 ORDERS, PRICES, WORK = 40, 6, 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Cluster:

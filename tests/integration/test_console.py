@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from sowstream.broker.local import free_port
 from sowstream.filters import FilterError
 from sowstream.sow.query import validate_query
 from tests.support.engine import REPO, EngineProcesses
@@ -97,12 +97,6 @@ def engine(
         yield procs
     finally:
         procs.stop_all()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http(

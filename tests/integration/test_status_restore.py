@@ -9,7 +9,6 @@ lasts long enough to be seen between two of the worker's announcements.
 from __future__ import annotations
 
 import shutil
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -18,17 +17,12 @@ from typing import Any
 
 import pytest
 
+from sowstream.broker.local import free_port
 from tests.support.engine import EngineProcesses
 
 pytestmark = pytest.mark.integration
 
 RECORDS = 100_000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def live(port: int) -> int:
