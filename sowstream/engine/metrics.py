@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 UPDATES = Counter("sowstream_updates_applied_total", "Log operations applied to the SOW", ["topic"])
 REJECTED = Counter(
@@ -45,4 +45,16 @@ VIEW_CHANGES = Counter(
     "sowstream_view_changes_total",
     "View records written or deleted by view maintainers",
     ["view"],
+)
+QUEUE_MESSAGES = Counter(
+    "sowstream_queue_messages_total",
+    "Queue messages by what happened to them on this worker: delivered, acked, sent "
+    "(at-most-once), barrier, or the expiry reason (time_limit, forced_expire, max_cancels, "
+    "max_deliveries)",
+    ["queue", "event"],
+)
+QUEUE_DEPTH = Gauge(
+    "sowstream_queue_depth",
+    "Messages in the queue on this worker (its partitions), available or leased",
+    ["queue", "state"],
 )

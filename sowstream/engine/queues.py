@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from sowstream.config.queues import QueueConfig
+from sowstream.engine import metrics
 from sowstream.engine.processor import Sender
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError, compile_filter
@@ -83,6 +84,9 @@ class QueueRuntime:
         self._read = read
         self._markers: dict[tuple[str, int], AckMemory] = {}
         self._next_sweep = 0
+        self._events: dict[str, Any] = {}  # metric children per event, made on first use
+        self._depth_available = metrics.QUEUE_DEPTH.labels(config.name, "available")
+        self._depth_leased = metrics.QUEUE_DEPTH.labels(config.name, "leased")
         self._subs: dict[str, SubscriptionSpec] = {}
         self._name_bytes = config.name.encode()
         self._wake = asyncio.Event()
@@ -316,6 +320,7 @@ class QueueRuntime:
             try:
                 await self.deliver_once()
                 await self.sweep_markers(_now_ms())
+                self._gauge()
             except Exception:
                 log.exception("queue %s: delivery failed; retrying", self.name)
                 await asyncio.sleep(0.5)
@@ -406,6 +411,16 @@ class QueueRuntime:
         counts = self.counts.get((bookmark.topic, bookmark.partition))
         if counts is not None:
             counts[what] += 1
+        child = self._events.get(what)
+        if child is None:
+            child = self._events[what] = metrics.QUEUE_MESSAGES.labels(self.name, what)
+        child.inc()
+
+    def _gauge(self) -> None:
+        """Set the depth gauges (once per pass of the delivery loop, not per message)."""
+        stats = self.machine.stats()
+        self._depth_available.set(stats.available)
+        self._depth_leased.set(stats.leased)
 
     # -- reading ----------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from sowstream.broker.local import free_port
 from sowstream.client import Client
 from sowstream.errors import CommandFailedError, InvalidCommandError
 from sowstream.wire.avro import decode, encode
@@ -452,6 +454,55 @@ def test_a_repeated_ack_survives_a_restart_of_the_worker(
             sub = c.subscribe("RQ")
             (msg,) = take(sub, 1)
             assert msg.json() == {"n": 2}  # the acknowledged one is not delivered again
+            sub.close()
+
+
+def test_queue_metrics_count_deliveries_acks_and_expiries_and_show_the_depth(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The worker's Prometheus endpoint: messages per queue and event, and the depth by state."""
+    port = free_port()
+    with running_engine(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("queue-metrics"),
+        [],
+        workers=("w1",),
+        plain_topics=[{"Name": "mjobs", "Partitions": 1}],
+        queues=[{"Name": "MQ", "UnderlyingTopic": "mjobs", "MaxPerSubscriptionBacklog": 2}],
+        engine_extra={"web_port": port},
+    ) as procs:
+        procs.wait_ready(["MQ"])
+        with procs.client() as c:
+            for n in range(4):
+                c.publish("mjobs", {"n": n})
+            c.flush()
+            sub = c.subscribe("MQ", options="max_backlog=2")
+            first, second = take(sub, 2)
+            assert c.ack("MQ", first.bookmark) == 1
+            assert c.ack("MQ", second.bookmark, action="expire") == 1
+            take(sub, 2)  # the other two, leased now
+
+            def metrics() -> dict[str, float]:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    text = r.read().decode()
+                return {
+                    line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("sowstream_queue_") and 'queue="MQ"' in line
+                }
+
+            deadline = time.monotonic() + 10
+            while True:  # the depth gauges are set by the delivery loop, within a second
+                found = metrics()
+                depth = found.get('sowstream_queue_depth{queue="MQ",state="leased"}')
+                if depth == 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert found['sowstream_queue_messages_total{event="delivered",queue="MQ"}'] == 4
+            assert found['sowstream_queue_messages_total{event="acked",queue="MQ"}'] == 1
+            assert found['sowstream_queue_messages_total{event="forced_expire",queue="MQ"}'] == 1
+            assert found['sowstream_queue_depth{queue="MQ",state="leased"}'] == 2
+            assert found['sowstream_queue_depth{queue="MQ",state="available"}'] == 0
             sub.close()
 
 
