@@ -265,7 +265,8 @@ def load_yaml_text(
         if raw is None:
             continue
         try:
-            rules = Entitlements.parse(raw, config.topics, section)
+            queue_names = [q.name for q in config.queues] if section == "entitlements" else []
+            rules = Entitlements.parse(raw, config.topics, section, queue_names)
         except FieldProblem as exc:
             raise ConfigError(source=source, element=exc.field, problem=str(exc)) from None
         config = config.model_copy(update={section: rules})

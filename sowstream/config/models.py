@@ -851,11 +851,16 @@ class Entitlements(_Frozen):
 
     @classmethod
     def parse(
-        cls, raw: object, topics: Iterable[TopicConfig], section: str = "entitlements"
+        cls,
+        raw: object,
+        topics: Iterable[TopicConfig],
+        section: str = "entitlements",
+        queues: Iterable[str] = (),
     ) -> Entitlements:
         """Validate ``identity -> topic -> filter``; FieldProblem names the bad element
-        (under ``section``: ``entitlements`` or ``publish_entitlements``)."""
-        names = {t.name for t in topics}
+        (under ``section``: ``entitlements`` or ``publish_entitlements``). ``queues``: queue
+        names that may have rules too (what a subscriber leases and browses)."""
+        names = {t.name for t in topics} | set(queues)
         if not isinstance(raw, Mapping):
             raise FieldProblem(section, f"must map identities to topics and filters, got {raw!r}")
         rules: dict[str, dict[str, str]] = {}

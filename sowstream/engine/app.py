@@ -618,7 +618,12 @@ class Engine:
         self._admin: AdminClient | None = None
         for queue in config.queues:
             runtime = QueueRuntime(
-                queue, self.names, self.sender, self._store_queue_changes, self._read_queue_store
+                queue,
+                self.names,
+                self.sender,
+                self._store_queue_changes,
+                self._read_queue_store,
+                config.entitlement_lookup(queue.name),
             )
             self.queues[queue.name] = runtime
             for proc in self.processors.values():
@@ -1150,7 +1155,9 @@ class Engine:
         command = cmd["command"]
         try:
             if command == "sow":
-                found = queue.browse(proc.topic.name, partition, cmd.get("filter"))
+                found = queue.browse(
+                    proc.topic.name, partition, cmd.get("filter"), cmd.get("identity") or ""
+                )
             elif command == "queue_status":
                 status = queue.status(proc.topic.name, partition)
                 found = [("", orjson.dumps({"topic": proc.topic.name, **status}), 0)]

@@ -25,7 +25,7 @@ from sowstream.config.queues import QueueConfig
 from sowstream.engine import metrics
 from sowstream.engine.processor import Sender
 from sowstream.errors import InvalidCommandError
-from sowstream.filters import FilterError, compile_filter
+from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
 from sowstream.queues.store import (
     AckMemory,
@@ -75,10 +75,12 @@ class QueueRuntime:
         sender: Sender,
         store: StoreChanges,
         read: StoreRead,
+        entitlement: Callable[[str], Filter | None] | None = None,
     ) -> None:
         self.config = config
         self.names = names
-        self.machine = QueueMachine(config)
+        self._entitlement = entitlement or (lambda identity: None)
+        self.machine = QueueMachine(config, self.entitled)
         self._sender = sender
         self._store = store
         self._read = read
@@ -92,6 +94,12 @@ class QueueRuntime:
         self._wake = asyncio.Event()
         # Counters per log partition since this worker took it, for `sowstream queue status`.
         self.counts: dict[tuple[str, int], Counter[str]] = {}
+
+    def entitled(self, identity: str, body: dict[str, Any]) -> bool:
+        """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
+        filter, as for a SOW topic): it is neither leased to nor browsed by others."""
+        flt = self._entitlement(identity)
+        return flt is None or flt.matches(body)
 
     @property
     def name(self) -> str:
@@ -436,13 +444,16 @@ class QueueRuntime:
         return {"depth": len(here), "leased": leased, **counts}
 
     def browse(
-        self, topic: str, partition: int, filter: str | None
+        self, topic: str, partition: int, filter: str | None, identity: str = ""
     ) -> list[tuple[str, bytes, int]]:
-        """Available messages of one log partition: ``(bookmark, data, timestamp)``."""
+        """Available messages of one log partition that ``identity`` is entitled to:
+        ``(bookmark, data, timestamp)``."""
         return [
             (m.bookmark.text(), m.data, m.timestamp_ms)
             for m in self.machine.browse(filter)
-            if m.bookmark.topic == topic and m.bookmark.partition == partition
+            if m.bookmark.topic == topic
+            and m.bookmark.partition == partition
+            and self.entitled(identity, m.body)
         ]
 
 

@@ -506,6 +506,38 @@ def test_queue_metrics_count_deliveries_acks_and_expiries_and_show_the_depth(
             sub.close()
 
 
+def test_entitlements_decide_which_messages_a_subscriber_leases_and_browses(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The `entitlements:` filter of the queue's name applies to leases and to browsing, as
+    for a SOW topic: alice gets only her jobs, the others stay for someone entitled."""
+    with running_engine(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("queue-entitlements"),
+        [],
+        workers=("w1",),
+        plain_topics=[{"Name": "ejobs", "Partitions": 1}],
+        queues=[{"Name": "EQ2", "UnderlyingTopic": "ejobs", "MaxPerSubscriptionBacklog": 10}],
+        entitlements={"alice": {"EQ2": "/owner = 'alice'"}},
+    ) as procs:
+        procs.wait_ready(["EQ2"])
+        with procs.client(identity="alice") as alice, procs.client() as anyone:
+            for n, owner in enumerate(["bob", "alice", "bob", "alice"]):
+                anyone.publish("ejobs", {"n": n, "owner": owner})
+            anyone.flush()
+            browsed = [m.json()["n"] for m in alice.sow("EQ2") if m.command == "sow"]
+            assert sorted(browsed) == [1, 3]
+            sub = alice.subscribe("EQ2", options="max_backlog=10")
+            got = take(sub, 2)
+            assert sorted(m.json()["n"] for m in got) == [1, 3]
+            assert sub.next(timeout=1.5) is None  # bob's jobs are not hers
+            alice.ack("EQ2", [m.bookmark for m in got])
+            sub.close()
+            other = anyone.subscribe("EQ2", options="max_backlog=10")
+            assert sorted(m.json()["n"] for m in take(other, 2)) == [0, 2]
+            other.close()
+
+
 def test_max_deliveries_expires_a_message_whose_holder_unsubscribes(
     client: Client, publisher: Client
 ) -> None:
