@@ -87,10 +87,17 @@ def element_text(element: ET.Element, where: str, source: str) -> str:
 
 
 def child_texts(
-    element: ET.Element, tag: str, where: str, source: str, like: str = ""
+    element: ET.Element,
+    tag: str,
+    where: str,
+    source: str,
+    like: str = "",
+    *,
+    required: bool = True,
 ) -> list[str]:
-    """The texts of ``element``'s children, which must all be ``<tag>`` and at least one
-    (``<HashIndex>`` of ``<Key>``, ``<Enrichment>`` of ``<Field>``); ``like`` shows one."""
+    """The texts of ``element``'s children, which must all be ``<tag>`` and, if ``required``,
+    at least one (``<HashIndex>`` of ``<Key>``, ``<Enrichment>`` of ``<Field>``); ``like``
+    shows one."""
     texts: list[str] = []
     for child in element:
         if child.tag != tag:
@@ -100,7 +107,7 @@ def child_texts(
                 problem=f"<{element.tag}> holds only <{tag}> elements",
             )
         texts.append(element_text(child, f"{where}/{tag}[{len(texts) + 1}]", source))
-    if not texts:
+    if required and not texts:
         example = f", like {like}" if like else ""
         raise ConfigError(
             source=source,

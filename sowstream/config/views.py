@@ -26,6 +26,7 @@ from sowstream.config.errors import (
     ConfigError,
     FieldProblem,
     Loc,
+    child_texts,
     element_text,
     from_validation_error,
 )
@@ -505,19 +506,6 @@ def view_from_yaml(item: Any, element: str, source: str) -> ViewConfig:
 # ---------------------------------------------------------------------------- AMPS XML
 
 
-def _xml_children(element: ET.Element, tag: str, where: str, source: str) -> list[str]:
-    texts: list[str] = []
-    for child in element:
-        if child.tag != tag:
-            raise ConfigError(
-                source=source,
-                element=f"{where}/{child.tag}",
-                problem=f"a <{element.tag}> holds only <{tag}> elements",
-            )
-        texts.append(element_text(child, f"{where}/{tag}[{len(texts) + 1}]", source))
-    return texts
-
-
 def view_from_xml(
     element: ET.Element, section: str, position: int, source: str
 ) -> tuple[ViewConfig, str]:
@@ -562,13 +550,11 @@ def view_from_xml(
             else:
                 fields["underlying_topic"] = element_text(child, where, source)
         elif child.tag in ("Projection", "Grouping"):
-            fields[VIEW_ELEMENTS[child.tag]] = _xml_children(child, "Field", where, source)
+            fields[VIEW_ELEMENTS[child.tag]] = child_texts(
+                child, "Field", where, source, required=False
+            )
         elif child.tag == "HashIndex":
-            keys = _xml_children(child, "Key", where, source)
-            if not keys:
-                raise ConfigError(
-                    source=source, element=where, problem="a <HashIndex> needs at least one <Key>"
-                )
+            keys = child_texts(child, "Key", where, source)
             fields.setdefault("hash_indexes", []).append(keys)
         else:
             field = "name" if child.tag == "Topic" else VIEW_ELEMENTS[child.tag]
