@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from sowstream.client import Client
-from tests.support.engine import EngineProcesses, write_config
+from tests.support.engine import EngineProcesses, running_engine, write_config
 from tests.support.messages import take
 
 pytestmark = pytest.mark.integration
@@ -42,15 +42,14 @@ def drain(client: Client, queue: str, expected: int) -> list[Any]:
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(
-        kafka_bootstrap, tmp_path_factory.mktemp("queue-recovery"), SOW, plain_topics=PLAIN
-    )
-    procs.start("w1")
-    try:
-        procs.wait_ready(["orders"])
+    with running_engine(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("queue-recovery"),
+        SOW,
+        workers=("w1",),
+        plain_topics=PLAIN,
+    ) as procs:
         yield procs
-    finally:
-        procs.stop_all()
 
 
 def test_each_recovery_point_decides_what_a_new_queue_takes_from_the_log(

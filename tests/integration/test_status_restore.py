@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sowstream.broker.local import free_port
-from tests.support.engine import EngineProcesses
+from tests.support.engine import EngineProcesses, running_engine
 
 pytestmark = pytest.mark.integration
 
@@ -40,18 +40,14 @@ def live(port: int) -> int:
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(
+    with running_engine(
         kafka_bootstrap,
         tmp_path_factory.mktemp("status-restore"),
         [{"Name": "big", "Key": "/id", "Partitions": 1}],
+        workers=("w1",),
         engine_extra={"restore": "faust"},
-    )
-    procs.start("w1")
-    try:
-        procs.wait_ready(["big"])
+    ) as procs:
         yield procs
-    finally:
-        procs.stop_all()
 
 
 def worker_row(doc: dict[str, Any]) -> dict[str, Any] | None:
