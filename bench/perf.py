@@ -33,7 +33,7 @@ from bench.common import bench_bootstrap
 console = Console(stderr=True)
 
 
-def run_bench(module: str, out: Path, *args: str, bootstrap: str) -> dict[str, Any] | Any:
+def run_bench(module: str, out: Path, *args: str, bootstrap: str) -> Any:
     """Run ``python -m module args --json out`` on the shared broker; its figures."""
     console.rule(f"[bold]{module} {' '.join(args)}")
     command = [sys.executable, "-m", module, *args, "--json", str(out)]

@@ -85,7 +85,7 @@ class QueueRuntime:
         self._store = store
         self._read = read
         self._markers: dict[tuple[str, int], AckMemory] = {}
-        self._next_sweep = 0
+        self._next_sweep = self._next_gauge = 0
         self._events: dict[str, Any] = {}  # metric children per event, made on first use
         self._depth_available = metrics.QUEUE_DEPTH.labels(config.name, "available")
         self._depth_leased = metrics.QUEUE_DEPTH.labels(config.name, "leased")
@@ -327,8 +327,9 @@ class QueueRuntime:
             self._wake.clear()
             try:
                 await self.deliver_once()
-                await self.sweep_markers(_now_ms())
-                self._gauge()
+                now = _now_ms()
+                await self.sweep_markers(now)
+                self._gauge(now)
             except Exception:
                 log.exception("queue %s: delivery failed; retrying", self.name)
                 await asyncio.sleep(0.5)
@@ -424,8 +425,12 @@ class QueueRuntime:
             child = self._events[what] = metrics.QUEUE_MESSAGES.labels(self.name, what)
         child.inc()
 
-    def _gauge(self) -> None:
-        """Set the depth gauges (once per pass of the delivery loop, not per message)."""
+    def _gauge(self, now: int) -> None:
+        """Set the depth gauges, at most once per IDLE_WAIT: the loop wakes for every batch of
+        appends and acks, and the machine's stats walk every subscription."""
+        if now < self._next_gauge:
+            return
+        self._next_gauge = now + int(IDLE_WAIT * 1000)
         stats = self.machine.stats()
         self._depth_available.set(stats.available)
         self._depth_leased.set(stats.leased)
