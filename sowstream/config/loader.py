@@ -54,6 +54,7 @@ from sowstream.config.replicas import (
 )
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
 from sowstream.config.views import (
+    Definition,
     ViewConfig,
     ViewProblem,
     check_view_sources,
@@ -418,10 +419,12 @@ def _views(
     come before it)."""
     items = _items(raw, "views", "views ('- Name: by_region' items)", source)
     views = [view_from_yaml(item, f"views[{n}]", source) for n, item in enumerate(items)]
-    names = [t.name for t in topics] + [q.name for q in queues] + [c.name for c in conflated]
-    names += [v.name for v in views]
+    defined: list[Definition] = [(t.name, t.message_type) for t in topics]
+    defined += [(q.name, q.message_type) for q in queues]
+    defined += [(c.name, c.message_type) for c in conflated]
+    defined += [(v.name, v.message_type) for v in views]
     try:
-        check_views(views, names)
+        check_views(views, defined)
         check_view_sources(views, topics, [q.name for q in queues])
     except ViewProblem as exc:
         key = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)

@@ -956,10 +956,12 @@ class SowstreamConfig(_Frozen):
             seen[topic.kafka_name] = topic
         check_queues(self.queues, self.topics)
         # Loaders check views in document order first; here they come after every topic.
-        names = [t.name for t in self.topics] + [q.name for q in self.queues]
-        names += [c.name for c in self.conflated_topics]
+        defined: list[Definition] = [(t.name, t.message_type) for t in self.topics]
+        defined += [(q.name, q.message_type) for q in self.queues]
+        defined += [(c.name, c.message_type) for c in self.conflated_topics]
+        defined += [(v.name, v.message_type) for v in self.views]
         try:
-            check_views(self.views, [*names, *(v.name for v in self.views)])
+            check_views(self.views, defined)
             check_view_sources(self.views, self.topics, [q.name for q in self.queues])
         except ViewProblem as exc:
             raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
@@ -967,7 +969,7 @@ class SowstreamConfig(_Frozen):
             check_conflated_topics(
                 self.conflated_topics,
                 self.topics,
-                [*names, *(v.name for v in self.views)],
+                [name for name, _ in defined],
             )
         except ConflatedProblem as exc:
             raise FieldProblem(
@@ -1055,6 +1057,7 @@ from sowstream.config.replicas import (  # noqa: E402
     check_conflated_topics,
 )
 from sowstream.config.views import (  # noqa: E402
+    Definition,
     ViewConfig,
     ViewProblem,
     check_view_sources,

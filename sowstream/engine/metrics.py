@@ -46,6 +46,12 @@ VIEW_CHANGES = Counter(
     "View records written or deleted by view maintainers",
     ["view"],
 )
+VIEW_UPDATES = Counter(
+    "sowstream_view_updates_total",
+    "Underlying changes a view read (stage incoming) and applied (stage processed); with "
+    "Conflation inline their ratio is the view's conflation ratio",
+    ["view", "stage"],
+)
 QUEUE_MESSAGES = Counter(
     "sowstream_queue_messages_total",
     "Queue messages by what happened to them on this worker: delivered, acked, sent "
