@@ -7,8 +7,9 @@ checks one definition on its own (Interval bounds, the Filter compiles, TopicFor
 :func:`check_conflated_topics` checks it against the other definitions (the underlying topic
 exists, keeps a SOW and comes earlier; a regular expression one comes with a TopicFormat; names
 are unique). Over a regular expression (``Pattern``) topic the conflated topic is itself one:
-:func:`conflated_pattern` is its Pattern, the TopicFormat applied to the underlying one. :func:`conflated_from_yaml` and
-:func:`conflated_from_xml` read one ``conflated_topics:`` item or ``<ConflatedTopic>`` element.
+:func:`conflated_pattern` is its Pattern, the TopicFormat applied to the underlying one.
+:func:`conflated_from_yaml` and :func:`conflated_from_xml` read one ``conflated_topics:`` item
+or ``<ConflatedTopic>`` element.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ __all__ = [
     "ConflatedTopicConfig",
     "check_conflated_topics",
     "conflated_from_xml",
+    "conflated_from_yaml",
     "conflated_pattern",
     "definition_order",
-    "conflated_from_yaml",
 ]
 
 DEFAULT_INTERVAL_MS = 5_000
@@ -226,8 +227,13 @@ def conflated_pattern(pattern: str, topic_format: str) -> str:
         char = pattern[i]
         if char == "\\":
             pair = pattern[i : i + 2]
-            out.append(start if pair == "\\A" and not in_class else
-                       end if pair == "\\Z" and not in_class else pair)
+            out.append(
+                start
+                if pair == "\\A" and not in_class
+                else end
+                if pair == "\\Z" and not in_class
+                else pair
+            )
             i += 2
             continue
         if in_class:
@@ -348,7 +354,7 @@ def check_conflated_topics(
             )
         if name in by_conflated:
             inner = by_conflated[name]
-            kind, message_type, regex = source(index, inner.underlying_topic, seen | {name})
+            _, message_type, regex = source(index, inner.underlying_topic, seen | {name})
             return "conflated topic", message_type, regex and inner.topic_format is not None
         if name in names:
             raise ConflatedProblem(
@@ -371,14 +377,17 @@ def check_conflated_topics(
                 "name",
                 f"{ct.name!r} is defined more than once; a conflated topic needs its own Name",
             )
-        if ct.name in names and ct.underlying_topic in names:
-            if names.index(ct.underlying_topic) > names.index(ct.name):
-                raise ConflatedProblem(
-                    i,
-                    "underlying_topic",
-                    f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is "
-                    "defined after it; define the underlying topic first",
-                )
+        if (
+            ct.name in names
+            and ct.underlying_topic in names
+            and names.index(ct.underlying_topic) > names.index(ct.name)
+        ):
+            raise ConflatedProblem(
+                i,
+                "underlying_topic",
+                f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is "
+                "defined after it; define the underlying topic first",
+            )
         kind, message_type, regex = source(i, ct.underlying_topic, frozenset({ct.name}))
         if ct.message_type is not None and ct.message_type != message_type:
             raise ConflatedProblem(
