@@ -134,8 +134,8 @@ def test_c8_each_name_of_a_regex_topic_gets_its_own_conflated_topic(
     publisher.publish("/q/eu", {"sym": "A", "p": 1})
     publisher.publish("/q/eu", {"sym": "B", "p": 2})
     publisher.publish("/q/us", {"sym": "A", "p": 3})
-    eventually(lambda: records(client, "/q/eu-C"), records(client, "/q/eu"))
-    eventually(lambda: records(client, "/q/us-C"), records(client, "/q/us"))
+    eventually(lambda: records(client, "/q/eu-C"), records(publisher, "/q/eu"))
+    eventually(lambda: records(client, "/q/us-C"), records(publisher, "/q/us"))
     assert sorted(records(client, "/q/eu-C").values(), key=str) == [
         {"sym": "A", "p": 1},
         {"sym": "B", "p": 2},
@@ -153,7 +153,9 @@ def test_c8_a_conflated_name_is_subscribed_alone_and_conflated(
     publisher.sow_delete("/q/eu", filter="1=1")
     publisher.publish("/q/eu", {"sym": "A", "p": 0})
     publisher.publish("/q/eu", {"sym": "B", "p": 2})
-    eventually(lambda: records(client, "/q/eu-C"), records(client, "/q/eu"))
+    expected = records(publisher, "/q/eu")  # read-your-writes: the publisher's own query
+    assert len(expected) == 2
+    eventually(lambda: records(client, "/q/eu-C"), expected)
     sub = client.subscribe("/q/eu-C", options="oof")
     started = time.monotonic()
     for p in range(10, 40):
@@ -170,7 +172,7 @@ def test_c8_a_conflated_name_is_subscribed_alone_and_conflated(
         ("oof", "deleted", {"sym": "B", "p": 2})
     ]
     assert len(publishes) < 30 / 3
-    eventually(lambda: records(client, "/q/us-C"), records(client, "/q/us"))
+    eventually(lambda: records(client, "/q/us-C"), records(publisher, "/q/us"))
     sub.close()
 
 
@@ -183,6 +185,10 @@ def test_c8_publishing_to_a_conflated_name_is_refused(client: Client) -> None:
 
 
 # -- A4 chains: over a view, over a conflated topic ---------------------------------------------
+
+
+def by_desk(client: Client, topic: str) -> dict[str, dict[str, Any]]:
+    return {r["desk"]: r for r in records(client, topic).values()}
 
 
 def test_a_conflated_view_updates_each_aggregate_at_most_once_per_interval(
@@ -198,9 +204,12 @@ def test_a_conflated_view_updates_each_aggregate_at_most_once_per_interval(
     elapsed = time.monotonic() - started
     at_most_one_per_interval(got, "desk", elapsed, 1.0)
     assert len(got) < 120 / 4
-    eventually(lambda: records(client, "by_desk-C"), records(client, "by_desk"))
-    latest = {m.json()["desk"]: m.json() for m in got}
-    assert latest == {r["desk"]: r for r in records(client, "by_desk").values()}
+    # id i ends with qty 108 + i on desk d(i % 3): four ids per desk.
+    expected = {f"d{k}": {"desk": f"d{k}", "qty": 450 + 4 * k, "n": 4} for k in range(3)}
+    eventually(lambda: by_desk(client, "by_desk"), expected)
+    eventually(lambda: by_desk(client, "by_desk-C"), expected)
+    assert records(client, "by_desk-C") == records(client, "by_desk")  # the view's SowKeys
+    assert {m.json()["desk"]: m.json() for m in got} == expected
     sub.close()
 
 
@@ -219,7 +228,7 @@ def test_a_conflated_topic_over_a_conflated_topic_keeps_the_outer_interval(
     elapsed = time.monotonic() - started
     at_most_one_per_interval(got, "id", elapsed, 2.0)
     assert {m.json()["id"]: m.json()["qty"] for m in got} == {i: 96 + i for i in range(4)}
-    expected = records(client, "pos")
+    expected = records(publisher, "pos")
     eventually(lambda: records(client, "pos-C"), expected)
     eventually(lambda: records(client, "pos-CC"), expected)
     sub.close()
@@ -243,7 +252,10 @@ def test_a_burst_shows_in_the_conflation_ratio_and_the_metrics(
 
     deadline = time.monotonic() + 30
     row = conflation()
-    while (row is None or row["incoming"] < 50) and time.monotonic() < deadline:
+    # Workers announce their counts every couple of seconds: wait for one after the flush.
+    while (row is None or row["incoming"] < 50 or not row["published"]) and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.5)
         row = conflation()
     assert row is not None and row["incoming"] == 50
