@@ -1001,7 +1001,10 @@ class SowstreamConfig(_Frozen):
                 else:
                     underlying = self.topic(name, c.message_type)
                     keys = underlying.keys
-                built[c.name] = (c.topic_config(underlying, keys), keys)
+                own = c.topic_config(underlying, keys)
+                # What AMPS_INSTANCE_NAME() gives in its Enrichment (as stamped on SOW topics).
+                own = own.model_copy(update={"instance_name": self.engine.effective_instance_name})
+                built[c.name] = (own, keys)
             return built[c.name]
 
         return tuple(build(c)[0] for c in self.conflated_topics)

@@ -42,6 +42,8 @@ from sowstream.config.models import (
 )
 from sowstream.filters import compile_filter
 from sowstream.filters.parser import FilterError
+from sowstream.messagetypes import registry
+from sowstream.sow.enrich import ENRICHMENT, StageError, compile_stage
 
 if TYPE_CHECKING:
     from sowstream.config.views import ViewConfig
@@ -73,6 +75,7 @@ CONFLATED_ELEMENTS: dict[str, str] = {
     "HashIndex": "hash_indexes",
     "TopicFormat": "topic_format",
     "Partitions": "partitions",  # sowstream's own, as on SOW topics
+    "Enrichment": "enrichment",
 }
 FIELD_ELEMENTS: dict[str, str] = {field: tag for tag, field in CONFLATED_ELEMENTS.items()}
 
@@ -92,6 +95,9 @@ class ConflatedTopicConfig(_Frozen):
     hash_indexes: tuple[tuple[str, ...], ...] = ()
     topic_format: str | None = None
     partitions: int = 4
+    # Field texts applied to the conflated topic's records (no OF PREVIOUS), as a SOW topic's
+    # Enrichment is: its own processor enriches what the flushes write to its log.
+    enrichment: tuple[str, ...] = ()
 
     @field_validator("name", mode="before")
     @classmethod
@@ -168,6 +174,30 @@ class ConflatedTopicConfig(_Frozen):
     def _partitions(cls, value: object) -> int:
         return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
+    @field_validator("enrichment", mode="before")
+    @classmethod
+    def _enrichment(cls, value: object) -> tuple[str, ...]:
+        if isinstance(value, dict) and set(value) == {"Field"}:
+            value = value["Field"]  # the AMPS shape, {Field: [...]}
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError(
+                f"Enrichment must be a list of Fields like '/a * 2 AS /b', got {value!r}"
+            )
+        try:
+            stage = compile_stage(ENRICHMENT, value)
+        except StageError as exc:
+            raise ValueError(str(exc)) from None
+        for field in stage.fields:
+            if field.reads_previous:
+                raise ValueError(
+                    f"{field.element} {field.text!r}: OF PREVIOUS is not available on a "
+                    "conflated topic (its records are copies made at each flush); read the "
+                    "current record only"
+                )
+        return tuple(value)
+
     @model_validator(mode="after")
     def _consistent(self) -> ConflatedTopicConfig:
         if self.name == self.underlying_topic:
@@ -191,12 +221,14 @@ class ConflatedTopicConfig(_Frozen):
         pattern = None
         if underlying.pattern is not None and self.topic_format is not None:
             pattern = conflated_pattern(underlying.pattern, self.topic_format)
+        stages = {"enrichment": self.enrichment} if self.enrichment else {}
         return TopicConfig(
             name=self.name,
             message_type=underlying.message_type,
             partitions=self.partitions,
             hash_indexes=((automatic,) if automatic else ()) + extra,
             pattern=pattern,
+            **stages,
         )
 
     def topic_name(self, name: str) -> str:
@@ -313,9 +345,12 @@ def check_conflated_topics(
     by_view = {v.name: v for v in views}
     by_conflated = {c.name: c for c in conflated}
 
-    def source(index: int, name: str, seen: frozenset[str]) -> tuple[str, str, bool]:
-        """(kind, message type, regular expression?) of what conflated topic ``index`` reads
-        through ``name``; ConflatedProblem if it reads nothing it can copy."""
+    def source(
+        index: int, name: str, seen: frozenset[str]
+    ) -> tuple[str, str, bool, tuple[str, ...]]:
+        """(kind, message type, regular expression?, key fields of its records) of what
+        conflated topic ``index`` reads through ``name``; ConflatedProblem if it reads nothing
+        it can copy."""
         ct = conflated[index]
         found = [t for t in topics if t.name == name]
         if found:
@@ -342,9 +377,14 @@ def check_conflated_topics(
                     f"topic {name!r} keeps no SOW (declared under topics:); a conflated topic "
                     "copies a SOW topic, so declare it under sow:",
                 )
-            return "topic", found[0].message_type, found[0].pattern is not None
+            return "topic", found[0].message_type, found[0].pattern is not None, found[0].keys
         if name in by_view:
-            return "view", by_view[name].message_type, False
+            view = by_view[name]
+            try:
+                keys = view.compile().projection.grouping_outputs or ()
+            except FieldProblem:
+                keys = ()  # the view's own check names its problem
+            return "view", view.message_type, False, keys
         if name in seen:
             raise ConflatedProblem(
                 index,
@@ -354,8 +394,8 @@ def check_conflated_topics(
             )
         if name in by_conflated:
             inner = by_conflated[name]
-            _, message_type, regex = source(index, inner.underlying_topic, seen | {name})
-            return "conflated topic", message_type, regex and inner.topic_format is not None
+            _, message_type, regex, keys = source(index, inner.underlying_topic, seen | {name})
+            return "conflated topic", message_type, regex and inner.topic_format is not None, keys
         if name in names:
             raise ConflatedProblem(
                 index,
@@ -388,7 +428,7 @@ def check_conflated_topics(
                 f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is "
                 "defined after it; define the underlying topic first",
             )
-        kind, message_type, regex = source(i, ct.underlying_topic, frozenset({ct.name}))
+        kind, message_type, regex, keys = source(i, ct.underlying_topic, frozenset({ct.name}))
         if ct.message_type is not None and ct.message_type != message_type:
             raise ConflatedProblem(
                 i,
@@ -412,6 +452,8 @@ def check_conflated_topics(
                 f"expression (Pattern) topic, and {kind} {ct.underlying_topic!r} is not one; "
                 "remove the TopicFormat",
             )
+        if ct.enrichment:
+            _check_enrichment(i, ct, kind, message_type, regex, keys)
         own = TopicConfig(name=ct.name, message_type=message_type)
         clash = [t for t in topics if t.kafka_name == own.kafka_name]
         if clash:
@@ -421,6 +463,36 @@ def check_conflated_topics(
                 f"conflated topic {ct.name!r} would share the Kafka topics of topic "
                 f"{clash[0].name!r}; it needs a name of its own",
             )
+
+
+def _check_enrichment(
+    index: int,
+    ct: ConflatedTopicConfig,
+    kind: str,
+    message_type: str,
+    regex: bool,
+    keys: tuple[str, ...],
+) -> None:
+    """What a conflated topic's Enrichment needs of what it reads: parsed messages, one topic
+    (a Pattern topic has no Enrichment), and key fields left alone (the SowKeys are copied)."""
+    if regex:
+        raise ConflatedProblem(
+            index,
+            "enrichment",
+            f"conflated topic {ct.name!r} reads {kind} {ct.underlying_topic!r}, a regular "
+            "expression (Pattern) topic: Enrichment cannot be used over one",
+        )
+    if not registry.type_class(message_type).has_fields:
+        raise ConflatedProblem(
+            index,
+            "enrichment",
+            f"conflated topic {ct.name!r} is {message_type}: its messages are not parsed, so it "
+            "cannot have Enrichment",
+        )
+    try:
+        compile_stage(ENRICHMENT, ct.enrichment, key_fields=keys)
+    except StageError as exc:
+        raise ConflatedProblem(index, "enrichment", str(exc)) from None
 
 
 # ---------------------------------------------------------------------------- YAML
@@ -503,6 +575,12 @@ def conflated_from_xml(
         if child.tag == "HashIndex":
             keys = child_texts(child, "Key", where, source)
             fields.setdefault("hash_indexes", []).append(keys)
+            continue
+        if child.tag == "Enrichment":
+            fields["enrichment"] = child_texts(
+                child, "Field", where, source, like="<Field>/qty * /price AS /total</Field>"
+            )
+            tag_of["enrichment"] = child.tag
             continue
         field = "name" if child.tag == "Topic" else CONFLATED_ELEMENTS[child.tag]
         text = element_text(child, where, source)

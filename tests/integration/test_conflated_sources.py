@@ -1,7 +1,7 @@
 """Conflated topics over what is not a plain SOW topic, on a real broker: a regular expression
 (Pattern) topic with TopicFormat (worked example C8: one conflated topic per name), a view
-(throttled aggregates) and another conflated topic (chapter A4 chains); and the conflation
-ratio in the status document and the Prometheus metrics."""
+(throttled aggregates) and another conflated topic (chapter A4 chains); the conflation ratio in
+the status document and the Prometheus metrics; and Enrichment on a conflated topic."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ CONFLATED: list[dict[str, Any]] = [
     {"Name": "pos-C", "UnderlyingTopic": "pos", "Interval": "500ms", "Partitions": 2},
     {"Name": "pos-CC", "UnderlyingTopic": "pos-C", "Interval": "2s", "Partitions": 2},
     {"Name": "burst-C", "UnderlyingTopic": "burst", "Interval": "2s", "Partitions": 1},
+    {
+        "Name": "pos-E",
+        "UnderlyingTopic": "pos",
+        "Interval": "500ms",
+        "Enrichment": ["/qty * 2 AS /double", "UPPER(/desk) AS /desk"],
+    },
 ]
 
 
@@ -268,3 +274,22 @@ def test_a_burst_shows_in_the_conflation_ratio_and_the_metrics(
     assert 'sowstream_conflated_incoming_total{topic="burst-C"} 50.0' in text
     published = f'sowstream_conflated_published_total{{topic="burst-C"}} {row["published"]}.0'
     assert published in text
+
+
+# -- Enrichment -----------------------------------------------------------------------------------
+
+
+def test_enrichment_rewrites_the_conflated_records_only(client: Client, publisher: Client) -> None:
+    publisher.sow_delete("pos", filter="1=1")
+    eventually(lambda: records(publisher, "pos-E"), {})
+    sub = client.subscribe("pos-E")
+    for n in range(20):
+        publisher.publish("pos", {"id": n % 2, "desk": "ny", "qty": n})
+    raw = records(publisher, "pos")
+    assert sorted(r["qty"] for r in raw.values()) == [18, 19]
+    assert all(r["desk"] == "ny" and "double" not in r for r in raw.values())
+    expected = {k: {**r, "double": 2 * r["qty"], "desk": "NY"} for k, r in raw.items()}
+    eventually(lambda: records(client, "pos-E"), expected)
+    got = drain(sub, 1.5)
+    assert {m.json()["id"]: m.json() for m in got} == {r["id"]: r for r in expected.values()}
+    sub.close()

@@ -312,3 +312,64 @@ def test_xml_topic_format_over_a_regex_topic() -> None:
         "amps.xml",
     )
     assert config.conflated_topic_configs[0].matches_name("/q/us-C")
+
+
+ENRICHED = TOPIC + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: orders\n"
+
+
+def test_enrichment_becomes_the_conflated_topics_enrichment() -> None:
+    config = load(
+        "engine:\n  instance_name: east\n"
+        + ENRICHED
+        + "    Enrichment: ['/qty * 2 AS /double', 'AMPS_INSTANCE_NAME() AS /src']\n"
+    )
+    (own,) = config.conflated_topic_configs
+    assert own.enrichment == ("/qty * 2 AS /double", "AMPS_INSTANCE_NAME() AS /src")
+    assert own.stages.enrichment is not None
+    assert own.stages.enrichment.apply({"id": 1, "qty": 4}, None, 0) == {
+        "id": 1,
+        "qty": 4,
+        "double": 8,
+        "src": "east",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("    Enrichment: ['/qty OF PREVIOUS AS /was']\n", "OF PREVIOUS is not available"),
+        ("    Enrichment: ['/qty + AS /x']\n", "Field[1]"),
+        ("    Enrichment: ['SUM(/qty) AS /x']\n", "SUM"),
+        ("    Enrichment: ['/qty AS /id']\n", "Key field /id"),
+        ("    Enrichment: []\n", "at least one Field"),
+    ],
+)
+def test_enrichment_errors_name_the_element(body: str, problem: str) -> None:
+    err = yaml_error(ENRICHED + body)
+    assert err.element == "conflated_topics[0].Enrichment"
+    assert problem in err.problem
+
+
+def test_enrichment_over_a_regex_topic_is_refused() -> None:
+    err = yaml_error(
+        PATTERN + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: quotes\n"
+        "    TopicFormat: '%n-C'\n    Enrichment: ['/p * 2 AS /p2']\n"
+    )
+    assert err.element == "conflated_topics[0].Enrichment"
+    assert "regular expression (Pattern) topic" in err.problem
+
+
+def test_xml_enrichment_and_of_previous_refused() -> None:
+    config = load(
+        xml(
+            "<ConflatedTopic><Name>c</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+            "<Enrichment><Field>/qty * 2 AS /double</Field></Enrichment></ConflatedTopic>"
+        )
+    )
+    assert config.conflated_topics[0].enrichment == ("/qty * 2 AS /double",)
+    err = xml_error(
+        "<ConflatedTopic><Name>c</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+        "<Enrichment><Field>/qty OF PREVIOUS AS /was</Field></Enrichment></ConflatedTopic>"
+    )
+    assert err.element == "SOW/ConflatedTopic[c]/Enrichment"
+    assert "OF PREVIOUS is not available on a conflated topic" in err.problem
