@@ -221,15 +221,16 @@ class ConflatedTopicConfig(_Frozen):
         pattern = None
         if underlying.pattern is not None and self.topic_format is not None:
             pattern = conflated_pattern(underlying.pattern, self.topic_format)
-        stages = {"enrichment": self.enrichment} if self.enrichment else {}
-        return TopicConfig(
-            name=self.name,
-            message_type=underlying.message_type,
-            partitions=self.partitions,
-            hash_indexes=((automatic,) if automatic else ()) + extra,
-            pattern=pattern,
-            **stages,
-        )
+        fields: dict[str, Any] = {
+            "name": self.name,
+            "message_type": underlying.message_type,
+            "partitions": self.partitions,
+            "hash_indexes": ((automatic,) if automatic else ()) + extra,
+            "pattern": pattern,
+        }
+        if self.enrichment:  # an empty one is refused, so it is only given when there is one
+            fields["enrichment"] = self.enrichment
+        return TopicConfig.model_validate(fields)
 
     def topic_name(self, name: str) -> str:
         """The conflated topic name of the underlying topic name ``name`` (TopicFormat)."""
