@@ -347,22 +347,22 @@ def check_conflated_topics(
     by_conflated = {c.name: c for c in conflated}
 
     def source(
-        index: int, name: str, seen: frozenset[str]
+        index: int, name: str, wanted: str | None, seen: frozenset[str]
     ) -> tuple[str, str, bool, tuple[str, ...]]:
         """(kind, message type, regular expression?, key fields of its records) of what
-        conflated topic ``index`` reads through ``name``; ConflatedProblem if it reads nothing
-        it can copy."""
+        conflated topic ``index`` reads through ``name`` (of message type ``wanted`` if given);
+        ConflatedProblem if it reads nothing it can copy."""
         ct = conflated[index]
         found = [t for t in topics if t.name == name]
         if found:
-            if ct.message_type is not None and name == ct.underlying_topic:
-                found = [t for t in found if t.message_type == ct.message_type]
+            if wanted is not None:
+                found = [t for t in found if t.message_type == wanted]
                 if not found:
                     raise ConflatedProblem(
                         index,
                         "message_type",
-                        f"topic {name!r} has no {ct.message_type} SOW topic; the MessageType "
-                        "must be the UnderlyingTopic's",
+                        f"topic {name!r} has no {wanted} SOW topic; the MessageType must be the "
+                        "UnderlyingTopic's",
                     )
             if len(found) > 1:
                 raise ConflatedProblem(
@@ -395,7 +395,9 @@ def check_conflated_topics(
             )
         if name in by_conflated:
             inner = by_conflated[name]
-            _, message_type, regex, keys = source(index, inner.underlying_topic, seen | {name})
+            _, message_type, regex, keys = source(
+                index, inner.underlying_topic, inner.message_type, seen | {name}
+            )
             return "conflated topic", message_type, regex and inner.topic_format is not None, keys
         if name in names:
             raise ConflatedProblem(
@@ -429,7 +431,9 @@ def check_conflated_topics(
                 f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is "
                 "defined after it; define the underlying topic first",
             )
-        kind, message_type, regex, keys = source(i, ct.underlying_topic, frozenset({ct.name}))
+        kind, message_type, regex, keys = source(
+            i, ct.underlying_topic, ct.message_type, frozenset({ct.name})
+        )
         if ct.message_type is not None and ct.message_type != message_type:
             raise ConflatedProblem(
                 i,

@@ -11,8 +11,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from sowstream.broker.local import free_port
+from sowstream.cli.main import status_tables
 from sowstream.client import Client, Message
 from sowstream.errors import InvalidCommandError
 from tests.support.engine import EngineProcesses
@@ -268,8 +270,14 @@ def test_a_burst_shows_in_the_conflation_ratio_and_the_metrics(
     assert 1 <= row["published"] <= 5
     assert row["ratio"] == round(50 / row["published"], 2) and row["ratio"] >= 10
     # Topics that are not conflated show none.
-    plain = client.cluster_status(topic="burst")["topics"]
-    assert [t["conflation"] for t in plain if t["topic"] == "burst"] == [None]
+    doc = client.cluster_status(topic="burst.*")
+    assert [t["conflation"] for t in doc["topics"] if t["topic"] == "burst"] == [None]
+    # `sowstream status` shows the ratio in its topics table.
+    console = Console(record=True, width=200)
+    for table in status_tables(doc):
+        console.print(table)
+    shown = [line for line in console.export_text().splitlines() if "burst-C" in line]
+    assert any(f"({row['incoming']}/{row['published']})" in line for line in shown), shown
     text = engine.metrics()
     assert 'sowstream_conflated_incoming_total{topic="burst-C"} 50.0' in text
     published = f'sowstream_conflated_published_total{{topic="burst-C"}} {row["published"]}.0'
