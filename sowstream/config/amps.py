@@ -229,7 +229,7 @@ def load_amps_xml(
         tag = tag_of.get(exc.field, FIELD_ELEMENTS.get(exc.field, exc.field))
         raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
     try:
-        check_conflated_topics([c for c, _ in conflated], topics, order)
+        check_conflated_topics([c for c, _ in conflated], topics, order, [v for v, _ in views])
     except ConflatedProblem as exc:
         path = conflated[exc.index][1]
         tag = CONFLATED_FIELD_ELEMENTS.get(exc.field, exc.field)

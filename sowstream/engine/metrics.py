@@ -64,3 +64,14 @@ QUEUE_DEPTH = Gauge(
     "Messages in the queue on this worker (its partitions), available or leased",
     ["queue", "state"],
 )
+CONFLATED_INCOMING = Counter(
+    "sowstream_conflated_incoming_total",
+    "Changes of the underlying topic a conflated topic took in on this worker",
+    ["topic"],
+)
+CONFLATED_PUBLISHED = Counter(
+    "sowstream_conflated_published_total",
+    "Records a conflated topic wrote to its log on this worker (incoming / published is its "
+    "conflation ratio)",
+    ["topic"],
+)
