@@ -27,6 +27,7 @@ from sowstream.engine.processor import Sender
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
+from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.queues.store import (
     AckMemory,
     StoredMessage,
@@ -94,6 +95,8 @@ class QueueRuntime:
         self._wake = asyncio.Event()
         # Counters per log partition since this worker took it, for `sowstream queue status`.
         self.counts: dict[tuple[str, int], Counter[str]] = {}
+        # Set by the engine when a view reads the queue (sowstream.queues.view_feed).
+        self.view_feed: QueueViewFeed | None = None
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:
         """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
@@ -152,6 +155,8 @@ class QueueRuntime:
     def drop(self, topic: str, partition: int) -> None:
         """The partition moved away: its messages and leases are its next owner's."""
         self.machine.drop_partition(topic, partition)
+        if self.view_feed is not None:
+            self.view_feed.drop(topic, partition)
         self.counts.pop((topic, partition), None)
         self._markers.pop((topic, partition), None)
 
@@ -327,6 +332,8 @@ class QueueRuntime:
             self._wake.clear()
             try:
                 await self.deliver_once()
+                if self.view_feed is not None:
+                    await self.view_feed.flush()
                 now = _now_ms()
                 await self.sweep_markers(now)
                 self._gauge(now)
@@ -411,6 +418,10 @@ class QueueRuntime:
                     orjson.dumps(event),
                     key=b.text().encode(),
                 )
+        if self.view_feed is not None and by_partition:
+            # Views learn of a removal before it is stored: a crash in between leaves the
+            # message stored, available again to the next owner, which says so.
+            await self.view_feed.flush(wait=True)
         # Each log partition's store commits on its own: wait for them together.
         await asyncio.gather(
             *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())
