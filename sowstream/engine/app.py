@@ -48,9 +48,9 @@ from sowstream.engine.security import expand_environment, faust_credentials
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.views import ViewRunner
-from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.errors import InvalidCommandError, KafkaUnreachableError, SowstreamError
 from sowstream.filters import FilterError
+from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.views.conflation import ConflatedFeed
 from sowstream.views.projection import TopicRef
@@ -747,7 +747,8 @@ class Engine:
         for ref in view.topics:
             # A queue's available messages change without a log of their own: only real
             # changes count (a restated message is no change, see queues.view_feed).
-            feed = ViewFeed(view, ref.topic, input_name, only_changes=ref.topic in self._queue_views)
+            queue = ref.topic in self._queue_views
+            feed = ViewFeed(view, ref.topic, input_name, only_changes=queue)
             self._underlying(ref).views.append(feed)
         input_topic = self._raw_topic(input_name, partitions)
 
@@ -1558,9 +1559,9 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
     for conflated, own in zip(config.conflated_topics, config.conflated_topic_configs, strict=True):
         # Only the engine writes a conflated topic: clients refuse publishes as for a view.
         infos[own.ident] = {**infos[own.ident], "view_of": [conflated.underlying_topic]}
-    for queue, own in config.queue_view_topics.items():
+    for queue_name, own in config.queue_view_topics.items():
         if own.ident in infos:  # the engine's topic of the queue's available messages
-            infos[own.ident] = {**infos[own.ident], "view_of": [queue]}
+            infos[own.ident] = {**infos[own.ident], "view_of": [queue_name]}
     return infos
 
 

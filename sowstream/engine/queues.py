@@ -27,7 +27,6 @@ from sowstream.engine.processor import Sender
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
-from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.queues.store import (
     AckMemory,
     StoredMessage,
@@ -36,6 +35,7 @@ from sowstream.queues.store import (
     offset_of,
     read_ack_marker,
 )
+from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
@@ -332,8 +332,6 @@ class QueueRuntime:
             self._wake.clear()
             try:
                 await self.deliver_once()
-                if self.view_feed is not None:
-                    await self.view_feed.flush()
                 now = _now_ms()
                 await self.sweep_markers(now)
                 self._gauge(now)
@@ -418,10 +416,11 @@ class QueueRuntime:
                     orjson.dumps(event),
                     key=b.text().encode(),
                 )
-        if self.view_feed is not None and by_partition:
-            # Views learn of a removal before it is stored: a crash in between leaves the
-            # message stored, available again to the next owner, which says so.
-            await self.view_feed.flush(wait=True)
+        if self.view_feed is not None:
+            # Every change of availability passes here (leases, returns, removals, appends via
+            # the delivery loop). Views learn of a removal before it is stored: a crash in
+            # between leaves the message stored, available again to the next owner.
+            await self.view_feed.flush(wait=bool(by_partition))
         # Each log partition's store commits on its own: wait for them together.
         await asyncio.gather(
             *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())

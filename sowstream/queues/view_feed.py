@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -78,9 +79,7 @@ def available_records(
 class QueueViewFeed:
     """States the availability of one queue's messages on its available-messages topic."""
 
-    def __init__(
-        self, machine: QueueMachine, queue: str, log_topic: str, sender: _Sender
-    ) -> None:
+    def __init__(self, machine: QueueMachine, queue: str, log_topic: str, sender: _Sender) -> None:
         """``log_topic``: the Kafka log of the available-messages topic."""
         self.machine = machine
         self.queue = queue
@@ -111,7 +110,7 @@ class QueueViewFeed:
                     headers=headers,
                 )
                 if fut is not None:
-                    fut.add_done_callback(lambda f, b=bookmark: self._sent(f, b))
+                    fut.add_done_callback(functools.partial(self._sent, bookmark))
                     futures.append((bookmark, fut))
         if wait and futures:
             _, late = await asyncio.wait([f for _, f in futures], timeout=ACK_WAIT_SECONDS)
@@ -123,11 +122,11 @@ class QueueViewFeed:
                 )
         return len(touched)
 
-    def _sent(self, fut: asyncio.Future[Any], bookmark: Bookmark) -> None:
+    def _sent(self, bookmark: Bookmark, fut: asyncio.Future[Any]) -> None:
         """A record Kafka refused is stated again on the next flush (with the state then)."""
-        if fut.cancelled() or fut.exception() is not None:
-            if self.machine.touched is not None:
-                self.machine.touched.add(bookmark)
+        failed = fut.cancelled() or fut.exception() is not None
+        if failed and self.machine.touched is not None:
+            self.machine.touched.add(bookmark)
 
     def drop(self, topic: str, partition: int) -> None:
         """A log partition moved away: its next owner states its messages, this worker no
