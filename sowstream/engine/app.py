@@ -1283,6 +1283,9 @@ class Engine:
         async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
             for pump in self.pumps:
                 await pump.proc.drop(tp.partition for tp in revoked if tp.topic == pump.ctl_topic)
+            for queue in self.queues.values():
+                if queue.view_feed is not None:  # ours land before the next owner's
+                    await queue.view_feed.settle()
             for runner in self.view_runners.values():
                 await runner.drop(
                     [tp.partition for tp in revoked if tp.topic == runner.input_topic]

@@ -87,6 +87,7 @@ class QueueViewFeed:
         self._sender = sender
         self._lock = asyncio.Lock()
         self._view = (h.VIEW, queue.encode())  # only the engine writes the topic
+        self._outstanding: set[asyncio.Future[Any]] = set()  # sent, not acknowledged yet
         machine.touched = set()
 
     async def flush(self, *, wait: bool = False) -> int:
@@ -99,19 +100,25 @@ class QueueViewFeed:
             if not touched:
                 return 0
             self.machine.touched = set()
-            for bookmark, data in available_records(self.machine, sorted(touched, key=_order)):
+            records = available_records(self.machine, sorted(touched, key=_order))
+            for n, (bookmark, data) in enumerate(records):
                 headers = [self._view]
                 if data is None:
                     headers.append((h.COMMAND, _SOW_DELETE))
-                fut = await self._sender.send(
-                    self.log_topic,
-                    data,
-                    key=available_sow_key(bookmark).encode(),
-                    headers=headers,
-                )
+                try:
+                    fut = await self._sender.send(
+                        self.log_topic,
+                        data,
+                        key=available_sow_key(bookmark).encode(),
+                        headers=headers,
+                    )
+                except BaseException:
+                    self._retouch(b for b, _ in records[n:])  # stated on the next flush
+                    raise
                 if fut is not None:
                     fut.add_done_callback(functools.partial(self._sent, bookmark))
                     futures.append((bookmark, fut))
+                    self._outstanding.add(fut)
         if wait and futures:
             _, late = await asyncio.wait([f for _, f in futures], timeout=ACK_WAIT_SECONDS)
             failed = [f for _, f in futures if f.done() and (f.cancelled() or f.exception())]
@@ -124,9 +131,21 @@ class QueueViewFeed:
 
     def _sent(self, bookmark: Bookmark, fut: asyncio.Future[Any]) -> None:
         """A record Kafka refused is stated again on the next flush (with the state then)."""
-        failed = fut.cancelled() or fut.exception() is not None
-        if failed and self.machine.touched is not None:
-            self.machine.touched.add(bookmark)
+        self._outstanding.discard(fut)
+        if fut.cancelled() or fut.exception() is not None:
+            self._retouch([bookmark])
+
+    def _retouch(self, bookmarks: Iterable[Bookmark]) -> None:
+        if self.machine.touched is not None:
+            self.machine.touched.update(bookmarks)
+
+    async def settle(self) -> None:
+        """Wait until every statement sent so far is in Kafka (or failed): a worker giving a
+        log partition away calls it, so its statements land before the next owner's."""
+        async with self._lock:
+            pending = list(self._outstanding)
+        if pending:
+            await asyncio.wait(pending, timeout=ACK_WAIT_SECONDS)
 
     def drop(self, topic: str, partition: int) -> None:
         """A log partition moved away: its next owner states its messages, this worker no
