@@ -1550,7 +1550,12 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
     """Every meta-topic record: topics, and queues (a queue named like one of its topics shares
     that topic's record: publishes go to the topic, subscriptions lease from the queue)."""
     infos = {t.ident: topic_info(t, names) for t in config.topics}
-    queued = [t.name for t in config.topics if t.message_type in QUEUE_MESSAGE_TYPES]
+    kept = {t.name for t in config.queue_view_topics.values()}  # never a queue's own topic
+    queued = [
+        t.name
+        for t in config.topics
+        if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in kept
+    ]
     for queue in config.queues:
         underlying = queue.underlying_topics(queued)
         target = config.topic(queue.publish_target, queue.message_type)
