@@ -822,6 +822,10 @@ class QueueMachine:
         """The message in the queue (available or leased) with this bookmark, if any."""
         return self._messages.get(bookmark)
 
+    def holds(self, topic: str, partition: int) -> bool:
+        """Whether the machine has the partition's messages (taken, and not dropped since)."""
+        return (topic, partition) in self._high
+
     def effective_backlog(self, sub_key: str) -> int | None:
         """The subscription's effective backlog, or None if it is not registered."""
         sub = self._subs.get(sub_key)

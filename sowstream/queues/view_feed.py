@@ -88,22 +88,34 @@ class QueueViewFeed:
         self._lock = asyncio.Lock()
         self._view = (h.VIEW, queue.encode())  # only the engine writes the topic
         self._outstanding: set[asyncio.Future[Any]] = set()  # sent, not acknowledged yet
+        # What this worker last stated per message still in the queue (True: available), so
+        # a change that changes nothing (an acknowledgement of a leased message) costs nothing.
+        self._stated: dict[Bookmark, bool] = {}
         machine.touched = set()
 
     async def flush(self, *, wait: bool = False) -> int:
-        """State the availability of every bookmark touched since the last flush; returns how
-        many records went out. With ``wait``, returns once Kafka has them all, and raises
-        RuntimeError when some are missing (they are stated again on the next flush)."""
-        futures: list[tuple[Bookmark, asyncio.Future[Any]]] = []
+        """State the availability of every bookmark touched since the last flush, unless this
+        worker already stated it; returns how many records went out. With ``wait``, returns once
+        Kafka has every statement sent so far, and raises RuntimeError when some are missing
+        (they are stated again on the next flush)."""
+        sent = 0
         async with self._lock:  # one flush sends at a time: a bookmark's records stay in order
             touched = self.machine.touched or set()
-            if not touched:
-                return 0
             self.machine.touched = set()
-            records = available_records(self.machine, sorted(touched, key=_order))
+            held = [b for b in touched if self.machine.holds(b.topic, b.partition)]
+            records = available_records(self.machine, sorted(held, key=_order))
             for n, (bookmark, data) in enumerate(records):
+                available = data is not None
+                if self.machine.message(bookmark) is None:
+                    gone = self._stated.pop(bookmark, None)  # nothing more to say about it
+                    if gone is False:
+                        continue
+                elif self._stated.get(bookmark) is available:
+                    continue
+                else:
+                    self._stated[bookmark] = available
                 headers = [self._view]
-                if data is None:
+                if not available:
                     headers.append((h.COMMAND, _SOW_DELETE))
                 try:
                     fut = await self._sender.send(
@@ -115,19 +127,20 @@ class QueueViewFeed:
                 except BaseException:
                     self._retouch(b for b, _ in records[n:])  # stated on the next flush
                     raise
+                sent += 1
                 if fut is not None:
                     fut.add_done_callback(functools.partial(self._sent, bookmark))
-                    futures.append((bookmark, fut))
                     self._outstanding.add(fut)
-        if wait and futures:
-            _, late = await asyncio.wait([f for _, f in futures], timeout=ACK_WAIT_SECONDS)
-            failed = [f for _, f in futures if f.done() and (f.cancelled() or f.exception())]
+            pending = list(self._outstanding) if wait else []
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=ACK_WAIT_SECONDS)
+            failed = [f for f in pending if f.done() and (f.cancelled() or f.exception())]
             if late or failed:
                 raise RuntimeError(
                     f"queue {self.queue!r}: {len(late) + len(failed)} availability records not "
                     "acknowledged by Kafka"
                 )
-        return len(touched)
+        return sent
 
     def _sent(self, bookmark: Bookmark, fut: asyncio.Future[Any]) -> None:
         """A record Kafka refused is stated again on the next flush (with the state then)."""
@@ -136,8 +149,10 @@ class QueueViewFeed:
             self._retouch([bookmark])
 
     def _retouch(self, bookmarks: Iterable[Bookmark]) -> None:
-        if self.machine.touched is not None:
-            self.machine.touched.update(bookmarks)
+        for bookmark in bookmarks:
+            self._stated.pop(bookmark, None)  # unknown again: state it whatever it is
+            if self.machine.touched is not None:
+                self.machine.touched.add(bookmark)
 
     async def settle(self) -> None:
         """Wait until every statement sent so far is in Kafka (or failed): a worker giving a
@@ -150,6 +165,9 @@ class QueueViewFeed:
     def drop(self, topic: str, partition: int) -> None:
         """A log partition moved away: its next owner states its messages, this worker no
         longer does (a late statement of ours could undo one of its)."""
+        here = [b for b in self._stated if (b.topic, b.partition) == (topic, partition)]
+        for bookmark in here:
+            del self._stated[bookmark]
         touched = self.machine.touched
         if touched:
             self.machine.touched = {
