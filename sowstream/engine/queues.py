@@ -420,7 +420,7 @@ class QueueRuntime:
             # Every change of availability passes here (leases, returns, removals, appends via
             # the delivery loop). Views learn of a removal before it is stored: a crash in
             # between leaves the message stored, available again to the next owner.
-            await self.view_feed.flush(wait=bool(by_partition))
+            await self.view_feed.flush(wait_for=[item.message.bookmark for item in removed])
         # Each log partition's store commits on its own: wait for them together.
         await asyncio.gather(
             *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())

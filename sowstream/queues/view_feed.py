@@ -88,16 +88,17 @@ class QueueViewFeed:
         self._lock = asyncio.Lock()
         self._view = (h.VIEW, queue.encode())  # only the engine writes the topic
         self._outstanding: set[asyncio.Future[Any]] = set()  # sent, not acknowledged yet
+        self._latest: dict[Bookmark, asyncio.Future[Any]] = {}  # per message, of those
         # What this worker last stated per message still in the queue (True: available), so
         # a change that changes nothing (an acknowledgement of a leased message) costs nothing.
         self._stated: dict[Bookmark, bool] = {}
         machine.touched = set()
 
-    async def flush(self, *, wait: bool = False) -> int:
+    async def flush(self, wait_for: Iterable[Bookmark] = ()) -> int:
         """State the availability of every bookmark touched since the last flush, unless this
-        worker already stated it; returns how many records went out. With ``wait``, returns once
-        Kafka has every statement sent so far, and raises RuntimeError when some are missing
-        (they are stated again on the next flush)."""
+        worker already stated it; returns how many records went out. Returns only once Kafka has
+        the statements about ``wait_for`` (messages whose removal is about to be stored), and
+        raises RuntimeError when one is missing (it is stated again on the next flush)."""
         sent = 0
         async with self._lock:  # one flush sends at a time: a bookmark's records stay in order
             touched = self.machine.touched or set()
@@ -131,7 +132,8 @@ class QueueViewFeed:
                 if fut is not None:
                     fut.add_done_callback(functools.partial(self._sent, bookmark))
                     self._outstanding.add(fut)
-            pending = list(self._outstanding) if wait else []
+                    self._latest[bookmark] = fut
+            pending = [f for b in wait_for if (f := self._latest.get(b)) is not None]
         if pending:
             _, late = await asyncio.wait(pending, timeout=ACK_WAIT_SECONDS)
             failed = [f for f in pending if f.done() and (f.cancelled() or f.exception())]
@@ -145,6 +147,8 @@ class QueueViewFeed:
     def _sent(self, bookmark: Bookmark, fut: asyncio.Future[Any]) -> None:
         """A record Kafka refused is stated again on the next flush (with the state then)."""
         self._outstanding.discard(fut)
+        if self._latest.get(bookmark) is fut:
+            del self._latest[bookmark]
         if fut.cancelled() or fut.exception() is not None:
             self._retouch([bookmark])
 
