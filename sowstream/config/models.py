@@ -923,12 +923,18 @@ class SowstreamConfig(_Frozen):
         return self.model_copy(update={"topics": topics})
 
     def entitlement_lookup(self, topic: str) -> Callable[[str], Filter | None]:
-        """identity -> compiled entitlement filter on ``topic`` (cached; None = all visible)."""
+        """identity -> compiled entitlement filter on ``topic`` (cached; None = all visible).
+
+        The topic the engine keeps of a queue's available messages holds the queue's messages:
+        without a rule of its own, the queue's rules apply to it."""
         cache: dict[str, Filter | None] = {}
+        queue = next((q for q, t in self.queue_view_topics.items() if t.name == topic), None)
 
         def lookup(identity: str) -> Filter | None:
             if identity not in cache:
                 text = self.entitlements.filter_text(identity, topic)
+                if text is None and queue is not None:
+                    text = self.entitlements.filter_text(identity, queue)
                 cache[identity] = compile_filter(text) if text else None
             return cache[identity]
 

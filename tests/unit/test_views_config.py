@@ -436,3 +436,19 @@ def test_a_view_over_a_queue_defined_later_is_refused() -> None:
     assert "reads 'WQ', which is defined after it" in err.problem
     config = load_config_text(f"<SOW>{topic}{queue}{view}</SOW>", "amps.xml")
     assert list(config.queue_view_topics) == ["WQ"]
+
+
+def test_the_queue_entitlements_hold_on_its_available_messages() -> None:
+    """``WQ.available`` holds WQ's messages: an identity sees there what it may see of WQ."""
+    config = load_config_text(
+        "sow:\n  - {Name: orders, Key: /id}\n"
+        "queues:\n  - {Name: WQ, UnderlyingTopic: orders}\n"
+        "views:\n  - {Name: v, UnderlyingTopic: WQ, Projection: ['/a'], Grouping: ['/a']}\n"
+        "entitlements:\n  alice: {WQ: \"/owner = 'alice'\"}\n",
+        "test.yaml",
+    )
+    lookup = config.entitlement_lookup("WQ.available")
+    alice = lookup("alice")
+    assert alice is not None and alice.matches({"owner": "alice"})
+    assert not alice.matches({"owner": "bob"})
+    assert lookup("bob") is None
