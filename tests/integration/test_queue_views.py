@@ -193,3 +193,34 @@ def test_a_lease_lost_with_its_worker_comes_back_to_the_view(
     eventually(lambda: counts(client), {"d": 1, "e": 1}, timeout=60)
     assert available(client) == {"d": 1, "e": 1}
     assert {m.json()["job"] for m in client.sow("WQ") if m.command == "sow"} == {21, 22}
+
+
+def test_a_rebalance_keeps_the_counts(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """A second worker takes partitions over and states their messages again; nothing is
+    counted twice, and leases and acknowledgements after the move still show."""
+    drain(client)
+    for job in range(30, 36):
+        publisher.publish("work", {"job": job, "kind": "f"})
+    publisher.flush()
+    eventually(lambda: counts(client), {"f": 6})
+    engine.start("w2")
+    try:
+        engine.wait_ready(["kinds", "by_kind", "WQ.available"])
+        eventually(lambda: available(client), {"f": 6})
+        assert counts(client) == {"f": 6}
+        qf = queue_sub(client, "/kind = 'f'")
+        leased = take(qf, 1)
+        while (more := qf.next(timeout=2.0)) is not None:  # each worker may lease it one
+            leased.append(more)
+        eventually(lambda: counts(client), {"f": 6 - len(leased)})
+        qf.close()
+        done = leased[0]
+        assert client.ack("WQ", done.bookmark) == 1
+        eventually(lambda: counts(client), {"f": 5})
+    finally:
+        engine.stop("w2")
+    engine.wait_ready(["kinds", "by_kind", "WQ.available"])
+    eventually(lambda: counts(client), {"f": 5})
+    assert available(client) == {"f": 5}
