@@ -507,18 +507,25 @@ def status_tables(doc: dict[str, Any]) -> list[Table]:
     for row in rows:
         parts.add_row(*(show(row) for _, show in STATUS_COLUMNS))
     topics = Table(title="topics")
-    for title in ("topic", "type", "partitions", "records", "lag", "subscriptions"):
+    # Conflated topics add a column: changes taken in per record written (in/out).
+    conflated = any(t.get("conflation") for t in doc["topics"])
+    titles = ["topic", "type", "partitions", "records", "lag", "subscriptions"]
+    for title in titles + (["conflation ratio"] if conflated else []):
         topics.add_column(title)
     for t in doc["topics"]:
         records = _dash(t["records"]) if t["sow"] else "(no SOW)"
-        topics.add_row(
+        cells = [
             t["topic"],
             t["message_type"],
             str(t["partitions"]),
             records,
             str(t["lag"]),
             str(t["subscriptions"]),
-        )
+        ]
+        if conflated:
+            c = t.get("conflation")
+            cells.append(f"{_dash(c['ratio'])} ({c['incoming']}/{c['published']})" if c else "")
+        topics.add_row(*cells)
     tables = [workers, parts, topics]
     if doc["queues"]:
         queues = Table(title="queues")

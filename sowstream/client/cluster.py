@@ -112,6 +112,7 @@ def cluster_status(
             key=lambda s: (s.rsplit("/", 1)[0], int(s.rsplit("/", 1)[1])),
         )
     subscriptions = _subscriptions(workers)
+    conflation = _conflation(workers)
     topic_rows = []
     for info in sorted(topics, key=lambda i: i.name):
         rows = [r for r in partitions if r["topic"] == info.name]
@@ -125,6 +126,7 @@ def cluster_status(
                 "records": sum(counted) if len(counted) == len(rows) and info.sow else None,
                 "lag": sum(r["lag"] or 0 for r in rows),
                 "subscriptions": subscriptions.get(info.name, 0),
+                "conflation": conflation.get(info.name),
             }
         )
     return {
@@ -165,11 +167,27 @@ def _read_workers(client: Client, now: float) -> list[dict[str, Any]]:
                 "inputs": info.get("inputs", []),
                 "restore": info.get("restore", []),
                 "subscriptions": info.get("subscriptions", {}),
+                "conflated": info.get("conflated", {}),
                 "announced_at": float(info.get("at", 0)),
             }
         )
     workers.sort(key=lambda w: str(w["worker"]))
     return workers
+
+
+def _conflation(workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per conflated topic, the changes taken in and records written, summed over the workers'
+    last announcements (each counts since its own start), and their ratio."""
+    totals: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        for name, counts in worker["conflated"].items():
+            row = totals.setdefault(name, {"incoming": 0, "published": 0})
+            row["incoming"] += int(counts.get("incoming", 0))
+            row["published"] += int(counts.get("published", 0))
+    for row in totals.values():
+        published = row["published"]
+        row["ratio"] = round(row["incoming"] / published, 2) if published else None
+    return totals
 
 
 def _subscriptions(workers: list[dict[str, Any]]) -> dict[str, int]:

@@ -261,6 +261,10 @@ class ClientBase:
             for info in self._topics.values()
             if info.pattern and info.message_type == kind and re.fullmatch(info.pattern, name)
         ]
+        # A conflated topic over a Pattern topic is a Pattern topic too, whose names its
+        # underlying Pattern may match as well (/q/eu-C and /q/.*): the conflated one wins.
+        computed = {u for info in found for u in info.view_of}
+        found = [info for info in found if info.name not in computed] or found
         if len(found) > 1:
             raise InvalidCommandError(ambiguous_pattern(name, sorted(i.name for i in found)))
         return found[0].addressed_as(name) if found else None

@@ -46,6 +46,7 @@ from sowstream.config.units import parse_size
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
 from sowstream.config.views import (
     VIEW_TAGS,
+    Definition,
     ViewConfig,
     ViewProblem,
     check_view_sources,
@@ -177,6 +178,7 @@ def load_amps_xml(
     views: list[tuple[ViewConfig, str]] = []
     conflated: list[tuple[ConflatedTopicConfig, str]] = []
     order: list[str] = []  # every definition's name in document order (views read earlier ones)
+    defined: list[Definition] = []  # the same with message types, for the views' checks
     for section in sections:
         position = 0
         queue_position = 0
@@ -189,14 +191,17 @@ def load_amps_xml(
                 if queue is not None:
                     queues.append(queue)
                     order.append(queue[0].name)
+                    defined.append((queue[0].name, queue[0].message_type))
             elif child.tag in CONFLATED_TAGS:
                 conflated_position += 1
                 conflated.append(conflated_from_xml(child, section.tag, conflated_position, source))
                 order.append(conflated[-1][0].name)
+                defined.append((conflated[-1][0].name, conflated[-1][0].message_type))
             elif child.tag in VIEW_TAGS:
                 view_position += 1
                 views.append(view_from_xml(child, section.tag, view_position, source))
                 order.append(views[-1][0].name)
+                defined.append((views[-1][0].name, views[-1][0].message_type))
             elif child.tag in TOPIC_ELEMENTS:
                 position += 1
                 found = _topic(child, section.tag, position, source, skip_unsupported, modules)
@@ -214,6 +219,7 @@ def load_amps_xml(
                 defined_at[topic.ident] = path
                 topics.append(topic)
                 order.append(topic.name)
+                defined.append((topic.name, topic.message_type))
             else:
                 _not_a_topic(child, section.tag, source, skip_unsupported)
     try:
@@ -223,13 +229,13 @@ def load_amps_xml(
         tag = tag_of.get(exc.field, FIELD_ELEMENTS.get(exc.field, exc.field))
         raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
     try:
-        check_conflated_topics([c for c, _ in conflated], topics, order)
+        check_conflated_topics([c for c, _ in conflated], topics, order, [v for v, _ in views])
     except ConflatedProblem as exc:
         path = conflated[exc.index][1]
         tag = CONFLATED_FIELD_ELEMENTS.get(exc.field, exc.field)
         raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
     try:
-        check_views([v for v, _ in views], order)
+        check_views([v for v, _ in views], defined)
         check_view_sources([v for v, _ in views], topics, [q.name for q, _, _ in queues])
     except ViewProblem as exc:
         view_path = views[exc.index][1]

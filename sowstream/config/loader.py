@@ -51,6 +51,7 @@ from sowstream.config.replicas import (
     ConflatedTopicConfig,
     check_conflated_topics,
     conflated_from_yaml,
+    definition_order,
 )
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
 from sowstream.config.views import (
@@ -58,6 +59,7 @@ from sowstream.config.views import (
     ViewProblem,
     check_view_sources,
     check_views,
+    typed_definitions,
     view_from_yaml,
 )
 
@@ -247,8 +249,9 @@ def load_yaml_text(
         defined_at[topic.ident] = element
         topics.append(topic.model_copy(update={"sow": False}))
     queues = _queues(document.get("queues"), topics, source, skip_unsupported)
-    conflated = _conflated(document.get("conflated_topics"), topics, queues, source)
-    views = _views(document.get("views"), topics, queues, source, conflated)
+    views_read = _view_items(document.get("views"), source)
+    conflated = _conflated(document.get("conflated_topics"), topics, queues, source, views_read)
+    views = _views(views_read, topics, queues, source, conflated)
     try:
         config = SowstreamConfig(
             engine=engine,
@@ -389,16 +392,21 @@ def _queues(
 
 
 def _conflated(
-    raw: Any, topics: list[TopicConfig], queues: tuple[QueueConfig, ...], source: str
+    raw: Any,
+    topics: list[TopicConfig],
+    queues: tuple[QueueConfig, ...],
+    source: str,
+    views: list[ViewConfig],
 ) -> tuple[ConflatedTopicConfig, ...]:
-    """The ``conflated_topics:`` list, checked against the topics (which come before it)."""
+    """The ``conflated_topics:`` list, checked against the topics and views (each conflated
+    topic counts as defined right after what it reads, ``definition_order``)."""
     items = _items(raw, "conflated_topics", "conflated topics ('- Name: orders-C' items)", source)
     found = [
         conflated_from_yaml(item, f"conflated_topics[{n}]", source) for n, item in enumerate(items)
     ]
-    names = [t.name for t in topics] + [q.name for q in queues] + [c.name for c in found]
+    names = definition_order([t.name for t in topics] + [q.name for q in queues], found, views)
     try:
-        check_conflated_topics(found, topics, names)
+        check_conflated_topics(found, topics, names, views)
     except ConflatedProblem as exc:
         key = CONFLATED_FIELD_ELEMENTS.get(exc.field, exc.field)
         raise ConfigError(
@@ -407,21 +415,25 @@ def _conflated(
     return tuple(found)
 
 
+def _view_items(raw: Any, source: str) -> list[ViewConfig]:
+    """The ``views:`` list, each view read on its own (checked by :func:`_views`)."""
+    items = _items(raw, "views", "views ('- Name: by_region' items)", source)
+    return [view_from_yaml(item, f"views[{n}]", source) for n, item in enumerate(items)]
+
+
 def _views(
-    raw: Any,
+    views: list[ViewConfig],
     topics: list[TopicConfig],
     queues: tuple[QueueConfig, ...],
     source: str,
     conflated: tuple[ConflatedTopicConfig, ...] = (),
 ) -> tuple[ViewConfig, ...]:
-    """The ``views:`` list, checked against the topics, queues and conflated topics (which all
-    come before it)."""
-    items = _items(raw, "views", "views ('- Name: by_region' items)", source)
-    views = [view_from_yaml(item, f"views[{n}]", source) for n, item in enumerate(items)]
-    names = [t.name for t in topics] + [q.name for q in queues] + [c.name for c in conflated]
-    names += [v.name for v in views]
+    """The views, checked against the topics, queues and conflated topics (a view reads those
+    and the views before it, ``definition_order``)."""
+    names = definition_order([t.name for t in topics] + [q.name for q in queues], conflated, views)
+    defined = typed_definitions(names, [*topics, *queues], conflated, views)
     try:
-        check_views(views, names)
+        check_views(views, defined)
         check_view_sources(views, topics, [q.name for q in queues])
     except ViewProblem as exc:
         key = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)

@@ -961,20 +961,23 @@ class SowstreamConfig(_Frozen):
                 )
             seen[topic.kafka_name] = topic
         check_queues(self.queues, self.topics)
-        # Loaders check views in document order first; here they come after every topic.
-        names = [t.name for t in self.topics] + [q.name for q in self.queues]
-        names += [c.name for c in self.conflated_topics]
+        # Loaders check in document order first; here each kind keeps its own order, with
+        # conflated topics placed right after what they read (definition_order).
+        names = definition_order(
+            [t.name for t in self.topics] + [q.name for q in self.queues],
+            self.conflated_topics,
+            self.views,
+        )
+        defined = typed_definitions(
+            names, [*self.topics, *self.queues], self.conflated_topics, self.views
+        )
         try:
-            check_views(self.views, [*names, *(v.name for v in self.views)])
+            check_views(self.views, defined)
             check_view_sources(self.views, self.topics, [q.name for q in self.queues])
         except ViewProblem as exc:
             raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
         try:
-            check_conflated_topics(
-                self.conflated_topics,
-                self.topics,
-                [*names, *(v.name for v in self.views)],
-            )
+            check_conflated_topics(self.conflated_topics, self.topics, names, self.views)
         except ConflatedProblem as exc:
             raise FieldProblem(
                 "conflated_topics", f"conflated_topics[{exc.index}]: {exc}"
@@ -1013,10 +1016,30 @@ class SowstreamConfig(_Frozen):
     def conflated_topic_configs(self) -> tuple[TopicConfig, ...]:
         """Each conflated topic as the SOW topic readers see
         (:meth:`ConflatedTopicConfig.topic_config`)."""
-        return tuple(
-            c.topic_config(self.topic(c.underlying_topic, c.message_type))
-            for c in self.conflated_topics
-        )
+        built: dict[str, tuple[TopicConfig, tuple[str, ...]]] = {}
+
+        def build(c: ConflatedTopicConfig) -> tuple[TopicConfig, tuple[str, ...]]:
+            # (the conflated topic, the key fields of the records it copies); views and
+            # conflated topics first: an engine's copy of the config lists them as topics too.
+            if c.name not in built:
+                name = c.underlying_topic
+                inner = next((i for i in self.conflated_topics if i.name == name), None)
+                view = next((v for v in self.views if v.name == name), None)
+                if inner is not None:
+                    underlying, keys = build(inner)
+                elif view is not None:
+                    underlying = view.topic_config()
+                    keys = view.compile().projection.grouping_outputs or ()
+                else:
+                    underlying = self.topic(name, c.message_type)
+                    keys = underlying.keys
+                own = c.topic_config(underlying, keys)
+                # What AMPS_INSTANCE_NAME() gives in its Enrichment (as stamped on SOW topics).
+                own = own.model_copy(update={"instance_name": self.engine.effective_instance_name})
+                built[c.name] = (own, keys)
+            return built[c.name]
+
+        return tuple(build(c)[0] for c in self.conflated_topics)
 
     def view(self, name: str) -> ViewConfig:
         """The view called ``name``; UnknownTopicError if there is none."""
@@ -1087,12 +1110,14 @@ from sowstream.config.replicas import (  # noqa: E402
     ConflatedProblem,
     ConflatedTopicConfig,
     check_conflated_topics,
+    definition_order,
 )
 from sowstream.config.views import (  # noqa: E402
     ViewConfig,
     ViewProblem,
     check_view_sources,
     check_views,
+    typed_definitions,
 )
 
 SowstreamConfig.model_rebuild()

@@ -1,20 +1,24 @@
 """Conflated topics (AMPS ``ConflatedTopic``, old synonym ``ReplicaDefinition``, hence the
 module name): model, checks and parsers.
 
-A conflated topic is a copy of a SOW topic (or view) that changes at most once per record per
-Interval, carrying the record's latest state. :class:`ConflatedTopicConfig` checks one
-definition on its own (Interval bounds, the Filter compiles, TopicFormat shape);
+A conflated topic is a copy of a SOW topic, view or other conflated topic that changes at most
+once per record per Interval, carrying the record's latest state. :class:`ConflatedTopicConfig`
+checks one definition on its own (Interval bounds, the Filter compiles, TopicFormat shape);
 :func:`check_conflated_topics` checks it against the other definitions (the underlying topic
-exists, keeps a SOW and comes earlier; names are unique). :func:`conflated_from_yaml` and
-:func:`conflated_from_xml` read one ``conflated_topics:`` item or ``<ConflatedTopic>`` element.
+exists, keeps a SOW and comes earlier; a regular expression one comes with a TopicFormat; names
+are unique). Over a regular expression (``Pattern``) topic the conflated topic is itself one:
+:func:`conflated_pattern` is its Pattern, the TopicFormat applied to the underlying one.
+:func:`conflated_from_yaml` and :func:`conflated_from_xml` read one ``conflated_topics:`` item
+or ``<ConflatedTopic>`` element.
 """
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError, field_validator, model_validator
 
@@ -38,6 +42,11 @@ from sowstream.config.models import (
 )
 from sowstream.filters import compile_filter
 from sowstream.filters.parser import FilterError
+from sowstream.messagetypes import registry
+from sowstream.sow.enrich import ENRICHMENT, StageError, compile_stage
+
+if TYPE_CHECKING:
+    from sowstream.config.views import ViewConfig
 
 __all__ = [
     "CONFLATED_ELEMENTS",
@@ -49,6 +58,8 @@ __all__ = [
     "check_conflated_topics",
     "conflated_from_xml",
     "conflated_from_yaml",
+    "conflated_pattern",
+    "definition_order",
 ]
 
 DEFAULT_INTERVAL_MS = 5_000
@@ -64,6 +75,7 @@ CONFLATED_ELEMENTS: dict[str, str] = {
     "HashIndex": "hash_indexes",
     "TopicFormat": "topic_format",
     "Partitions": "partitions",  # sowstream's own, as on SOW topics
+    "Enrichment": "enrichment",
 }
 FIELD_ELEMENTS: dict[str, str] = {field: tag for tag, field in CONFLATED_ELEMENTS.items()}
 
@@ -71,8 +83,8 @@ FIELD_ELEMENTS: dict[str, str] = {field: tag for tag, field in CONFLATED_ELEMENT
 class ConflatedTopicConfig(_Frozen):
     """One conflated topic: its underlying SOW topic, Interval (ms), Filter and indexes.
 
-    ``message_type`` None means the underlying topic's; ``topic_format`` is only for a regular
-    expression UnderlyingTopic, which is refused for now (see :func:`check_conflated_topics`).
+    ``message_type`` None means the underlying topic's; ``topic_format`` (required then) names
+    the conflated topics of a regular expression UnderlyingTopic, one per name it holds.
     """
 
     name: str
@@ -83,6 +95,9 @@ class ConflatedTopicConfig(_Frozen):
     hash_indexes: tuple[tuple[str, ...], ...] = ()
     topic_format: str | None = None
     partitions: int = 4
+    # Field texts applied to the conflated topic's records (no OF PREVIOUS), as a SOW topic's
+    # Enrichment is: its own processor enriches what the flushes write to its log.
+    enrichment: tuple[str, ...] = ()
 
     @field_validator("name", mode="before")
     @classmethod
@@ -145,6 +160,8 @@ class ConflatedTopicConfig(_Frozen):
             return None
         if not isinstance(value, str) or "%n" not in value:
             raise ValueError(f"TopicFormat must contain %n (the topic's name), got {value!r}")
+        if value.count("%n") > 1:
+            raise ValueError(f"TopicFormat {value!r} may contain %n only once")
         special = sorted({c for c in value.replace("%n", "") if c in ".^$*+?()[]{}|\\"})
         if special:
             raise ValueError(
@@ -157,6 +174,30 @@ class ConflatedTopicConfig(_Frozen):
     def _partitions(cls, value: object) -> int:
         return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
+    @field_validator("enrichment", mode="before")
+    @classmethod
+    def _enrichment(cls, value: object) -> tuple[str, ...]:
+        if isinstance(value, dict) and set(value) == {"Field"}:
+            value = value["Field"]  # the AMPS shape, {Field: [...]}
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ValueError(
+                f"Enrichment must be a list of Fields like '/a * 2 AS /b', got {value!r}"
+            )
+        try:
+            stage = compile_stage(ENRICHMENT, value)
+        except StageError as exc:
+            raise ValueError(str(exc)) from None
+        for field in stage.fields:
+            if field.reads_previous:
+                raise ValueError(
+                    f"{field.element} {field.text!r}: OF PREVIOUS is not available on a "
+                    "conflated topic (its records are copies made at each flush); read the "
+                    "current record only"
+                )
+        return tuple(value)
+
     @model_validator(mode="after")
     def _consistent(self) -> ConflatedTopicConfig:
         if self.name == self.underlying_topic:
@@ -167,18 +208,86 @@ class ConflatedTopicConfig(_Frozen):
     def interval_seconds(self) -> float:
         return self.interval_ms / 1000
 
-    def topic_config(self, underlying: TopicConfig) -> TopicConfig:
+    def topic_config(
+        self, underlying: TopicConfig, key_fields: tuple[str, ...] | None = None
+    ) -> TopicConfig:
         """The conflated topic as a SOW topic for readers: the underlying topic's message type,
         no Key fields (records keep the underlying SowKeys), its own partitions, and its hash
-        indexes after the underlying Key fields' one (as AMPS creates it)."""
-        automatic = tuple(underlying.keys)
+        indexes after the one on the underlying records' key fields (``key_fields``, by default
+        the underlying Key fields), as AMPS creates it. Over a Pattern topic it is a Pattern
+        topic too, holding the names TopicFormat makes (:func:`conflated_pattern`)."""
+        automatic = tuple(underlying.keys) if key_fields is None else key_fields
         extra = tuple(k for k in self.hash_indexes if k != automatic)
-        return TopicConfig(
-            name=self.name,
-            message_type=underlying.message_type,
-            partitions=self.partitions,
-            hash_indexes=((automatic,) if automatic else ()) + extra,
-        )
+        pattern = None
+        if underlying.pattern is not None and self.topic_format is not None:
+            pattern = conflated_pattern(underlying.pattern, self.topic_format)
+        fields: dict[str, Any] = {
+            "name": self.name,
+            "message_type": underlying.message_type,
+            "partitions": self.partitions,
+            "hash_indexes": ((automatic,) if automatic else ()) + extra,
+            "pattern": pattern,
+        }
+        if self.enrichment:  # an empty one is refused, so it is only given when there is one
+            fields["enrichment"] = self.enrichment
+        return TopicConfig.model_validate(fields)
+
+    def topic_name(self, name: str) -> str:
+        """The conflated topic name of the underlying topic name ``name`` (TopicFormat)."""
+        return self.topic_format.replace("%n", name) if self.topic_format else self.name
+
+
+_GLOBAL_FLAGS = re.compile(r"\(\?[aiLmsux]+\)")
+
+
+def conflated_pattern(pattern: str, topic_format: str) -> str:
+    """The Pattern matching (whole) exactly the names ``topic_format`` makes of the names
+    ``pattern`` matches whole: ``%n-C`` over ``/q/.*`` gives ``(?:/q/.*)-C``.
+
+    Anchors of ``pattern`` (``^``, ``$``, ``\\A``, ``\\Z``) are rewritten to mean the ends of the
+    underlying name inside the formatted one; leading global flags such as ``(?i)`` stay first.
+    """
+    prefix, _, suffix = topic_format.partition("%n")
+    flags = ""
+    found = _GLOBAL_FLAGS.match(pattern)
+    if found:
+        flags, pattern = found.group(0), pattern[found.end() :]
+    start = f"(?<=\\A{re.escape(prefix)})"
+    end = f"(?={re.escape(suffix)}\\Z)"
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            pair = pattern[i : i + 2]
+            out.append(
+                start
+                if pair == "\\A" and not in_class
+                else end
+                if pair == "\\Z" and not in_class
+                else pair
+            )
+            i += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+            out.append(char)
+        elif char == "[":
+            # A class: a leading ^ negates it and a ] right after that is a member.
+            in_class = True
+            out.append(char)
+            for literal in ("^", "]"):
+                if pattern[i + 1 : i + 2] == literal:
+                    out.append(literal)
+                    i += 1
+        elif char == "^":
+            out.append(start)
+        elif char == "$":
+            out.append(end)
+        else:
+            out.append(char)
+        i += 1
+    return f"{flags}{re.escape(prefix)}(?:{''.join(out)}){re.escape(suffix)}"
 
 
 class ConflatedProblem(FieldProblem):
@@ -189,18 +298,121 @@ class ConflatedProblem(FieldProblem):
         self.index = index
 
 
+def definition_order(
+    sow_names: Iterable[str],
+    conflated: Sequence[ConflatedTopicConfig],
+    views: Sequence[ViewConfig],
+) -> list[str]:
+    """Every definition's name in the order cross checks read them where the document gives
+    none (YAML keeps each kind in its own list): SOW topics and queues, then views in their
+    order, each conflated topic right after what it reads (so a view may read a conflated
+    topic over a SOW topic or an earlier view). What reads nothing defined comes last."""
+    order = list(sow_names)
+    pending = list(conflated)
+
+    def place() -> None:
+        placed = True
+        while placed:
+            placed = False
+            for ct in list(pending):
+                if ct.underlying_topic in order:
+                    order.append(ct.name)
+                    pending.remove(ct)
+                    placed = True
+
+    place()
+    for view in views:
+        order.append(view.name)
+        place()
+    order.extend(ct.name for ct in pending)
+    return order
+
+
 def check_conflated_topics(
     conflated: Sequence[ConflatedTopicConfig],
     topics: Sequence[TopicConfig],
     definitions: Sequence[str],
+    views: Sequence[ViewConfig] = (),
 ) -> None:
-    """Check conflated topics against the SOW topics and every definition name (in order).
+    """Check conflated topics against the SOW topics, views and every definition name (in
+    order).
 
-    The UnderlyingTopic must be a SOW topic defined earlier (views over them come later: a
-    conflated topic over a view is not supported yet), of the given MessageType if one is given.
-    A regular expression UnderlyingTopic is refused for now. Raises :class:`ConflatedProblem`.
+    The UnderlyingTopic must be a SOW topic, view or conflated topic defined earlier, of the
+    given MessageType if one is given; a regular expression one (a Pattern topic, or a conflated
+    topic over one) needs a TopicFormat, which nothing else takes. Raises
+    :class:`ConflatedProblem`.
     """
     names = list(definitions)
+    by_view = {v.name: v for v in views}
+    by_conflated = {c.name: c for c in conflated}
+
+    def source(
+        index: int, name: str, wanted: str | None, seen: frozenset[str]
+    ) -> tuple[str, str, bool, tuple[str, ...]]:
+        """(kind, message type, regular expression?, key fields of its records) of what
+        conflated topic ``index`` reads through ``name`` (of message type ``wanted`` if given);
+        ConflatedProblem if it reads nothing it can copy."""
+        ct = conflated[index]
+        found = [t for t in topics if t.name == name]
+        if found:
+            if wanted is not None:
+                found = [t for t in found if t.message_type == wanted]
+                if not found:
+                    raise ConflatedProblem(
+                        index,
+                        "message_type",
+                        f"topic {name!r} has no {wanted} SOW topic; the MessageType must be the "
+                        "UnderlyingTopic's",
+                    )
+            if len(found) > 1:
+                raise ConflatedProblem(
+                    index,
+                    "message_type",
+                    f"topic {name!r} is defined for several message types; give the "
+                    "MessageType to choose one",
+                )
+            if not found[0].sow:
+                raise ConflatedProblem(
+                    index,
+                    "underlying_topic",
+                    f"topic {name!r} keeps no SOW (declared under topics:); a conflated topic "
+                    "copies a SOW topic, so declare it under sow:",
+                )
+            return "topic", found[0].message_type, found[0].pattern is not None, found[0].keys
+        if name in by_view:
+            view = by_view[name]
+            try:
+                keys = view.compile().projection.grouping_outputs or ()
+            except FieldProblem:
+                keys = ()  # the view's own check names its problem
+            return "view", view.message_type, False, keys
+        if name in seen:
+            raise ConflatedProblem(
+                index,
+                "underlying_topic",
+                f"conflated topic {ct.name!r} reads itself through {name!r}: conflated topics "
+                "cannot form a cycle",
+            )
+        if name in by_conflated:
+            inner = by_conflated[name]
+            _, message_type, regex, keys = source(
+                index, inner.underlying_topic, inner.message_type, seen | {name}
+            )
+            return "conflated topic", message_type, regex and inner.topic_format is not None, keys
+        if name in names:
+            raise ConflatedProblem(
+                index,
+                "underlying_topic",
+                f"conflated topic {ct.name!r} reads {name!r}, which is a queue: conflated topics "
+                "over queues are not supported; conflate the queue's underlying topic",
+            )
+        raise ConflatedProblem(
+            index,
+            "underlying_topic",
+            f"conflated topic {ct.name!r} reads topic {name!r}, which is not defined: declare "
+            "it as a SOW topic, view or conflated topic before the conflated topic",
+        )
+
     for i, ct in enumerate(conflated):
         if names.count(ct.name) > 1:
             raise ConflatedProblem(
@@ -208,61 +420,47 @@ def check_conflated_topics(
                 "name",
                 f"{ct.name!r} is defined more than once; a conflated topic needs its own Name",
             )
-        found = [t for t in topics if t.name == ct.underlying_topic]
-        if not found and ct.underlying_topic in names:
+        if (
+            ct.name in names
+            and ct.underlying_topic in names
+            and names.index(ct.underlying_topic) > names.index(ct.name)
+        ):
             raise ConflatedProblem(
                 i,
                 "underlying_topic",
-                f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is a queue, "
-                "view or conflated topic: conflated topics over those are not supported yet; "
-                "conflate a SOW topic",
+                f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is "
+                "defined after it; define the underlying topic first",
             )
-        if not found:
-            raise ConflatedProblem(
-                i,
-                "underlying_topic",
-                f"conflated topic {ct.name!r} reads topic {ct.underlying_topic!r}, which is not "
-                "defined: declare it as a SOW topic before the conflated topic",
-            )
-        if ct.message_type is not None:
-            found = [t for t in found if t.message_type == ct.message_type]
-            if not found:
-                raise ConflatedProblem(
-                    i,
-                    "message_type",
-                    f"topic {ct.underlying_topic!r} has no {ct.message_type} SOW topic; the "
-                    "MessageType must be the UnderlyingTopic's",
-                )
-        if len(found) > 1:
+        kind, message_type, regex, keys = source(
+            i, ct.underlying_topic, ct.message_type, frozenset({ct.name})
+        )
+        if ct.message_type is not None and ct.message_type != message_type:
             raise ConflatedProblem(
                 i,
                 "message_type",
-                f"topic {ct.underlying_topic!r} is defined for several message types; give the "
-                "MessageType to choose one",
+                f"{kind} {ct.underlying_topic!r} is {message_type}, not {ct.message_type}; the "
+                "MessageType must be the UnderlyingTopic's",
             )
-        underlying = found[0]
-        if underlying.pattern is not None or ct.topic_format is not None:
-            raise ConflatedProblem(
-                i,
-                "topic_format" if ct.topic_format is not None else "underlying_topic",
-                f"conflated topic {ct.name!r}: a regular expression UnderlyingTopic (with "
-                "TopicFormat) is not supported yet; conflate a topic without a Pattern",
-            )
-        if not underlying.sow:
+        if regex and ct.topic_format is None:
             raise ConflatedProblem(
                 i,
                 "underlying_topic",
-                f"topic {ct.underlying_topic!r} keeps no SOW (declared under topics:); a "
-                "conflated topic copies a SOW topic, so declare it under sow:",
+                f"conflated topic {ct.name!r} reads {kind} {ct.underlying_topic!r}, which holds "
+                "the topics of a regular expression (Pattern): give a TopicFormat such as "
+                "'%n-C' to name the conflated topic of each",
             )
-        if names.index(ct.underlying_topic) > names.index(ct.name):
+        if not regex and ct.topic_format is not None:
             raise ConflatedProblem(
                 i,
-                "underlying_topic",
-                f"conflated topic {ct.name!r} reads {ct.underlying_topic!r}, which is defined "
-                "after it; define the underlying topic first",
+                "topic_format",
+                f"conflated topic {ct.name!r}: TopicFormat only applies over a regular "
+                f"expression (Pattern) topic, and {kind} {ct.underlying_topic!r} is not one; "
+                "remove the TopicFormat",
             )
-        clash = [t for t in topics if t.kafka_name == ct.topic_config(underlying).kafka_name]
+        if ct.enrichment:
+            _check_enrichment(i, ct, kind, message_type, regex, keys)
+        own = TopicConfig(name=ct.name, message_type=message_type)
+        clash = [t for t in topics if t.kafka_name == own.kafka_name]
         if clash:
             raise ConflatedProblem(
                 i,
@@ -270,6 +468,36 @@ def check_conflated_topics(
                 f"conflated topic {ct.name!r} would share the Kafka topics of topic "
                 f"{clash[0].name!r}; it needs a name of its own",
             )
+
+
+def _check_enrichment(
+    index: int,
+    ct: ConflatedTopicConfig,
+    kind: str,
+    message_type: str,
+    regex: bool,
+    keys: tuple[str, ...],
+) -> None:
+    """What a conflated topic's Enrichment needs of what it reads: parsed messages, one topic
+    (a Pattern topic has no Enrichment), and key fields left alone (the SowKeys are copied)."""
+    if regex:
+        raise ConflatedProblem(
+            index,
+            "enrichment",
+            f"conflated topic {ct.name!r} reads {kind} {ct.underlying_topic!r}, a regular "
+            "expression (Pattern) topic: Enrichment cannot be used over one",
+        )
+    if not registry.type_class(message_type).has_fields:
+        raise ConflatedProblem(
+            index,
+            "enrichment",
+            f"conflated topic {ct.name!r} is {message_type}: its messages are not parsed, so it "
+            "cannot have Enrichment",
+        )
+    try:
+        compile_stage(ENRICHMENT, ct.enrichment, key_fields=keys)
+    except StageError as exc:
+        raise ConflatedProblem(index, "enrichment", str(exc)) from None
 
 
 # ---------------------------------------------------------------------------- YAML
@@ -352,6 +580,12 @@ def conflated_from_xml(
         if child.tag == "HashIndex":
             keys = child_texts(child, "Key", where, source)
             fields.setdefault("hash_indexes", []).append(keys)
+            continue
+        if child.tag == "Enrichment":
+            fields["enrichment"] = child_texts(
+                child, "Field", where, source, like="<Field>/qty * /price AS /total</Field>"
+            )
+            tag_of["enrichment"] = child.tag
             continue
         field = "name" if child.tag == "Topic" else CONFLATED_ELEMENTS[child.tag]
         text = element_text(child, where, source)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import ValidationError, field_validator, model_validator
 
@@ -40,7 +40,7 @@ from sowstream.config.models import (
     _Frozen,
     _topic_name,
 )
-from sowstream.config.queues import QUEUE_MESSAGE_TYPES, available_topic_name
+from sowstream.config.queues import available_topic_name
 from sowstream.views.joins import PRESERVE, JoinPlan, Side
 from sowstream.views.projection import (
     JoinCondition,
@@ -56,10 +56,12 @@ __all__ = [
     "VIEW_ELEMENTS",
     "VIEW_TAGS",
     "CompiledView",
+    "Definition",
     "ViewConfig",
     "ViewProblem",
     "check_view_sources",
     "check_views",
+    "typed_definitions",
     "view_from_xml",
     "view_from_yaml",
 ]
@@ -300,32 +302,75 @@ class ViewProblem(FieldProblem):
         self.index = index
 
 
-def check_views(views: Sequence[ViewConfig], definitions: Sequence[str]) -> None:
-    """Check views against all SOW definitions, given by name in definition order.
+Definition = tuple[str, str | None]
+"""A SOW definition as views see it: its name and message type (None: not known yet, as for a
+conflated topic that takes its underlying topic's type)."""
 
-    ``definitions`` lists every SOW topic, queue, conflated topic and view name in the order of
-    the configuration (the views themselves included). A view's underlying topics must be defined
+
+class _Typed(Protocol):
+    name: str
+
+    @property
+    def message_type(self) -> str | None: ...
+
+
+def typed_definitions(
+    order: Sequence[str],
+    sow: Sequence[_Typed],
+    conflated: Sequence[_Typed],
+    views: Sequence[_Typed],
+) -> list[Definition]:
+    """``order`` (definition names, SOW topics and queues first as in ``sow``, then views and
+    conflated topics) with each name's message type."""
+    out: list[Definition] = [(d.name, d.message_type) for d in sow]
+    pools: dict[str, list[str | None]] = {}
+    for d in [*views, *conflated]:  # a view and a conflated topic cannot share a name and type
+        pools.setdefault(d.name, []).append(d.message_type)
+    for name in order[len(sow) :]:
+        types = pools.get(name)
+        out.append((name, types.pop(0) if types else None))
+    return out
+
+
+def _same(a: Definition, b: Definition) -> bool:
+    """Whether two definitions (or a reference and a definition) may name the same topic:
+    topics are per message type, so one name can hold a json topic and an nvfix view (V12)."""
+    return a[0] == b[0] and (a[1] is None or b[1] is None or a[1] == b[1])
+
+
+def check_views(views: Sequence[ViewConfig], definitions: Sequence[Definition]) -> None:
+    """Check views against all SOW definitions, given as (name, message type) in definition
+    order.
+
+    ``definitions`` lists every SOW topic, queue, conflated topic and view in the order of the
+    configuration (the views themselves included). A view's underlying topics must be defined
     before it; views must not form a cycle. Raises :class:`ViewProblem`.
     """
-    position: dict[str, int] = {}
-    for number, name in enumerate(definitions):
-        position.setdefault(name, number)
-    by_name = {v.name: i for i, v in enumerate(views)}
+    defs = list(definitions)
+    earliest: dict[tuple[int, int], int] = {}  # (view, reference) -> first definition it reads
     for i, view in enumerate(views):
-        if list(definitions).count(view.name) > 1:
+        own = (view.name, view.message_type)
+        if sum(_same(own, d) for d in defs) > 1:
             raise ViewProblem(
-                i, "name", f"{view.name!r} is defined more than once; a view needs its own Name"
+                i,
+                "name",
+                f"{view.name!r} is defined more than once; a view needs its own Name (or a "
+                "MessageType of its own)",
             )
-        for topic in view.underlying_names:
-            if topic not in position:
+        for r, ref in enumerate(view.topics):
+            wanted = (ref.topic, ref.message_type)
+            found = [n for n, d in enumerate(defs) if _same(wanted, d) and d != own]
+            if found:
+                earliest[i, r] = min(found)
+            elif not _same(wanted, own):  # a view reading itself is reported as a cycle below
                 raise ViewProblem(
                     i,
                     _field(view),
-                    f"view {view.name!r} reads topic {topic!r}, which is not defined: declare it "
-                    "as a SOW topic, queue, conflated topic or view before this view",
+                    f"view {view.name!r} reads topic {str(ref)!r}, which is not defined: declare "
+                    "it as a SOW topic, queue, conflated topic or view before this view",
                 )
     for i, view in enumerate(views):
-        cycle = _cycle(view.name, views, by_name)
+        cycle = _cycle(i, views)
         if cycle:
             raise ViewProblem(
                 i,
@@ -334,14 +379,14 @@ def check_views(views: Sequence[ViewConfig], definitions: Sequence[str]) -> None
                 "or through other views",
             )
     for i, view in enumerate(views):
-        own = position.get(view.name, len(definitions))
-        for topic in view.underlying_names:
-            if position[topic] > own:
+        at = next((n for n, d in enumerate(defs) if d == (view.name, view.message_type)), len(defs))
+        for r, ref in enumerate(view.topics):
+            if earliest.get((i, r), -1) > at:
                 raise ViewProblem(
                     i,
                     _field(view),
-                    f"view {view.name!r} reads {topic!r}, which is defined after it; a view can "
-                    "only read definitions that come earlier in the configuration",
+                    f"view {view.name!r} reads {str(ref)!r}, which is defined after it; a view "
+                    "can only read definitions that come earlier in the configuration",
                 )
 
 
@@ -350,7 +395,7 @@ def check_view_sources(
 ) -> None:
     """What the engine needs of each underlying topic: a SOW it can follow.
 
-    A view reads a SOW topic, a queue (json, as queues are) or an earlier view; a topic without
+    A view reads a SOW topic, a queue or an earlier view; a topic without
     a SOW (``topics:``) has no before images to retract. A view's name must not take the Kafka
     topics of a SOW topic, nor may a topic take the name of the topic the engine keeps for a
     queue a view reads. Raises :class:`ViewProblem`.
@@ -373,13 +418,7 @@ def check_view_sources(
             if ref.topic in view_names:
                 continue
             if ref.topic in queues and ref.topic not in by_name:
-                if ref.message_type not in (None, *QUEUE_MESSAGE_TYPES):
-                    raise ViewProblem(
-                        i,
-                        _field(view),
-                        f"view {view.name!r} reads queue {ref.topic!r} as {ref.message_type}: "
-                        f"queues carry {', '.join(QUEUE_MESSAGE_TYPES)} messages",
-                    )
+                # check_views found it as a queue of its type (queues are json).
                 kept = available_topic_name(ref.topic)
                 if kept in by_name or kept in view_names:
                     raise ViewProblem(
@@ -409,18 +448,27 @@ def _field(view: ViewConfig) -> str:
     return "joins" if view.joins else "underlying_topic"
 
 
-def _cycle(start: str, views: Sequence[ViewConfig], by_name: dict[str, int]) -> list[str] | None:
-    """The first cycle through ``start`` along underlying views, as a name path, if any."""
-    stack: list[tuple[str, list[str]]] = [(start, [start])]
-    seen: set[str] = set()
+def _cycle(start: int, views: Sequence[ViewConfig]) -> list[str] | None:
+    """The first cycle through view ``start`` along underlying views, as a name path, if any."""
+
+    def reads(view: ViewConfig) -> list[int]:
+        return [
+            n
+            for ref in view.topics
+            for n, other in enumerate(views)
+            if _same((ref.topic, ref.message_type), (other.name, other.message_type))
+        ]
+
+    stack: list[tuple[int, list[str]]] = [(start, [views[start].name])]
+    seen: set[int] = set()
     while stack:
-        name, path = stack.pop()
-        for topic in views[by_name[name]].underlying_names:
-            if topic == start:
-                return [*path, start]
-            if topic in by_name and topic not in seen:
-                seen.add(topic)
-                stack.append((topic, [*path, topic]))
+        index, path = stack.pop()
+        for n in reads(views[index]):
+            if n == start:
+                return [*path, views[start].name]
+            if n not in seen:
+                seen.add(n)
+                stack.append((n, [*path, views[n].name]))
     return None
 
 

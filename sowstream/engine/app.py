@@ -650,8 +650,10 @@ class Engine:
         for view in config.views:
             self._wire_view(view)
         self.conflated_runners: dict[str, ConflatedRunner] = {}
-        for conflated in config.conflated_topics:
-            self._wire_conflated(conflated)
+        for conflated, own in zip(
+            config.conflated_topics, config.conflated_topic_configs, strict=True
+        ):
+            self._wire_conflated(conflated, own)
         self._wire_lifecycle()
 
     def _raw_topic(self, name: str, partitions: int) -> Any:
@@ -758,13 +760,13 @@ class Engine:
 
         app.agent(input_topic, name=f"sowstream.view.{own.ident}")(maintain)
 
-    def _wire_conflated(self, conflated: ConflatedTopicConfig) -> None:
-        """A conflated topic: its input topic, its table of flushed positions, the agent that
-        folds the input in, the task that flushes every Interval, and the feed that makes the
-        underlying topic's processor fill the input topic."""
+    def _wire_conflated(self, conflated: ConflatedTopicConfig, own: TopicConfig) -> None:
+        """A conflated topic (``own`` as a SOW topic): its input topic, its table of flushed
+        positions, the agent that folds the input in, the task that flushes every Interval, and
+        the feed that makes the underlying topic's processor (a SOW topic's, a view's or another
+        conflated topic's) fill the input topic."""
         app = self.app
-        underlying = self.config.topic(conflated.underlying_topic, conflated.message_type)
-        own = conflated.topic_config(underlying)
+        underlying = self.config.topic(conflated.underlying_topic, own.message_type)
         self.processors[own.ident].view_name = conflated.name
         input_name = self.names.view_input(conflated.name, own.message_type)
         table = app.Table(
@@ -782,6 +784,7 @@ class Engine:
             input_topic=input_name,
             log_topic=self.names.log(conflated.name, own.message_type),
             codec=own.codec,
+            pattern=own.pattern is not None,
         )
         self.conflated_runners[own.ident] = runner
         self.processors[underlying.ident].views.append(ConflatedFeed(conflated, input_name))
@@ -1414,6 +1417,11 @@ class Engine:
             "inputs": inputs,
             "restore": restore_progress(self.app),
             "subscriptions": subscriptions,
+            # Per conflated topic, since this worker started: changes in, records written.
+            "conflated": {
+                r.conflated.name: {"incoming": r.incoming, "published": r.published}
+                for r in self.conflated_runners.values()
+            },
         }
 
     async def worker_status(self) -> list[dict[str, Any]]:

@@ -22,11 +22,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sowstream.config.replicas import ConflatedTopicConfig
+from sowstream.engine import metrics
 from sowstream.engine.derived import runner_store, write_records
 from sowstream.engine.partition import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
+from sowstream.sow.patterns import split_key
 from sowstream.views.conflation import Conflator
 from sowstream.wire import headers as h
 
@@ -48,6 +50,7 @@ class ConflatedRunner:
         input_topic: str,
         log_topic: str,
         codec: MessageType,
+        pattern: bool = False,
     ) -> None:
         self.conflated = conflated
         self.input_topic = input_topic
@@ -62,6 +65,28 @@ class ConflatedRunner:
         self._memory: dict[int, MemoryPartition] = {}
         self._lock = asyncio.Lock()
         self._header = (h.VIEW, conflated.name.encode())
+        # Over a Pattern topic the input is keyed by record keys (name and SowKey): each record
+        # goes out under its SowKey and the name TopicFormat makes of its name.
+        self._topic_of = self._formatted if pattern else None
+        # Since this worker started: changes taken in, records written (conflation ratio).
+        self.incoming = 0
+        self.published = 0
+        self._incoming = metrics.CONFLATED_INCOMING.labels(conflated.name)
+        self._published = metrics.CONFLATED_PUBLISHED.labels(conflated.name)
+
+    def _formatted(self, record_key: str) -> tuple[str, str]:
+        name, sow_key = split_key(record_key)
+        return sow_key, self.conflated.topic_name(name)
+
+    def _add(self, conflator: Conflator, offset: int, value: bytes | None) -> None:
+        """Fold one input event in, counting the changes taken."""
+        if conflator.add(offset, value):
+            self.incoming += 1
+            self._incoming.inc()
+
+    def ratio(self) -> float | None:
+        """Changes taken in per record written since this worker started (None: none written)."""
+        return round(self.incoming / self.published, 2) if self.published else None
 
     def _store(self, partition: int) -> PartitionStore:
         store = self._stores.get(partition)
@@ -82,7 +107,7 @@ class ConflatedRunner:
             if last > conflator.taken:
                 async for batch in self._reader.batches(partition, last, conflator.taken + 1):
                     for rec in batch:
-                        conflator.add(rec.offset, rec.value)
+                        self._add(conflator, rec.offset, rec.value)
             self._parts[partition] = conflator
             log.info(
                 "conflated topic %s partition %d: flushed up to input offset %d, %d records "
@@ -152,8 +177,8 @@ class ConflatedRunner:
                         rec.partition, rec.offset - 1, conflator.taken + 1
                     ):
                         for missed in batch:
-                            conflator.add(missed.offset, missed.value)
-                conflator.add(rec.offset, rec.value)
+                            self._add(conflator, missed.offset, missed.value)
+                self._add(conflator, rec.offset, rec.value)
 
     async def flush(self) -> int:
         """Write every partition's pending states to the log; returns how many were written."""
@@ -165,7 +190,12 @@ class ConflatedRunner:
                     continue
                 try:
                     await write_records(
-                        self._sender, self.log_topic, self._header, self._codec, pending.items()
+                        self._sender,
+                        self.log_topic,
+                        self._header,
+                        self._codec,
+                        pending.items(),
+                        self._topic_of,
                     )
                 except Exception:
                     conflator.restore(pending)
@@ -182,6 +212,8 @@ class ConflatedRunner:
                 await store.replicate(entries, self._sender.send)
                 conflator.flushed_to(upto)
                 written += len(pending)
+                self.published += len(pending)
+                self._published.inc(len(pending))
         return written
 
     async def run(self) -> None:

@@ -8,7 +8,7 @@ runner stores its progress only once Kafka has acknowledged every one of them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -27,17 +27,25 @@ async def write_records(
     header: tuple[str, bytes],
     codec: MessageType,
     records: Iterable[tuple[str, Mapping[str, Any] | None]],
+    topic_of: Callable[[str], tuple[str, str]] | None = None,
 ) -> None:
     """Write ``(SowKey, record or None for a delete)`` to ``log_topic`` and wait for Kafka's
-    acknowledgements; RuntimeError if any is missing (the caller then stores nothing)."""
+    acknowledgements; RuntimeError if any is missing (the caller then stores nothing).
+
+    For a Pattern topic's log, ``topic_of`` turns each key into the SowKey and the topic name
+    the record goes out under (header ``sow.topic``)."""
     futures: list[asyncio.Future[Any]] = []
     json = codec.name == "json"
-    for sow_key, record in records:
+    for key, record in records:
+        headers = [header]
+        sow_key = key
+        if topic_of is not None:
+            sow_key, name = topic_of(key)
+            headers.append((h.TOPIC, name.encode()))
         if record is None:
-            headers = [(h.COMMAND, h.SOW_DELETE.encode()), header]
+            headers.append((h.COMMAND, h.SOW_DELETE.encode()))
             value = None
         else:
-            headers = [header]
             value = orjson.dumps(record) if json else codec.serialise(record)
         fut = await sender.send(log_topic, value, key=sow_key.encode(), headers=headers)
         if fut is not None:

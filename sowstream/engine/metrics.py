@@ -46,6 +46,12 @@ VIEW_CHANGES = Counter(
     "View records written or deleted by view maintainers",
     ["view"],
 )
+VIEW_UPDATES = Counter(
+    "sowstream_view_updates_total",
+    "Underlying changes a view read (stage incoming) and applied (stage processed); with "
+    "Conflation inline their ratio is the view's conflation ratio",
+    ["view", "stage"],
+)
 QUEUE_MESSAGES = Counter(
     "sowstream_queue_messages_total",
     "Queue messages by what happened to them on this worker: delivered, acked, sent "
@@ -57,4 +63,15 @@ QUEUE_DEPTH = Gauge(
     "sowstream_queue_depth",
     "Messages in the queue on this worker (its partitions), available or leased",
     ["queue", "state"],
+)
+CONFLATED_INCOMING = Counter(
+    "sowstream_conflated_incoming_total",
+    "Changes of the underlying topic a conflated topic took in on this worker",
+    ["topic"],
+)
+CONFLATED_PUBLISHED = Counter(
+    "sowstream_conflated_published_total",
+    "Records a conflated topic wrote to its log on this worker (incoming / published is its "
+    "conflation ratio)",
+    ["topic"],
 )

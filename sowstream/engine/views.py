@@ -38,6 +38,7 @@ from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
 from sowstream.views.accumulators import StateError
+from sowstream.views.inline import UnderlyingChange, conflate, last_per_record
 from sowstream.views.maintainer import ViewChange, ViewMaintainer
 from sowstream.views.routing import decode_event, source_mark
 from sowstream.wire import headers as h
@@ -186,16 +187,22 @@ class ViewRunner:
         by_partition: dict[int, list[RawRecord]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
-        for partition, recs in by_partition.items():
-            try:
-                await self._apply_partition(partition, recs)
-            except Exception:
-                # Nothing is lost: the partition is loaded again from its store, and the next
-                # event makes it read what it missed from the input topic.
-                log.exception(
-                    "view %s partition %d: applying events failed", self.view.name, partition
-                )
-                self._parts.pop(partition, None)
+        # Partitions hold disjoint groups (events are routed by group or join key), so their
+        # batches go concurrently: each waits for Kafka twice, and the waits overlap.
+        if len(by_partition) == 1:
+            ((partition, recs),) = by_partition.items()
+            await self._apply_safely(partition, recs)
+        else:
+            await asyncio.gather(*(self._apply_safely(p, rs) for p, rs in by_partition.items()))
+
+    async def _apply_safely(self, partition: int, recs: list[RawRecord]) -> None:
+        try:
+            await self._apply_partition(partition, recs)
+        except Exception:
+            # Nothing is lost: the partition is loaded again from its store, and the next
+            # event makes it read what it missed from the input topic.
+            log.exception("view %s partition %d: applying events failed", self.view.name, partition)
+            self._parts.pop(partition, None)
 
     async def _apply_partition(self, partition: int, recs: list[RawRecord]) -> None:
         vp = self.ready(partition)
@@ -244,9 +251,40 @@ class ViewRunner:
             metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
 
     def _fold(self, vp: ViewPartition, recs: Sequence[RawRecord]) -> list[ViewChange]:
-        """Apply events to the maintainer; returns the view changes in order."""
+        """Apply events to the maintainer; returns the view changes in order (with
+        ``Conflation: inline``, one change per view record touched by the batch)."""
+        events = self._events(vp, recs)
+        incoming = len(events)
+        if self.view.conflation == "inline":
+            events = conflate(events)
+        metrics.VIEW_UPDATES.labels(self.view.name, "incoming").inc(incoming)
+        metrics.VIEW_UPDATES.labels(self.view.name, "processed").inc(len(events))
         out: list[ViewChange] = []
         maintainer = vp.maintainer
+        for event in events:
+            try:
+                out.extend(
+                    maintainer.apply(
+                        event.topic, event.sow_key, event.before, event.after, seq=event.seq
+                    )
+                )
+            except (StateError, ValueError) as exc:
+                log.error(
+                    "view %s: change of %s %s at %s@%d not applied: %s",
+                    self.view.name,
+                    event.topic,
+                    event.sow_key,
+                    self.input_topic,
+                    event.seq,
+                    exc,
+                )
+        if self.view.conflation == "inline":
+            out = last_per_record(out)
+        return out
+
+    def _events(self, vp: ViewPartition, recs: Sequence[RawRecord]) -> list[UnderlyingChange]:
+        """The batch's events not applied before (advancing the watermark and source marks)."""
+        out: list[UnderlyingChange] = []
         for rec in recs:
             vp.watermark = max(vp.watermark, rec.offset)
             if rec.value is None:
@@ -267,17 +305,5 @@ class ViewRunner:
             if place <= vp.marks.get(stream, _NO_MARK):
                 continue  # produced again by a worker that replayed its log
             vp.marks[stream] = place
-            try:
-                out.extend(maintainer.apply(topic, sow_key, before, after, seq=rec.offset))
-            except (StateError, ValueError) as exc:
-                log.error(
-                    "view %s: change of %s %s at %s[%d]@%d not applied: %s",
-                    self.view.name,
-                    topic,
-                    sow_key,
-                    self.input_topic,
-                    rec.partition,
-                    rec.offset,
-                    exc,
-                )
+            out.append(UnderlyingChange(topic, sow_key, before, after, rec.offset))
         return out

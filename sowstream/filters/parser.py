@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -430,22 +430,23 @@ def _parse(text: str, start: str, stage: bool = False) -> Any:
         raise _convert(exc, text, start, stage) from None
 
 
-def parse_filter(text: str, *, stage: bool = False) -> ast.Expr:
+def parse_filter(text: str, *, stage: bool = False, functions: Collection[str] = ()) -> ast.Expr:
     """Parse filter text into its AST; any problem is a FilterError with a position.
 
     ``stage`` admits what only a SOW topic's Preprocessing and Enrichment fields may use:
-    ``OF PREVIOUS`` and ``ast.STAGE_FUNCTIONS`` (sowstream.sow.enrich says where each applies).
+    ``OF PREVIOUS`` and ``ast.STAGE_FUNCTIONS`` (sowstream.sow.enrich says where each applies);
+    ``functions`` admits some of those functions elsewhere (views take the deterministic ones).
     """
     tree = _parse(text, "filter", stage)
     if not isinstance(tree, ast.Expr):  # pragma: no cover - the grammar only yields nodes
         raise FilterError("internal error: no expression", text=text, position=0)
     _check_depth(tree, text)
     if not stage:
-        _refuse_stage_only(tree, text)
+        _refuse_stage_only(tree, text, functions)
     return tree
 
 
-def _refuse_stage_only(tree: ast.Expr, text: str) -> None:
+def _refuse_stage_only(tree: ast.Expr, text: str, allowed: Collection[str]) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Previous):
             raise FilterError(
@@ -453,7 +454,11 @@ def _refuse_stage_only(tree: ast.Expr, text: str) -> None:
                 text=text,
                 position=max(node.pos, 0),
             )
-        if isinstance(node, ast.Func) and node.name in ast.STAGE_FUNCTIONS:
+        if (
+            isinstance(node, ast.Func)
+            and node.name in ast.STAGE_FUNCTIONS
+            and node.name not in allowed
+        ):
             raise FilterError(
                 f"{node.name} is only available in the Preprocessing and Enrichment fields of "
                 "a SOW topic",

@@ -157,6 +157,7 @@ class _Source:
     masked: str
     offset: int
     stage: bool = False  # a Preprocessing or Enrichment field (parse_filter's ``stage``)
+    functions: frozenset[str] = frozenset()  # parse_filter's ``functions``
 
     def error(self, position: int, problem: str) -> AggregationError:
         return AggregationError(self.option, self.offset + position, problem)
@@ -168,7 +169,9 @@ class _Source:
     def parse(self, start: int, end: int, what: str) -> ast.Expr:
         """Parse ``text[start:end]`` with the filter parser, keeping positions absolute."""
         try:
-            return parse_filter(" " * start + self.text[start:end], stage=self.stage)
+            return parse_filter(
+                " " * start + self.text[start:end], stage=self.stage, functions=self.functions
+            )
         except FilterError as exc:
             problem = _filter_problem(exc)
             raise self.error(exc.position, f"{problem} (in {what})" if what else problem) from None
@@ -184,13 +187,15 @@ def _filter_problem(exc: FilterError, aggregates: Collection[str] = AGGREGATE_FU
     return exc.reason
 
 
-def _source(option: str, text: str, offset: int, stage: bool = False) -> _Source:
+def _source(
+    option: str, text: str, offset: int, stage: bool = False, functions: Collection[str] = ()
+) -> _Source:
     # Tolerate the whole `option=[...]` item as well as just its value.
     prefix = re.match(rf"\s*{option}\s*=", text, re.I)
     if prefix:
         text = " " * prefix.end() + text[prefix.end() :]
     masked, unclosed = _mask_strings(text)
-    src = _Source(option, text, masked, offset, stage)
+    src = _Source(option, text, masked, offset, stage, frozenset(functions))
     if unclosed is not None:
         raise src.error(unclosed, "unterminated string literal")
     return src
@@ -297,7 +302,7 @@ def _parse_expression(
     calls: dict[int, _Call] = {}
     while True:
         try:
-            return parse_filter("".join(chars), stage=src.stage), calls
+            return parse_filter("".join(chars), stage=src.stage, functions=src.functions), calls
         except FilterError as exc:
             unknown = _UNKNOWN_FUNCTION.fullmatch(exc.reason)
             name = unknown.group(1).upper() if unknown else ""
@@ -354,7 +359,9 @@ def _projection_entry(
             raise src.error(start, "nothing to project before AS")
         try:
             target: ast.Expr | None = parse_filter(
-                " " * target_start + src.text[target_start:end], stage=src.stage
+                " " * target_start + src.text[target_start:end],
+                stage=src.stage,
+                functions=src.functions,
             )
         except FilterError:
             target = None
@@ -1043,15 +1050,20 @@ mask_strings = _mask_strings
 
 
 def parse_projection_field(
-    text: str, *, aggregates: Collection[str] = AGGREGATE_FUNCTIONS, stage: bool = False
+    text: str,
+    *,
+    aggregates: Collection[str] = AGGREGATE_FUNCTIONS,
+    stage: bool = False,
+    functions: Collection[str] = (),
 ) -> ProjectionEntry:
     """Parse one projection entry (``SUM(/qty) AS /total``), without the surrounding list.
 
     ``aggregates`` names the functions read as aggregate calls (views accept more than queries);
-    ``stage`` reads a Preprocessing or Enrichment field (``parse_filter``'s ``stage``).
+    ``stage`` reads a Preprocessing or Enrichment field (``parse_filter``'s ``stage``),
+    ``functions`` admits some stage-only functions (``parse_filter``'s ``functions``).
     Raises :class:`AggregationError` with the 0-based position in ``text``.
     """
-    src = _source("projection", text, 0, stage)
+    src = _source("projection", text, 0, stage, functions)
     masked = src.masked
     start = len(masked) - len(masked.lstrip())
     end = len(masked.rstrip())

@@ -74,17 +74,19 @@ class Conflator:
         self.taken = flushed
         self.pending: dict[str, dict[str, Any] | None] = {}
 
-    def add(self, offset: int, value: bytes | None) -> None:
-        """Fold in the input event at ``offset`` (events at or below ``taken`` are ignored)."""
+    def add(self, offset: int, value: bytes | None) -> bool:
+        """Fold in the input event at ``offset`` (events at or below ``taken`` are ignored);
+        True when it was a change taken in."""
         if offset <= self.taken:
-            return
+            return False
         self.taken = offset
         if value is None:
-            return
+            return False
         _, sow_key, _, after, _ = decode_event(value)
         # Re-inserted so the flush writes records in the order of their last change.
         self.pending.pop(sow_key, None)
         self.pending[sow_key] = after
+        return True
 
     def take(self) -> tuple[dict[str, dict[str, Any] | None], int]:
         """What to write at a flush, and the input offset it covers; the caller calls

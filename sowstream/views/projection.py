@@ -46,6 +46,10 @@ __all__ = [
     "parse_topic_ref",
 ]
 
+# Functions otherwise kept for Preprocessing and Enrichment that a view may use: they give the
+# same result on every worker and every replay (UNIX_TIMESTAMP and AMPS_INSTANCE_NAME do not).
+VIEW_FUNCTIONS = frozenset({"IF", "CRC32"})
+
 VIEW_AGGREGATE_FUNCTIONS: tuple[str, ...] = (
     *AGGREGATE_FUNCTIONS,
     "ANY",
@@ -444,7 +448,9 @@ def compile_projection(
         element = f"Projection/Field[{number}]"
         rewritten = resolver.rewrite(text, element)
         try:
-            entry = parse_projection_field(rewritten.text, aggregates=VIEW_AGGREGATE_FUNCTIONS)
+            entry = parse_projection_field(
+                rewritten.text, aggregates=VIEW_AGGREGATE_FUNCTIONS, functions=VIEW_FUNCTIONS
+            )
         except AggregationError as exc:
             raise ViewDefinitionError(f"{element}, position {exc.position}", exc.problem) from None
         resolver.check_unqualified(entry.expr, rewritten, element, entry.calls)
@@ -472,7 +478,7 @@ def compile_projection(
     if filter_text is not None:
         rewritten = resolver.rewrite(filter_text, "Filter")
         try:
-            tree = parse_filter(rewritten.text)
+            tree = parse_filter(rewritten.text, functions=VIEW_FUNCTIONS)
         except FilterError as exc:
             raise ViewDefinitionError(f"Filter, position {exc.position}", exc.reason) from None
         predicate = compile_predicate(tree)

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.integration
 TOPICS: list[dict[str, Any]] = [
     {"Name": "orders", "Key": ["/orderId"], "Partitions": 2},
     {"Name": "tasks", "Key": ["/orderId"], "Partitions": 2},
+    {"Name": "example", "Key": ["/id"], "Partitions": 1},
 ]
 BY_REGION: dict[str, Any] = {
     "Name": "BY_REGION",
@@ -56,6 +57,17 @@ VIEWS: list[dict[str, Any]] = [
         "Partitions": 1,
     },
 ]
+VIEWS.append(
+    {
+        # V12: an nvfix view named like the json topic it reads; they are two topics.
+        "Name": "example",
+        "MessageType": "nvfix",
+        "UnderlyingTopic": "[json].[example]",
+        "Projection": ["[json].[example]./id AS /id"],
+        "Grouping": ["[json].[example]./id"],
+        "Partitions": 1,
+    }
+)
 # /big is not a field of BY_REGION: every row of BIG_REGIONS falls in the one NULL group.
 
 
@@ -193,6 +205,15 @@ def test_v2_filtered_view(client: Client) -> None:
         client.publish("tasks", record)
         client.flush()
         eventually(lambda: regions(client, view), expected)
+
+
+def test_v12_an_nvfix_view_of_a_json_topic_of_the_same_name(client: Client) -> None:
+    client.sow_delete("example", filter="1=1")
+    client.publish("example", {"id": 5})
+    eventually(lambda: client.sow_records("example", message_type="nvfix"), [b"id=5\x01"])
+    assert client.sow_records("example") == [{"id": 5}]
+    with pytest.raises(InvalidCommandError, match="view"):
+        client.publish("example", b"id=6\x01", message_type="nvfix")
 
 
 def test_v14_aggregated_query_equals_the_view_and_a_view_of_the_view(client: Client) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sowstream.config import ConfigError
 from sowstream.config import load_config_text as load
+from sowstream.config.replicas import conflated_pattern
 
 TOPIC = "sow:\n  - Name: orders\n    Key: [/id]\n"
 
@@ -54,8 +57,10 @@ def test_yaml_every_option() -> None:
         ("    HashIndex: [qty]\n", "conflated_topics[0].HashIndex", "Key paths"),
         ("    MessageType: xml\n", "conflated_topics[0].MessageType", "no xml SOW topic"),
         ("    Colour: red\n", "conflated_topics[0].Colour", "unknown key"),
-        ("    TopicFormat: '%n-C'\n", "conflated_topics[0].TopicFormat", "not supported yet"),
+        ("    TopicFormat: '%n-C'\n", "conflated_topics[0].TopicFormat", "only applies over"),
         ("    TopicFormat: 'x-C'\n", "conflated_topics[0].TopicFormat", "must contain %n"),
+        ("    TopicFormat: '%n.C'\n", "conflated_topics[0].TopicFormat", "regular expression"),
+        ("    TopicFormat: '%n-%n'\n", "conflated_topics[0].TopicFormat", "only once"),
     ],
 )
 def test_yaml_errors_name_the_element(body: str, element: str, problem: str) -> None:
@@ -80,13 +85,58 @@ def test_underlying_topic_without_a_sow_is_refused() -> None:
     assert "keeps no SOW" in err.problem
 
 
-def test_regex_underlying_topic_is_not_supported_yet() -> None:
-    err = yaml_error(
-        "sow:\n  - Name: fx\n    Pattern: 'fx/.*'\n    Key: [/id]\n"
-        "conflated_topics:\n  - Name: c\n    UnderlyingTopic: fx\n"
-    )
+PATTERN = "sow:\n  - Name: quotes\n    Pattern: '/q/.*'\n    Key: [/sym]\n"
+
+
+def test_regex_underlying_topic_without_topic_format_is_refused() -> None:
+    err = yaml_error(PATTERN + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: quotes\n")
     assert err.element == "conflated_topics[0].UnderlyingTopic"
-    assert "not supported yet" in err.problem
+    assert "give a TopicFormat such as '%n-C'" in err.problem
+
+
+def test_regex_underlying_topic_with_topic_format_is_a_pattern_topic() -> None:
+    config = load(
+        PATTERN + "conflated_topics:\n  - Name: quotes-C\n    UnderlyingTopic: quotes\n"
+        "    TopicFormat: '%n-C'\n"
+    )
+    (own,) = config.conflated_topic_configs
+    assert own.name == "quotes-C"
+    assert own.hash_indexes == (("/sym",),)
+    assert own.matches_name("/q/eu-C")
+    assert not own.matches_name("/q/eu")
+    assert not own.matches_name("/r/eu-C")
+    assert config.conflated_topics[0].topic_name("/q/eu") == "/q/eu-C"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "topic_format", "names", "others"),
+    [
+        ("/q/.*", "%n-C", ["/q/eu-C", "/q/-C"], ["/q/eu", "/q/eu-D", "x/q/eu-C"]),
+        ("^/q/.*$", "%n-C", ["/q/eu-C"], ["/q/eu-C-D", "/q/eu"]),
+        ("^a|^b$", "x/%n", ["x/a", "x/b"], ["x/ab", "a", "x/ba"]),
+        (r"\Aa+\Z", "c/%n/d", ["c/aa/d"], ["c/aa/d/d", "aa"]),
+        ("[^]$^]+", "%n-C", ["ab-C"], ["]-C", "$-C", "-C"]),
+    ],
+)
+def test_conflated_pattern_matches_the_formatted_names_only(
+    pattern: str, topic_format: str, names: list[str], others: list[str]
+) -> None:
+    regex = re.compile(conflated_pattern(pattern, topic_format))
+    assert [n for n in names if regex.fullmatch(n)] == names
+    assert [n for n in others if regex.fullmatch(n)] == []
+
+
+def test_a_conflated_topic_over_a_conflated_regex_topic_needs_a_topic_format_too() -> None:
+    text = (
+        PATTERN + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: quotes\n"
+        "    TopicFormat: '%n-C'\n  - Name: cc\n    UnderlyingTopic: c\n"
+    )
+    err = yaml_error(text)
+    assert err.element == "conflated_topics[1].UnderlyingTopic"
+    assert "conflated topic 'c'" in err.problem and "TopicFormat" in err.problem
+    config = load(text + "    TopicFormat: 'slow/%n'\n")
+    outer = config.conflated_topic_configs[1]
+    assert outer.matches_name("slow//q/eu-C") and not outer.matches_name("slow//q/eu")
 
 
 def test_name_taken_twice_is_refused() -> None:
@@ -168,21 +218,158 @@ def test_xml_underlying_topic_defined_after_is_refused() -> None:
     assert "defined after it" in caught.value.problem
 
 
-def test_a_conflated_topic_over_another_is_not_supported_yet() -> None:
-    err = yaml_error(
+def test_a_conflated_topic_over_another_keeps_the_key_index() -> None:
+    config = load(
         TOPIC + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: orders\n"
-        "  - Name: cc\n    UnderlyingTopic: c\n"
+        "  - Name: cc\n    UnderlyingTopic: c\n    Interval: 10s\n"
     )
-    assert err.element == "conflated_topics[1].UnderlyingTopic"
-    assert "not supported yet" in err.problem
+    outer = config.conflated_topic_configs[1]
+    assert (outer.name, outer.hash_indexes, outer.pattern) == ("cc", (("/id",),), None)
 
 
-def test_xml_conflated_topic_over_a_view_is_not_supported_yet() -> None:
+def test_conflated_topics_may_not_read_each_other_in_a_cycle() -> None:
+    err = yaml_error(
+        TOPIC + "conflated_topics:\n  - Name: a\n    UnderlyingTopic: b\n"
+        "  - Name: b\n    UnderlyingTopic: a\n"
+    )
+    assert err.element == "conflated_topics[0].UnderlyingTopic"
+    assert "defined after it" in err.problem or "cycle" in err.problem
+
+
+VIEW = (
+    "views:\n  - Name: v\n    UnderlyingTopic: orders\n"
+    "    Projection: [/region, SUM(/qty) AS /qty]\n    Grouping: [/region]\n"
+)
+
+
+def test_yaml_conflated_topic_over_a_view_and_a_view_over_that() -> None:
+    config = load(
+        TOPIC + VIEW + "  - Name: w\n    UnderlyingTopic: vc\n    Projection: [COUNT(/qty) AS /n]\n"
+        "    Grouping: [/qty]\n"
+        "conflated_topics:\n  - Name: vc\n    UnderlyingTopic: v\n    Interval: 1s\n"
+    )
+    (own,) = config.conflated_topic_configs
+    assert (own.name, own.hash_indexes) == ("vc", (("/region",),))
+
+
+def test_yaml_view_and_conflated_topic_reading_each_other_are_refused() -> None:
+    err = yaml_error(
+        TOPIC + "views:\n  - Name: v\n    UnderlyingTopic: vc\n    Projection: [/id]\n"
+        "    Grouping: [/id]\n"
+        "conflated_topics:\n  - Name: vc\n    UnderlyingTopic: v\n"
+    )
+    assert err.element in ("views[0].UnderlyingTopic", "conflated_topics[0].UnderlyingTopic")
+    assert "defined after it" in err.problem
+
+
+def test_conflated_topic_over_a_view_of_another_message_type_is_refused() -> None:
+    err = yaml_error(
+        TOPIC + VIEW + "conflated_topics:\n  - Name: vc\n    UnderlyingTopic: v\n"
+        "    MessageType: xml\n"
+    )
+    assert err.element == "conflated_topics[0].MessageType"
+    assert "view 'v' is json, not xml" in err.problem
+
+
+def test_conflated_topic_over_a_queue_is_refused() -> None:
+    err = yaml_error(
+        TOPIC + "queues:\n  - Name: work\n    UnderlyingTopic: orders\n"
+        "conflated_topics:\n  - Name: c\n    UnderlyingTopic: work\n"
+    )
+    assert err.element == "conflated_topics[0].UnderlyingTopic"
+    assert "which is a queue" in err.problem
+
+
+def test_xml_conflated_topic_over_a_view() -> None:
+    config = load(
+        xml(
+            "<View><Name>v</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+            "<Projection><Field>/id</Field></Projection><Grouping><Field>/id</Field></Grouping>"
+            "</View><ConflatedTopic><Name>c</Name><UnderlyingTopic>v</UnderlyingTopic>"
+            "</ConflatedTopic>"
+        )
+    )
+    assert [c.topic_config(config.view_topics[0]).name for c in config.conflated_topics] == ["c"]
+
+
+def test_xml_conflated_topic_before_its_view_is_refused() -> None:
     err = xml_error(
+        "<ConflatedTopic><Name>c</Name><UnderlyingTopic>v</UnderlyingTopic></ConflatedTopic>"
         "<View><Name>v</Name><UnderlyingTopic>orders</UnderlyingTopic>"
         "<Projection><Field>/id</Field></Projection><Grouping><Field>/id</Field></Grouping>"
-        "</View><ConflatedTopic><Name>c</Name><UnderlyingTopic>v</UnderlyingTopic>"
-        "</ConflatedTopic>"
+        "</View>"
     )
     assert err.element == "SOW/ConflatedTopic[c]/UnderlyingTopic"
-    assert "'v', which is a queue, view or conflated topic" in err.problem
+    assert "defined after it" in err.problem
+
+
+def test_xml_topic_format_over_a_regex_topic() -> None:
+    config = load(
+        "<SOW><Topic><Name>Quotes</Name><MessageType>json</MessageType><Pattern>/q/.*</Pattern>"
+        "<Key>/sym</Key></Topic><ConflatedTopic><Name>Quotes-C</Name>"
+        "<UnderlyingTopic>Quotes</UnderlyingTopic><TopicFormat>%n-C</TopicFormat>"
+        "</ConflatedTopic></SOW>",
+        "amps.xml",
+    )
+    assert config.conflated_topic_configs[0].matches_name("/q/us-C")
+
+
+ENRICHED = TOPIC + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: orders\n"
+
+
+def test_enrichment_becomes_the_conflated_topics_enrichment() -> None:
+    config = load(
+        "engine:\n  instance_name: east\n"
+        + ENRICHED
+        + "    Enrichment: ['/qty * 2 AS /double', 'AMPS_INSTANCE_NAME() AS /src']\n"
+    )
+    (own,) = config.conflated_topic_configs
+    assert own.enrichment == ("/qty * 2 AS /double", "AMPS_INSTANCE_NAME() AS /src")
+    assert own.stages.enrichment is not None
+    assert own.stages.enrichment.apply({"id": 1, "qty": 4}, None, 0) == {
+        "id": 1,
+        "qty": 4,
+        "double": 8,
+        "src": "east",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        ("    Enrichment: ['/qty OF PREVIOUS AS /was']\n", "OF PREVIOUS is not available"),
+        ("    Enrichment: ['/qty + AS /x']\n", "Field[1]"),
+        ("    Enrichment: ['SUM(/qty) AS /x']\n", "SUM"),
+        ("    Enrichment: ['/qty AS /id']\n", "Key field /id"),
+        ("    Enrichment: []\n", "at least one Field"),
+    ],
+)
+def test_enrichment_errors_name_the_element(body: str, problem: str) -> None:
+    err = yaml_error(ENRICHED + body)
+    assert err.element == "conflated_topics[0].Enrichment"
+    assert problem in err.problem
+
+
+def test_enrichment_over_a_regex_topic_is_refused() -> None:
+    err = yaml_error(
+        PATTERN + "conflated_topics:\n  - Name: c\n    UnderlyingTopic: quotes\n"
+        "    TopicFormat: '%n-C'\n    Enrichment: ['/p * 2 AS /p2']\n"
+    )
+    assert err.element == "conflated_topics[0].Enrichment"
+    assert "regular expression (Pattern) topic" in err.problem
+
+
+def test_xml_enrichment_and_of_previous_refused() -> None:
+    config = load(
+        xml(
+            "<ConflatedTopic><Name>c</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+            "<Enrichment><Field>/qty * 2 AS /double</Field></Enrichment></ConflatedTopic>"
+        )
+    )
+    assert config.conflated_topics[0].enrichment == ("/qty * 2 AS /double",)
+    err = xml_error(
+        "<ConflatedTopic><Name>c</Name><UnderlyingTopic>orders</UnderlyingTopic>"
+        "<Enrichment><Field>/qty OF PREVIOUS AS /was</Field></Enrichment></ConflatedTopic>"
+    )
+    assert err.element == "SOW/ConflatedTopic[c]/Enrichment"
+    assert "OF PREVIOUS is not available on a conflated topic" in err.problem

@@ -236,23 +236,28 @@ def views(*specs: tuple[str, str | list[str]]) -> list[ViewConfig]:
     return out
 
 
+def defs(*names: str) -> list[tuple[str, str | None]]:
+    """Definitions in order, all json."""
+    return [(name, "json") for name in names]
+
+
 def test_check_views_accepts_stacked_views() -> None:
     check_views(
         views(("V1", "orders"), ("V2", "V1"), ("V3", ["V1", "orders"])),
-        ["orders", "V1", "V2", "V3"],
+        defs("orders", "V1", "V2", "V3"),
     )
 
 
 def test_check_views_unknown_topic() -> None:
     with pytest.raises(ViewProblem) as info:
-        check_views(views(("V1", "trades")), ["orders", "V1"])
+        check_views(views(("V1", "trades")), defs("orders", "V1"))
     assert (info.value.index, info.value.field) == (0, "underlying_topic")
     assert "reads topic 'trades', which is not defined" in str(info.value)
 
 
 def test_check_views_later_definition() -> None:
     with pytest.raises(ViewProblem) as info:
-        check_views(views(("V1", "orders")), ["V1", "orders"])
+        check_views(views(("V1", "orders")), defs("V1", "orders"))
     assert "'orders', which is defined after it" in str(info.value)
 
 
@@ -260,7 +265,7 @@ def test_check_views_cycle() -> None:
     with pytest.raises(ViewProblem) as info:
         check_views(
             views(("V1", "orders"), ("V2", ["orders", "V3"]), ("V3", "V2")),
-            ["orders", "V1", "V2", "V3"],
+            defs("orders", "V1", "V2", "V3"),
         )
     assert info.value.index == 1 and info.value.field == "joins"
     assert "cycle: V2 -> V3 -> V2" in str(info.value)
@@ -268,9 +273,25 @@ def test_check_views_cycle() -> None:
 
 def test_check_views_self_reference_and_duplicates() -> None:
     with pytest.raises(ViewProblem, match="cycle: V1 -> V1"):
-        check_views(views(("V1", "V1")), ["V1"])
+        check_views(views(("V1", "V1")), defs("V1"))
     with pytest.raises(ViewProblem, match="defined more than once"):
-        check_views(views(("orders", "x")), ["x", "orders", "orders"])
+        check_views(views(("orders", "x")), defs("x", "orders", "orders"))
+
+
+def test_v12_a_view_may_share_a_name_with_a_topic_of_another_message_type() -> None:
+    (view,) = views(("example", "[json].[example]"))
+    nvfix = view.model_copy(update={"message_type": "nvfix"})
+    check_views([nvfix], [("example", "json"), ("example", "nvfix")])
+    # The same message type is one topic: refused, and so is reading itself unqualified.
+    with pytest.raises(ViewProblem, match="defined more than once"):
+        check_views([view], [("example", "json"), ("example", "json")])
+    (unqualified,) = views(("example", "example"))
+    unqualified = unqualified.model_copy(update={"message_type": "nvfix"})
+    with pytest.raises(ViewProblem, match="cycle: example -> example"):
+        check_views([unqualified], [("example", "nvfix")])
+    # A conflated topic's type may not be known yet: it clashes with any type.
+    with pytest.raises(ViewProblem, match="defined more than once"):
+        check_views([nvfix], [("example", None), ("example", "nvfix")])
 
 
 # ---- the views: list of a whole YAML configuration
@@ -398,7 +419,7 @@ def test_a_view_over_a_queue_reads_the_topic_of_its_available_messages() -> None
         (
             "  - {Name: v, UnderlyingTopic: '[nvfix].[WQ]', Projection: ['/a'], Grouping: ['/a']}",
             "queues:\n  - {Name: WQ, UnderlyingTopic: orders}",
-            "reads queue 'WQ' as nvfix: queues carry json messages",
+            "reads topic '[nvfix].[WQ]', which is not defined",  # queues are json
         ),
         (
             "  - {Name: WQ.available, UnderlyingTopic: orders, Projection: ['/a'],"

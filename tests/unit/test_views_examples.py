@@ -423,3 +423,38 @@ def test_min_max_pick_the_same_spelling_as_aggregated_queries() -> None:
     assert type(h.view()[0]["hi"]) is int
     query = parse_aggregation("[/g]", "[/g, MIN(/x) AS /lo, MAX(/x) AS /hi]")
     assert query.aggregate(records.values()) == h.view()
+
+
+def test_conditionals_in_projection_and_filter() -> None:
+    """Projections may hold conditionals (IF) and CRC32, in and outside aggregates; so may the
+    Filter. The result equals a recomputation after every change."""
+    view = ViewConfig(
+        name="SIZES",
+        underlying_topic="t",
+        projection=[
+            "/g AS /g",
+            "SUM(IF(/q > 5, /q, 0)) AS /bigQty",
+            "COUNT(IF(/q > 5, /q, NULL)) AS /bigOrders",
+            "IF(/q > 5, 'big', 'small') AS /lastSize",
+        ],
+        grouping=["/g"],
+        filter="IF(/q > 100, 0, 1) = 1",
+    )
+    h = Harness(view)
+    h.publish("t", 1, {"g": "a", "q": 7})
+    h.publish("t", 2, {"g": "a", "q": 3})
+    h.publish("t", 3, {"g": "a", "q": 300})  # outside the Filter
+    assert h.view() == [{"g": "a", "bigQty": 7, "bigOrders": 1, "lastSize": "small"}]
+    h.publish("t", 2, {"g": "a", "q": 9})
+    assert h.view() == [{"g": "a", "bigQty": 16, "bigOrders": 2, "lastSize": "big"}]
+
+
+@pytest.mark.parametrize(
+    ("field", "function"),
+    [("UNIX_TIMESTAMP() AS /t", "UNIX_TIMESTAMP"), ("SUM(/q OF PREVIOUS) AS /p", "OF PREVIOUS")],
+)
+def test_functions_that_differ_between_replays_are_refused_in_views(
+    field: str, function: str
+) -> None:
+    with pytest.raises(ValueError, match=f"Field\\[2\\], position \\d+: {function} is only"):
+        ViewConfig(name="V", underlying_topic="t", projection=["/g", field], grouping=["/g"])

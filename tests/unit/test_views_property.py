@@ -9,12 +9,14 @@ the same view.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config.views import ViewConfig
+from sowstream.views.inline import UnderlyingChange, conflate, last_per_record
 from sowstream.views.maintainer import ViewMaintainer
 
 SCALARS = st.sampled_from([None, "", 0, 1, 7, 7.0, "7", "7.0", 2.5, -3, "a", "b", True])
@@ -196,3 +198,59 @@ def test_single_topic_crash_replay(ops: list[tuple[int, int, Any]], at: int, bac
 @given(join_ops, st.integers(0, 40), st.integers(0, 5))
 def test_join_crash_replay(ops: list[tuple[int, int, Any]], at: int, back: int) -> None:
     replay(join_view(False), ops, min(at, len(ops)), back)
+
+
+def run_inline(view: ViewConfig, ops: list[tuple[int, int, Any]], cuts: list[int]) -> None:
+    """``Conflation: inline``: the ops cut into batches at ``cuts``, each batch conflated per
+    underlying record and its view changes per view record, give the same view as applying
+    every change alone, and the changes sent reproduce it."""
+    alone = ViewMaintainer(view)
+    inline = ViewMaintainer(view.model_copy(update={"conflation": "inline"}))
+    current: dict[str, dict[str, Any]] = {}
+    changes: list[UnderlyingChange] = []
+    for seq, (topic_no, key, record) in enumerate(ops, 1):
+        topic = TOPICS[view.name][topic_no]
+        before = current.get(f"{topic}/{key}")
+        if record is None:
+            current.pop(f"{topic}/{key}", None)
+        else:
+            current[f"{topic}/{key}"] = record
+        alone.apply(topic, str(key), before, record, seq=seq)
+        changes.append(UnderlyingChange(topic, str(key), before, record, seq))
+    published: dict[str, dict[str, Any]] = {}
+    bounds = [0, *sorted({c % (len(ops) + 1) for c in cuts}), len(ops)]
+    for start, end in itertools.pairwise(bounds):
+        batch = conflate(changes[start:end])
+        assert len(batch) <= end - start
+        out = [
+            c
+            for ch in batch
+            for c in inline.apply(ch.topic, ch.sow_key, ch.before, ch.after, seq=ch.seq)
+        ]
+        for change in last_per_record(out):
+            assert change.previous == published.get(change.sow_key)
+            if change.record is None:
+                del published[change.sow_key]
+            else:
+                published[change.sow_key] = change.record
+        assert len({c.sow_key for c in last_per_record(out)}) == len(last_per_record(out))
+    assert inline.records() == alone.records() == published
+
+
+@FAST
+@given(single_ops, st.lists(st.integers(0, 40), max_size=6))
+def test_inline_conflation_single_topic(ops: list[tuple[int, int, Any]], cuts: list[int]) -> None:
+    run_inline(SINGLE, ops, cuts)
+    run_inline(FILTERED, ops, cuts)
+
+
+@FAST
+@given(join_ops, st.lists(st.integers(0, 40), max_size=6))
+def test_inline_conflation_join(ops: list[tuple[int, int, Any]], cuts: list[int]) -> None:
+    run_inline(join_view(False), ops, cuts)
+
+
+@FAST
+@given(chain_ops, st.lists(st.integers(0, 40), max_size=6))
+def test_inline_conflation_chained_join(ops: list[tuple[int, int, Any]], cuts: list[int]) -> None:
+    run_inline(CHAIN, ops, cuts)
