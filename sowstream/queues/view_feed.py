@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
-import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -38,8 +37,6 @@ from sowstream.queues.machine import Bookmark, QueueMachine
 from sowstream.wire import headers as h
 
 __all__ = ["QueueViewFeed", "available_records", "available_sow_key"]
-
-log = logging.getLogger("sowstream.queues.view_feed")
 
 ACK_WAIT_SECONDS = 30.0
 _SOW_DELETE = h.SOW_DELETE.encode()
