@@ -21,6 +21,7 @@ import time
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import orjson
 import yaml
@@ -43,12 +44,22 @@ console = Console(stderr=True)
 PARTITIONS = 4
 
 
-def write_config(work: Path, prefix: str) -> Path:
-    config = {
+def write_config(work: Path, prefix: str, view: bool = False) -> Path:
+    config: dict[str, Any] = {
         "engine": {"app_id": prefix, "topic_prefix": prefix},
         "topics": [{"Name": "jobs", "Key": "/n", "Partitions": PARTITIONS}],
         "queues": [{"Name": "BQ", "UnderlyingTopic": "jobs", "MaxPerSubscriptionBacklog": 100}],
     }
+    if view:
+        # The worst case for the view: every lease and removal changes its one group.
+        config["views"] = [
+            {
+                "Name": "BQ_waiting",
+                "UnderlyingTopic": "BQ",
+                "Projection": ["COUNT(/n) AS /waiting", "/kind AS /kind"],
+                "Grouping": ["/kind"],
+            }
+        ]
     path = work / "queues.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -277,6 +288,9 @@ def main() -> None:
     parser.add_argument("--subscribers", default="1,4,16")
     parser.add_argument("--backlogs", default="1,10,100")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--view", action="store_true", help="a view counts the queue's available messages"
+    )
     args = parser.parse_args()
     subscribers = [int(s) for s in args.subscribers.split(",")]
     backlogs = [int(b) for b in args.backlogs.split(",")]
@@ -284,7 +298,7 @@ def main() -> None:
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
         work, prefix = workspace(stack, "queuebench")
-        config = write_config(work, prefix)
+        config = write_config(work, prefix, args.view)
         log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
         stack.callback(log.close)
         worker = subprocess.Popen(
@@ -314,7 +328,10 @@ def main() -> None:
         latencies, acks, queue_rate = queue_latency(bootstrap, prefix, half, args.latency_seconds)
         bare, bare_rate = kafka_latency(bootstrap, bare_topic, half, args.latency_seconds)
 
-    table = Table(title=f"sowstream queue benchmark: {args.messages:,} messages per row, 1 worker")
+    viewed = ", a view over the queue" if args.view else ""
+    table = Table(
+        title=f"sowstream queue benchmark: {args.messages:,} messages per row, 1 worker{viewed}"
+    )
     table.add_column("subscribers", justify="right")
     table.add_column("backlog", justify="right")
     table.add_column("leased+acked", justify="right")

@@ -923,12 +923,18 @@ class SowstreamConfig(_Frozen):
         return self.model_copy(update={"topics": topics})
 
     def entitlement_lookup(self, topic: str) -> Callable[[str], Filter | None]:
-        """identity -> compiled entitlement filter on ``topic`` (cached; None = all visible)."""
+        """identity -> compiled entitlement filter on ``topic`` (cached; None = all visible).
+
+        The topic the engine keeps of a queue's available messages holds the queue's messages:
+        without a rule of its own, the queue's rules apply to it."""
         cache: dict[str, Filter | None] = {}
+        queue = next((q for q, t in self.queue_view_topics.items() if t.name == topic), None)
 
         def lookup(identity: str) -> Filter | None:
             if identity not in cache:
                 text = self.entitlements.filter_text(identity, topic)
+                if text is None and queue is not None:
+                    text = self.entitlements.filter_text(identity, queue)
                 cache[identity] = compile_filter(text) if text else None
             return cache[identity]
 
@@ -982,6 +988,29 @@ class SowstreamConfig(_Frozen):
     def view_topics(self) -> tuple[TopicConfig, ...]:
         """Each view as the SOW topic readers see (:meth:`ViewConfig.topic_config`)."""
         return tuple(v.topic_config() for v in self.views)
+
+    @property
+    def queue_view_topics(self) -> dict[str, TopicConfig]:
+        """Per queue some view reads, the SOW topic of its available messages that the engine
+        keeps for the view (json, partitioned like the widest of the queue's topics)."""
+        read = {name for view in self.views for name in view.underlying_names}
+        ours = {available_topic_name(q.name) for q in self.queues}
+        names = [
+            t.name
+            for t in self.topics
+            if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in ours
+        ]
+        out: dict[str, TopicConfig] = {}
+        for queue in self.queues:
+            if queue.name not in read or any(t.name == queue.name for t in self.topics):
+                continue  # a queue named like its topic: views read the topic
+            partitions = [self.topic(n, "json").partitions for n in queue.underlying_topics(names)]
+            out[queue.name] = TopicConfig(
+                name=available_topic_name(queue.name),
+                message_type="json",
+                partitions=max(partitions, default=1),
+            )
+        return out
 
     @property
     def conflated_topic_configs(self) -> tuple[TopicConfig, ...]:
@@ -1071,7 +1100,12 @@ class SowstreamConfig(_Frozen):
 
 
 # queues.py and views.py build on the helpers above, so they are imported once they exist.
-from sowstream.config.queues import QueueConfig, check_queues  # noqa: E402
+from sowstream.config.queues import (  # noqa: E402
+    QUEUE_MESSAGE_TYPES,
+    QueueConfig,
+    available_topic_name,
+    check_queues,
+)
 from sowstream.config.replicas import (  # noqa: E402
     ConflatedProblem,
     ConflatedTopicConfig,

@@ -439,6 +439,12 @@ class QueueConfig(_Frozen):
         return recovery_point_ms(self.recovery_point)
 
 
+def available_topic_name(queue: str) -> str:
+    """The SOW topic the engine keeps of a queue's available messages when a view reads the
+    queue (``sowstream.queues.view_feed``): the view reads it in the queue's place."""
+    return f"{queue}.available"
+
+
 def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -> None:
     """Check the queues against each other and the topics; QueueProblem names the first problem.
 

@@ -40,6 +40,7 @@ from sowstream.config.models import (
     _Frozen,
     _topic_name,
 )
+from sowstream.config.queues import available_topic_name
 from sowstream.views.joins import PRESERVE, JoinPlan, Side
 from sowstream.views.projection import (
     JoinCondition,
@@ -394,9 +395,10 @@ def check_view_sources(
 ) -> None:
     """What the engine needs of each underlying topic: a SOW it can follow.
 
-    A view reads a SOW topic or an earlier view; a topic without a SOW (``topics:``) has no
-    before images to retract, and views over queues are not supported yet. A view's name must
-    not take the Kafka topics of a SOW topic. Raises :class:`ViewProblem`.
+    A view reads a SOW topic, a queue or an earlier view; a topic without
+    a SOW (``topics:``) has no before images to retract. A view's name must not take the Kafka
+    topics of a SOW topic, nor may a topic take the name of the topic the engine keeps for a
+    queue a view reads. Raises :class:`ViewProblem`.
     """
     by_name: dict[str, list[TopicConfig]] = {}
     for topic in topics:
@@ -416,12 +418,17 @@ def check_view_sources(
             if ref.topic in view_names:
                 continue
             if ref.topic in queues and ref.topic not in by_name:
-                raise ViewProblem(
-                    i,
-                    _field(view),
-                    f"view {view.name!r} reads queue {ref.topic!r}: views over queues are not "
-                    "supported yet; read the queue's underlying topic instead",
-                )
+                # check_views found it as a queue of its type (queues are json).
+                kept = available_topic_name(ref.topic)
+                if kept in by_name or kept in view_names:
+                    raise ViewProblem(
+                        i,
+                        _field(view),
+                        f"view {view.name!r} reads queue {ref.topic!r}, whose available "
+                        f"messages the engine keeps as topic {kept!r}, but a topic or view is "
+                        "already called that: rename it",
+                    )
+                continue
             found = [
                 t
                 for t in by_name.get(ref.topic, ())

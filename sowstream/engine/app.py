@@ -50,6 +50,7 @@ from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.views import ViewRunner
 from sowstream.errors import InvalidCommandError, KafkaUnreachableError, SowstreamError
 from sowstream.filters import FilterError
+from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.views.conflation import ConflatedFeed
 from sowstream.views.projection import TopicRef
@@ -534,7 +535,11 @@ class Engine:
         if config.views or config.conflated_topics:
             # A view or conflated topic is a SOW topic to readers: its log, control topic,
             # table and processor are made like any declared topic's.
-            derived = (*config.conflated_topic_configs, *config.view_topics)
+            derived = (
+                *config.conflated_topic_configs,
+                *config.view_topics,
+                *config.queue_view_topics.values(),  # a queue's available messages, for views
+            )
             config = config.model_copy(update={"topics": (*config.topics, *derived)})
         # Secrets stay out of the config file: ${NAME} in engine.kafka reads the environment.
         engine = config.engine.model_copy(update={"kafka": expand_environment(config.engine.kafka)})
@@ -602,10 +607,13 @@ class Engine:
         )
         # Plain topics feeding a queue keep a store too: the queue's messages and the position.
         # Queues read json topics only (config.queues.QUEUE_MESSAGE_TYPES).
+        self._queue_views = config.queue_view_topics
+        kept = {t.ident for t in self._queue_views.values()}
         self._fed = {
             t.ident
             for t in config.topics
             if t.message_type in QUEUE_MESSAGE_TYPES
+            and t.ident not in kept
             and any(q.matches_topic(t.name) for q in config.queues)
         }
         self._inboxes: list[tuple[TopicProcessor, CommandInbox]] = []
@@ -629,6 +637,15 @@ class Engine:
             for proc in self.processors.values():
                 if proc.topic.ident in self._fed and runtime.feeds_on(proc.topic.name):
                     proc.queues.append(runtime)
+            available = self._queue_views.get(queue.name)
+            if available is not None:
+                self.processors[available.ident].view_name = queue.name
+                runtime.view_feed = QueueViewFeed(
+                    runtime.machine,
+                    queue.name,
+                    self.names.log(available.name, available.message_type),
+                    self.sender,
+                )
         self.view_runners: dict[str, ViewRunner] = {}
         for view in config.views:
             self._wire_view(view)
@@ -730,7 +747,11 @@ class Engine:
         )
         self.view_runners[own.ident] = runner
         for ref in view.topics:
-            self._underlying(ref).views.append(ViewFeed(view, ref.topic, input_name))
+            # A queue's available messages change without a log of their own: only real
+            # changes count (a restated message is no change, see queues.view_feed).
+            queue = ref.topic in self._queue_views
+            feed = ViewFeed(view, ref.topic, input_name, only_changes=queue)
+            self._underlying(ref).views.append(feed)
         input_topic = self._raw_topic(input_name, partitions)
 
         async def maintain(stream: Any) -> None:
@@ -782,7 +803,10 @@ class Engine:
 
     def _underlying(self, ref: TopicRef) -> TopicProcessor:
         """The processor of a view's underlying topic (json when the reference names no type
-        and topics of several types share the name)."""
+        and topics of several types share the name); for a queue, the topic of its available
+        messages."""
+        if ref.topic in self._queue_views:
+            return self.processors[self._queue_views[ref.topic].ident]
         if ref.message_type is not None:
             return self.processors[topic_ident(ref.topic, ref.message_type)]
         found = [p for p in self.processors.values() if p.topic.name == ref.topic]
@@ -1262,6 +1286,9 @@ class Engine:
         async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
             for pump in self.pumps:
                 await pump.proc.drop(tp.partition for tp in revoked if tp.topic == pump.ctl_topic)
+            for queue in self.queues.values():
+                if queue.view_feed is not None:  # ours land before the next owner's
+                    await queue.view_feed.settle()
             for runner in self.view_runners.values():
                 await runner.drop(
                     [tp.partition for tp in revoked if tp.topic == runner.input_topic]
@@ -1531,7 +1558,12 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
     """Every meta-topic record: topics, and queues (a queue named like one of its topics shares
     that topic's record: publishes go to the topic, subscriptions lease from the queue)."""
     infos = {t.ident: topic_info(t, names) for t in config.topics}
-    queued = [t.name for t in config.topics if t.message_type in QUEUE_MESSAGE_TYPES]
+    kept = {t.name for t in config.queue_view_topics.values()}  # never a queue's own topic
+    queued = [
+        t.name
+        for t in config.topics
+        if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in kept
+    ]
     for queue in config.queues:
         underlying = queue.underlying_topics(queued)
         target = config.topic(queue.publish_target, queue.message_type)
@@ -1543,6 +1575,9 @@ def definitions(config: SowstreamConfig, names: TopicNames) -> dict[str, dict[st
     for conflated, own in zip(config.conflated_topics, config.conflated_topic_configs, strict=True):
         # Only the engine writes a conflated topic: clients refuse publishes as for a view.
         infos[own.ident] = {**infos[own.ident], "view_of": [conflated.underlying_topic]}
+    for queue_name, own in config.queue_view_topics.items():
+        if own.ident in infos:  # the engine's topic of the queue's available messages
+            infos[own.ident] = {**infos[own.ident], "view_of": [queue_name]}
     return infos
 
 

@@ -35,6 +35,7 @@ from sowstream.queues.store import (
     offset_of,
     read_ack_marker,
 )
+from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
@@ -94,6 +95,8 @@ class QueueRuntime:
         self._wake = asyncio.Event()
         # Counters per log partition since this worker took it, for `sowstream queue status`.
         self.counts: dict[tuple[str, int], Counter[str]] = {}
+        # Set by the engine when a view reads the queue (sowstream.queues.view_feed).
+        self.view_feed: QueueViewFeed | None = None
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:
         """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
@@ -152,6 +155,8 @@ class QueueRuntime:
     def drop(self, topic: str, partition: int) -> None:
         """The partition moved away: its messages and leases are its next owner's."""
         self.machine.drop_partition(topic, partition)
+        if self.view_feed is not None:
+            self.view_feed.drop(topic, partition)
         self.counts.pop((topic, partition), None)
         self._markers.pop((topic, partition), None)
 
@@ -411,6 +416,11 @@ class QueueRuntime:
                     orjson.dumps(event),
                     key=b.text().encode(),
                 )
+        if self.view_feed is not None:
+            # Every change of availability passes here (leases, returns, removals, appends via
+            # the delivery loop). Views learn of a removal before it is stored: a crash in
+            # between leaves the message stored, available again to the next owner.
+            await self.view_feed.flush(wait_for=[item.message.bookmark for item in removed])
         # Each log partition's store commits on its own: wait for them together.
         await asyncio.gather(
             *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())

@@ -242,6 +242,9 @@ class QueueMachine:
         self._deadline_seq = 0
         self._now = 0
         self._dirty = False
+        # Bookmarks whose availability may have changed since the engine last took them; None
+        # when nothing follows it (a view over the queue does: sowstream.queues.view_feed).
+        self.touched: set[Bookmark] | None = None
 
         self._delivered = 0
         self._acked = 0
@@ -331,6 +334,7 @@ class QueueMachine:
         forget_at = self._deferred.pop(bookmark, None)
         if forget_at is not None and forget_at > self._now:
             self._acked += 1
+            self._touch(bookmark)  # never available: a view must not keep an older owner's row
             return False
         lifetime = self.config.expiration_ms if expiration_ms is None else expiration_ms
         message = QueueMessage(
@@ -345,6 +349,7 @@ class QueueMachine:
         target = self.config.target_queue_depth
         if target is not None and (self._inactive or len(self._messages) >= target):
             self._inactive[bookmark] = message
+            self._touch(bookmark)
             return True
         self._admit(message)
         return True
@@ -353,6 +358,7 @@ class QueueMachine:
         """Make ``message`` part of the active queue."""
         bookmark = message.bookmark
         self._messages[bookmark] = message
+        self._touch(bookmark)
         key = message.key
         self._live.add(key)
         if message.barrier:
@@ -422,6 +428,7 @@ class QueueMachine:
         if message is None and bookmark in self._inactive:
             # Beyond TargetQueueDepth: acknowledged before it ever became deliverable.
             self._acked += 1
+            self._touch(bookmark)
             out.append(Removed(self._inactive.pop(bookmark), ""))
             return AckResult.REMOVED
         if message is None:
@@ -635,6 +642,7 @@ class QueueMachine:
     ) -> Lease:
         key = message.key
         self._available.remove(key)
+        self._touch(message.bookmark)
         message.deliveries += 1
         self._delivered += 1
         self._outstanding += 1
@@ -707,6 +715,7 @@ class QueueMachine:
 
     def _forget(self, message: QueueMessage) -> None:
         del self._messages[message.bookmark]
+        self._touch(message.bookmark)
         self._live.remove(message.key)
         target = self.config.target_queue_depth
         while self._inactive and target is not None and len(self._messages) < target:
@@ -725,6 +734,7 @@ class QueueMachine:
     def _make_available(self, message: QueueMessage) -> None:
         key = message.key
         self._available.add(key)
+        self._touch(message.bookmark)
         if self._max_cursor is None or key > self._max_cursor:
             return  # ahead of every cursor: the next scan reaches it anyway
         live = len(self._messages)
@@ -742,6 +752,10 @@ class QueueMachine:
             and not message.barrier
             and message.key == key
         )
+
+    def _touch(self, bookmark: Bookmark) -> None:
+        if self.touched is not None:
+            self.touched.add(bookmark)
 
     def _push(self, at: int, kind: int, bookmark: Bookmark, token: int) -> None:
         self._deadline_seq += 1
@@ -807,6 +821,10 @@ class QueueMachine:
     def message(self, bookmark: Bookmark) -> QueueMessage | None:
         """The message in the queue (available or leased) with this bookmark, if any."""
         return self._messages.get(bookmark)
+
+    def holds(self, topic: str, partition: int) -> bool:
+        """Whether the machine has the partition's messages (taken, and not dropped since)."""
+        return (topic, partition) in self._high
 
     def effective_backlog(self, sub_key: str) -> int | None:
         """The subscription's effective backlog, or None if it is not registered."""

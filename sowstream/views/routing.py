@@ -106,10 +106,15 @@ def _partition_of(key: bytes, partitions: int) -> int:
 class ViewFeed:
     """Turns the changes of one underlying topic into a view's change events."""
 
-    def __init__(self, view: ViewConfig, topic: str, input_topic: str) -> None:
-        """``topic``: the underlying topic's name as the view refers to it."""
+    def __init__(
+        self, view: ViewConfig, topic: str, input_topic: str, *, only_changes: bool = False
+    ) -> None:
+        """``topic``: the underlying topic's name as the view refers to it. ``only_changes``:
+        a record written again unchanged sends nothing (a queue's available messages, which
+        are restated at will; a topic's republish still updates the view)."""
         compiled = view.compile()
         self.view = view
+        self.only_changes = only_changes
         self.topic = topic
         self.input_topic = input_topic
         self.partitions = input_partitions(view)
@@ -135,6 +140,8 @@ class ViewFeed:
         source: Source,
     ) -> list[ChangeEvent]:
         """The events for one change of a record (``before``/``after``: None when absent)."""
+        if self.only_changes and before == after:
+            return []
         if not self.joined:
             p = self.projection
             if before is not None and not p.matches(before):

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sowstream.config import load_config_text
 from sowstream.config.errors import ConfigError
 from sowstream.config.views import (
     ViewConfig,
@@ -386,10 +387,89 @@ def test_yaml_configuration_view_errors_name_the_view(
     assert problem in err.problem
 
 
-def test_a_view_over_a_queue_is_refused_by_name() -> None:
-    queue = "queues:\n  - {Name: WQ, UnderlyingTopic: orders}"
-    err = load_views_error(
-        "  - {Name: v, UnderlyingTopic: WQ, Projection: ['/a'], Grouping: ['/a']}", queue
+def test_a_view_over_a_queue_reads_the_topic_of_its_available_messages() -> None:
+    """V15's configuration: the engine keeps ``WQ.available`` for the view, partitioned like
+    the queue's topic; a queue nobody views gets none."""
+    queues = (
+        "queues:\n  - {Name: WQ, UnderlyingTopic: orders}\n"
+        "  - {Name: other, UnderlyingTopic: orders}"
     )
-    assert err.element == "views[0].UnderlyingTopic"
-    assert "views over queues are not supported yet" in err.problem
+    config = load_views_yaml(
+        "  - {Name: v, UnderlyingTopic: WQ, Projection: ['COUNT(/id) AS /n', '/kind'],"
+        " Grouping: ['/kind']}\n"
+        "  - {Name: j, UnderlyingTopic: {Join: ['[WQ]./desk = [limits]./desk']},"
+        " Projection: ['COUNT([WQ]./id) AS /n', '[WQ]./desk AS /desk'],"
+        " Grouping: ['[WQ]./desk']}",
+        queues,
+    )
+    (only,) = config.queue_view_topics.items()
+    assert only[0] == "WQ"
+    assert (only[1].name, only[1].message_type, only[1].keys) == ("WQ.available", "json", ())
+    assert only[1].partitions == config.topic("orders").partitions
+
+
+@pytest.mark.parametrize(
+    ("views", "extra", "problem"),
+    [
+        (
+            "  - {Name: v, UnderlyingTopic: NQ, Projection: ['/a'], Grouping: ['/a']}",
+            "queues:\n  - {Name: WQ, UnderlyingTopic: orders}",
+            "reads topic 'NQ', which is not defined",
+        ),
+        (
+            "  - {Name: v, UnderlyingTopic: '[nvfix].[WQ]', Projection: ['/a'], Grouping: ['/a']}",
+            "queues:\n  - {Name: WQ, UnderlyingTopic: orders}",
+            "reads topic '[nvfix].[WQ]', which is not defined",  # queues are json
+        ),
+        (
+            "  - {Name: WQ.available, UnderlyingTopic: orders, Projection: ['/a'],"
+            " Grouping: ['/a']}\n"
+            "  - {Name: v, UnderlyingTopic: WQ, Projection: ['/a'], Grouping: ['/a']}",
+            "queues:\n  - {Name: WQ, UnderlyingTopic: orders}",
+            "the engine keeps as topic 'WQ.available', but a topic or view is already called",
+        ),
+    ],
+)
+def test_a_view_over_a_queue_refused_names_the_view(views: str, extra: str, problem: str) -> None:
+    err = load_views_error(views, extra)
+    assert err.element.startswith("views[")
+    assert err.element.endswith(".UnderlyingTopic")
+    assert problem in err.problem
+
+
+def test_a_view_over_a_queue_defined_later_is_refused() -> None:
+    """AMPS XML keeps document order: a queue after the view is a later definition."""
+    topic = "<Topic><Name>work</Name><MessageType>json</MessageType><Key>/id</Key></Topic>"
+    view = (
+        "<View><Name>by_kind</Name><MessageType>json</MessageType>"
+        "<UnderlyingTopic>WQ</UnderlyingTopic>"
+        "<Projection><Field>/kind</Field><Field>COUNT(/id) AS /n</Field></Projection>"
+        "<Grouping><Field>/kind</Field></Grouping></View>"
+    )
+    queue = (
+        "<Queue><Name>WQ</Name><MessageType>json</MessageType>"
+        "<UnderlyingTopic>work</UnderlyingTopic></Queue>"
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config_text(f"<SOW>{topic}{view}{queue}</SOW>", "amps.xml")
+    err = info.value
+    assert err.element == "SOW/View[by_kind]/UnderlyingTopic"
+    assert "reads 'WQ', which is defined after it" in err.problem
+    config = load_config_text(f"<SOW>{topic}{queue}{view}</SOW>", "amps.xml")
+    assert list(config.queue_view_topics) == ["WQ"]
+
+
+def test_the_queue_entitlements_hold_on_its_available_messages() -> None:
+    """``WQ.available`` holds WQ's messages: an identity sees there what it may see of WQ."""
+    config = load_config_text(
+        "sow:\n  - {Name: orders, Key: /id}\n"
+        "queues:\n  - {Name: WQ, UnderlyingTopic: orders}\n"
+        "views:\n  - {Name: v, UnderlyingTopic: WQ, Projection: ['/a'], Grouping: ['/a']}\n"
+        "entitlements:\n  alice: {WQ: \"/owner = 'alice'\"}\n",
+        "test.yaml",
+    )
+    lookup = config.entitlement_lookup("WQ.available")
+    alice = lookup("alice")
+    assert alice is not None and alice.matches({"owner": "alice"})
+    assert not alice.matches({"owner": "bob"})
+    assert lookup("bob") is None
