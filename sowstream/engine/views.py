@@ -32,6 +32,7 @@ import orjson
 
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
+from sowstream.engine.atomic import purgeable, unwrap, wrap_batch
 from sowstream.engine.derived import runner_store, write_records
 from sowstream.engine.partition import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore
@@ -60,6 +61,7 @@ class ViewPartition:
     marks: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     caught_up: bool = False  # read the input from the watermark to its end once, when loaded
+    purge: set[bytes] = field(default_factory=set)  # committed deletions, removed next batch
 
 
 class ViewRunner:
@@ -103,13 +105,21 @@ class ViewRunner:
                 return None
             store = self._new_store(partition)
             maintainer = ViewMaintainer(self.view)
-            entries = list(store.scan(start=b""))
+            stored = list(store.scan(start=b""))
+            committed = next((int(v) for k, v in stored if k == WATERMARK), -1)
+            # A batch cut short by a crash (its watermark missing) is rolled back: see atomic.
+            entries: list[tuple[bytes, bytes]] = []
+            purge: set[bytes] = set()
+            for key, raw in stored:
+                value = raw if key == WATERMARK else unwrap(raw, committed)
+                if value is not None:
+                    entries.append((key, value))
+                elif purgeable(raw, committed):
+                    purge.add(key)
             maintainer.load_entries(entries)
-            vp = ViewPartition(store, maintainer)
+            vp = ViewPartition(store, maintainer, watermark=committed, purge=purge)
             for key, value in entries:
-                if key == WATERMARK:
-                    vp.watermark = int(value)
-                elif key.startswith(MARK_PREFIX):
+                if key.startswith(MARK_PREFIX):
                     offset, seq, part = orjson.loads(value)
                     vp.marks[key[len(MARK_PREFIX) :].decode()] = (offset, seq, part)
             self._parts[partition] = vp
@@ -214,6 +224,7 @@ class ViewRunner:
             recs = [r for r in recs if r.offset > vp.watermark]
             if not recs:
                 return
+            committed = vp.watermark
             if recs[0].offset > vp.watermark + 1:
                 # faust committed past what the store holds (a crash between the two): read
                 # the events in between from the input topic itself.
@@ -245,9 +256,14 @@ class ViewRunner:
             )
             entries = vp.maintainer.take_entries()
             entries.update(entries_marks)
-            entries[WATERMARK] = str(vp.watermark).encode()  # last: see the module docstring
-            vp.store.write(entries)
-            await vp.store.replicate(entries, self._sender.send)
+            records: dict[bytes, bytes | None] = dict(
+                wrap_batch(entries, vp.watermark, committed, vp.store.get)
+            )
+            records.update((key, None) for key in vp.purge - entries.keys())
+            records[WATERMARK] = str(vp.watermark).encode()  # last: it commits the batch
+            vp.store.write(records)
+            await vp.store.replicate(records, self._sender.send)
+            vp.purge = {key for key, value in entries.items() if value is None}
             metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
 
     def _fold(self, vp: ViewPartition, recs: Sequence[RawRecord]) -> list[ViewChange]:

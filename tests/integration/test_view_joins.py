@@ -71,6 +71,12 @@ def reset(client: Client) -> None:
     eventually(lambda: tcv(client), {})
 
 
+def differences(got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]:
+    """The SowKeys whose records differ: (what the view holds, what a recomputation gives)."""
+    keys = sorted(set(got) | set(expected))
+    return {k: (got.get(k), expected.get(k)) for k in keys if got.get(k) != expected.get(k)}
+
+
 def test_v6_join_step_by_step(client: Client) -> None:
     reset(client)
     ibm = "IBM"
@@ -215,4 +221,4 @@ def test_views_survive_sigkill_and_equal_a_recomputation(
         while got != expected and time.monotonic() < deadline:
             time.sleep(1.0)
             got, expected = view_records(client, view["Name"]), recomputed(client, view)
-        assert got == expected, view["Name"]
+        assert got == expected, (view["Name"], differences(got, expected))
