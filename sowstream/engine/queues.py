@@ -55,8 +55,8 @@ DONE_RESULTS = ("removed", "returned", "expired", "freed", "acked")
 
 
 # Writes queue store changes into a log partition's store, in order with its batches; returns
-# once they are stored.
-StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[None]]
+# once they are stored, True, or False when they are not (the partition is not held here).
+StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[bool]]
 # Reads one key of a log partition's store (None when absent or the partition is not held).
 StoreRead = Callable[[str, int, bytes], bytes | None]
 
@@ -230,10 +230,11 @@ class QueueRuntime:
 
     async def acknowledge(
         self, cmd: dict[str, Any], topic: str, partition: int
-    ) -> tuple[int, dict[str, int]]:
+    ) -> tuple[int, dict[str, int]] | None:
         """Apply a ``queue_ack`` command sent to ``topic``'s control partition ``partition``;
-        returns how many messages it removed or returned and a count per result. Raises
-        InvalidCommandError naming a malformed bookmark or action."""
+        returns how many messages it removed or returned and a count per result (None when its
+        removals could not be stored). Raises InvalidCommandError naming a malformed bookmark or
+        action."""
         (outcome,) = await self.acknowledge_all([(cmd, partition)], topic)
         if isinstance(outcome, InvalidCommandError):
             raise outcome
@@ -241,32 +242,41 @@ class QueueRuntime:
 
     async def acknowledge_all(
         self, commands: Sequence[tuple[dict[str, Any], int]], topic: str
-    ) -> list[tuple[int, dict[str, int]] | InvalidCommandError]:
+    ) -> list[tuple[int, dict[str, int]] | InvalidCommandError | None]:
         """Apply ``queue_ack`` commands ``(command, control partition)`` of ``topic`` in order,
         and store what they removed in one write per log partition; returns per command what
         :meth:`acknowledge` returns, or the InvalidCommandError refusing it.
 
         Returns once the removals are stored, so an answer sent after it is never followed by
-        another delivery of a message it acknowledged."""
+        another delivery of a message it acknowledged. A command whose removals were not stored
+        (its partition was revoked meanwhile) gets None: it must not be answered as done."""
         now = _now_ms()
         removed: list[Removed] = []
         acked_by: dict[Bookmark, str] = {}
-        outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError] = []
+        outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError | None] = []
+        touched: list[set[tuple[str, int]]] = []  # per command, the partitions it removed from
         for cmd, partition in commands:
             try:
                 outcome = self._ack(cmd, topic, partition, now)
             except InvalidCommandError as exc:
                 outcomes.append(exc)
+                touched.append(set())
                 continue
             removed.extend(outcome.removed)
             for item in outcome.removed:
                 if item.reason == "":
                     acked_by[item.message.bookmark] = cmd["reply_to"]
+            touched.append(
+                {(r.message.bookmark.topic, r.message.bookmark.partition) for r in outcome.removed}
+            )
             results = Counter(str(r) for r in outcome.results.values())
             outcomes.append((sum(results[r] for r in DONE_RESULTS), dict(results)))
-        await self._removed(removed, acked_by, now)
+        unstored = await self._removed(removed, acked_by, now)
         self.kick()
-        return outcomes
+        return [
+            None if where & unstored else outcome
+            for outcome, where in zip(outcomes, touched, strict=True)
+        ]
 
     def _ack(self, cmd: dict[str, Any], topic: str, partition: int, now: int) -> AckOutcome:
         """One ``queue_ack`` applied to the machine (nothing stored yet)."""
@@ -295,6 +305,17 @@ class QueueRuntime:
             raise InvalidCommandError(f"queue {self.name!r}: {exc}") from exc
         if action == "":
             self._repeats(outcome, client)
+            for bookmark, result in outcome.results.items():
+                if result in (AckResult.DEFERRED, AckResult.GONE):
+                    log.info(
+                        "queue %s: DIAG ack of %s by %s: %s (partition %d, high %s)",
+                        self.name,
+                        bookmark,
+                        client,
+                        result,
+                        partition,
+                        self.machine._high.get((bookmark.topic, bookmark.partition)),
+                    )
         return outcome
 
     def _repeats(self, outcome: AckOutcome, client: str) -> None:
@@ -382,9 +403,10 @@ class QueueRuntime:
 
     async def _removed(
         self, removed: list[Removed], acked_by: Mapping[Bookmark, str] | None = None, now: int = 0
-    ) -> None:
+    ) -> set[tuple[str, int]]:
         """Delete what left the queue from its store (an acknowledged message leaves an ack
-        marker from its client); raise expiry events."""
+        marker from its client); raise expiry events. Returns the log partitions whose store
+        did not take the changes (revoked meanwhile: their next owner still has the messages)."""
         by_partition: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
         for item in removed:
             b = item.message.bookmark
@@ -412,9 +434,10 @@ class QueueRuntime:
                     key=b.text().encode(),
                 )
         # Each log partition's store commits on its own: wait for them together.
-        await asyncio.gather(
+        stored = await asyncio.gather(
             *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())
         )
+        return {where for where, ok in zip(by_partition, stored, strict=True) if not ok}
 
     def _count(self, bookmark: Bookmark, what: str) -> None:
         counts = self.counts.get((bookmark.topic, bookmark.partition))
