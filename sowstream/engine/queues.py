@@ -125,6 +125,10 @@ class QueueRuntime:
         nothing before ``start`` (the resolved RecoveryPoint) enters the queue. ``backfill``
         offers publishes the partition applied before the queue existed (``append``'s form);
         returns the store entries of those that became messages."""
+        if (topic, partition) not in self.counts:
+            # Not held: whatever the machine has of it (an ack applied while it was not held,
+            # remembered as deferred) is stale, and would swallow a stored message.
+            self.machine.drop_partition(topic, partition)
         markers: list[tuple[int, int]] = []
         for key, value in entries:
             marker = read_ack_marker(value)
@@ -305,17 +309,6 @@ class QueueRuntime:
             raise InvalidCommandError(f"queue {self.name!r}: {exc}") from exc
         if action == "":
             self._repeats(outcome, client)
-            for bookmark, result in outcome.results.items():
-                if result in (AckResult.DEFERRED, AckResult.GONE):
-                    log.info(
-                        "queue %s: DIAG ack of %s by %s: %s (partition %d, high %s)",
-                        self.name,
-                        bookmark,
-                        client,
-                        result,
-                        partition,
-                        self.machine._high.get((bookmark.topic, bookmark.partition)),
-                    )
         return outcome
 
     def _repeats(self, outcome: AckOutcome, client: str) -> None:

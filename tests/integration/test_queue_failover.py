@@ -4,8 +4,13 @@ Each worker runs the queue for the partitions it owns, like one AMPS instance ea
 the queue's model applied by every worker to its own messages. Under a SIGKILL, three subscribers
 acknowledge, cancel or ignore messages at random (ignored ones come back when their lease ends);
 one worker is killed in the middle and started again. At the end every published message was
-acknowledged exactly once, and no message was delivered again after its acknowledgement was
-confirmed.
+acknowledged, and none was leased again after its acknowledgement was confirmed.
+
+A consumer held up (its ack waiting for a worker that died) finds copies of a message in its
+buffer that were leased to it again while it waited, each time its lease ran out; acknowledging
+them is answered as done (acks are idempotent), so confirmations are counted per message, and
+what is checked is when each copy was leased (its lease's end minus LeasePeriod, by the
+engine's clock on this machine): never after the message's first confirmation.
 """
 
 from __future__ import annotations
@@ -29,8 +34,14 @@ pytestmark = pytest.mark.integration
 
 # Keyed by /n, so the jobs spread over the four partitions (and so over both workers).
 PLAIN: list[dict[str, Any]] = [{"Name": "jobs", "Key": ["/n"], "Partitions": 4}]
+LEASE_MS = 2_000
 QUEUES: list[dict[str, Any]] = [
-    {"Name": "JQ", "UnderlyingTopic": "jobs", "LeasePeriod": "2s", "MaxPerSubscriptionBacklog": 5},
+    {
+        "Name": "JQ",
+        "UnderlyingTopic": "jobs",
+        "LeasePeriod": f"{LEASE_MS}ms",
+        "MaxPerSubscriptionBacklog": 5,
+    },
     *(
         {
             "Name": name,
@@ -70,8 +81,9 @@ class Ledger:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.delivered: Counter[int] = Counter()
-        self.confirmed: Counter[int] = Counter()  # acks the engine answered with "removed"
-        self.after_ack: list[int] = []  # deliveries of a message whose ack was confirmed
+        self.confirmed: Counter[int] = Counter()  # acks the engine answered as done
+        self.first_confirmed: dict[int, int] = {}  # when (epoch ms) the first one came back
+        self.leased_at: dict[int, list[int]] = {}  # when (epoch ms) each copy was leased
         self.started = time.monotonic()
         # Per message what happened to it, in order: printed for the messages a failure names.
         self.events: dict[int, list[str]] = {}
@@ -85,6 +97,14 @@ class Ledger:
         """Record ``what`` happened to message ``n`` at subscriber ``who`` (under the lock)."""
         stamp = time.monotonic() - self.started
         self.events.setdefault(n, []).append(f"{stamp:7.2f}s sub{who} {what}")
+
+    def after_ack(self) -> list[int]:
+        """Messages leased again after their acknowledgement was confirmed."""
+        return sorted(
+            n
+            for n, first in self.first_confirmed.items()
+            if any(at > first for at in self.leased_at.get(n, ()))
+        )
 
     def story(self, numbers: list[int], logs: dict[str, str]) -> str:
         """What the subscribers saw of ``numbers``, and the worker log lines naming them."""
@@ -110,9 +130,11 @@ def consume(
         with ledger.lock:
             ledger.delivered[n] += 1
             ledger.bookmarks[n] = msg.bookmark
-            ledger.note(n, who, f"delivered #{msg.deliveries} lease {msg.lease_expires}")
-            if ledger.confirmed[n]:
-                ledger.after_ack.append(n)
+            assert msg.lease_expires is not None
+            ledger.leased_at.setdefault(n, []).append(msg.lease_expires - LEASE_MS)
+            ledger.note(
+                n, who, f"delivered #{msg.deliveries} leased at {msg.lease_expires - LEASE_MS}"
+            )
         roll = rng.random()
         if roll < 0.1:
             with ledger.lock:
@@ -133,6 +155,7 @@ def consume(
             ledger.note(n, who, f"ack answered: removed {removed}")
             if removed:
                 ledger.confirmed[n] += 1
+                ledger.first_confirmed.setdefault(n, int(time.time() * 1000))
     sub.close()
 
 
@@ -179,14 +202,15 @@ def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
         for c in clients:
             c.close()
     missing = sorted(set(range(MESSAGES)) - set(ledger.confirmed))
-    if missing:
+    after_ack = ledger.after_ack()
+    if missing or after_ack:
         full = {w: engine.log_tail(w, 1_000_000) for w in ("w1", "w2")}
-        story = ledger.story(missing[:5], full)
+        story = ledger.story(sorted({*missing[:3], *after_ack[:3]}), full)
         logs = "\n".join(f"--- {w}\n{engine.log_tail(w, 60)}" for w in ("w1", "w2"))
-        pytest.fail(f"seed {seed}: never acknowledged: {missing[:20]}\n{story}\n{logs}")
-    twice = {n: c for n, c in ledger.confirmed.items() if c > 1}
-    assert not twice, f"seed {seed}: acknowledged more than once: {twice}"
-    assert not ledger.after_ack, f"seed {seed}: delivered after its ack: {ledger.after_ack[:20]}"
+        pytest.fail(
+            f"seed {seed}: never acknowledged: {missing[:20]}; leased again after its ack was "
+            f"confirmed: {after_ack[:20]}\n{story}\n{logs}"
+        )
     redelivered = sum(1 for c in ledger.delivered.values() if c > 1)
     assert redelivered > 0, "the kill, cancels and ignored leases should cause redeliveries"
 
