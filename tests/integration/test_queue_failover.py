@@ -159,14 +159,13 @@ def consume(
     sub.close()
 
 
-# Known bug (issue 10, open). One cause was found and fixed on 2026-11-25: an acknowledgement
-# stored by a worker killed before its answer reached Kafka was read again by the next owner,
-# which answered "removed 0", so the ledger never confirmed the message (acks now leave an ack
-# marker and a repeat is answered as done). A second cause remains: a message delivered around
-# the kill is sometimes never acknowledged (1 of 16 runs on a quiet machine, 2 of 5 with the
-# machine loaded by other tests; the missing message is near the kill, n ~ MESSAGES // 3). The
-# test runs every time (XPASS when it holds) and prints the seed.
-@pytest.mark.xfail(strict=False, reason="issue 10: a message can go unacknowledged (known bug)")
+# Issue 10 had two causes, both fixed: an ack stored by a worker killed before its answer reached
+# Kafka was read again by the next owner and answered "removed 0" (acks now leave an ack marker
+# and a repeat is answered as done); and the next owner applied acks it read before it had
+# loaded the partition, or read the message from the log again, as acks sent ahead of their
+# message (deferred, answered 0, and the message then dropped when it arrived: never delivered
+# again nor confirmed). Acks now wait for the partition (Engine._held_acks); the test
+# test_an_ack_read_before_the_worker_has_its_message_waits_for_it pins that down.
 def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
     engine: EngineProcesses,
 ) -> None:
