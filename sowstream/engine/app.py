@@ -40,6 +40,7 @@ from sowstream.engine.commands import CommandInbox, runs
 from sowstream.engine.conflated import ConflatedRunner
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.health import BEAT_SECONDS, Health, Readiness, serve
+from sowstream.engine.partition import PartitionMoved
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
@@ -50,6 +51,7 @@ from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.views import ViewRunner
 from sowstream.errors import InvalidCommandError, KafkaUnreachableError, SowstreamError
 from sowstream.filters import FilterError
+from sowstream.queues.machine import Bookmark
 from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.views.conflation import ConflatedFeed
@@ -675,8 +677,8 @@ class Engine:
 
     async def _store_queue_changes(
         self, topic: str, partition: int, changes: Mapping[bytes, bytes | None]
-    ) -> None:
-        await self.processors[topic].store_changes(partition, changes)
+    ) -> bool:
+        return await self.processors[topic].store_changes(partition, changes)
 
     def _read_queue_store(self, topic: str, partition: int, key: bytes) -> bytes | None:
         return self.processors[topic].stored(partition, key)
@@ -1134,11 +1136,20 @@ class Engine:
         """Apply ``queue_ack`` commands together: per queue one pass and one store write per log
         partition; then each command is answered (unless it asked for no answer)."""
         by_queue: dict[str, list[tuple[dict[str, Any], int]]] = {}
-        for cmd, partition in commands:
+        for cmd, partition in await self._held_acks(proc, commands):
             by_queue.setdefault(cmd["topic"], []).append((cmd, partition))
         for name, acks in by_queue.items():
             outcomes = await self.queues[name].acknowledge_all(acks, proc.topic.name)
             for (cmd, partition), outcome in zip(acks, outcomes, strict=True):
+                if outcome is None:
+                    # Not stored (the partition moved meanwhile): no answer, so no client takes
+                    # it as done; the command is read again by the partition's next owner.
+                    log.info(
+                        "topic %s partition %d: queue ack left to the next owner",
+                        proc.topic.name,
+                        partition,
+                    )
+                    continue
                 if (cmd.get("options") or {}).get("ack_type") == NO_ANSWER:
                     continue
                 base = {
@@ -1167,6 +1178,59 @@ class Engine:
                         "message": orjson.dumps(results).decode(),
                     }
                 await proc.reply(cmd["reply_to"], answer)
+
+    async def _held_acks(
+        self, proc: TopicProcessor, commands: list[tuple[dict[str, Any], int]]
+    ) -> list[tuple[dict[str, Any], int]]:
+        """The acknowledgements this worker applies: those of log partitions it holds, once each
+        is loaded and has applied the messages they name (``caught_up``). An ack applied
+        earlier would be taken for one sent ahead of its message: deferred, answered 0, and the
+        message dropped as acknowledged when the partition loads it or reads it from the log.
+        The others are left unanswered, for the partition's owner (a read again) to answer."""
+        highest: dict[int, int] = {}
+        for cmd, partition in commands:
+            top = highest.get(partition, -1)
+            for text in ((cmd.get("options") or {}).get("bookmarks") or "").split(","):
+                try:
+                    b = Bookmark.parse(text)
+                except ValueError:
+                    continue  # refused with its reason by the queue
+                if b.topic == proc.topic.name and b.partition == partition:
+                    top = max(top, b.offset)
+            highest[partition] = top
+        held = set()
+        for partition, offset in sorted(highest.items()):
+            if not self._holds(proc, partition):
+                log.info(
+                    "topic %s partition %d: not held here, its queue acknowledgements are left "
+                    "to its owner",
+                    proc.topic.name,
+                    partition,
+                )
+                continue
+            try:
+                await proc.caught_up(partition, offset)
+            except PartitionMoved:
+                continue
+            except SowstreamError as exc:
+                log.warning(
+                    "topic %s: queue acknowledgements left unanswered: %s", proc.topic.name, exc
+                )
+                continue
+            held.add(partition)
+        return [item for item in commands if item[1] in held]
+
+    def _holds(self, proc: TopicProcessor, partition: int) -> bool:
+        """Whether faust has assigned this worker ``proc``'s control partition ``partition`` (so
+        its log partition) and is not rebalancing or recovering: only then may a command load
+        it (during a rebalance the assignment still lists partitions already revoked)."""
+        app = self.app
+        if app.in_recovery or app.rebalancing:
+            return False
+        ctl = next((pump.ctl_topic for pump in self.pumps if pump.proc is proc), None)
+        return any(
+            tp.topic == ctl and tp.partition == partition for tp in app.assignor.assigned_actives()
+        )
 
     async def _queue_command(
         self, proc: TopicProcessor, queue: QueueRuntime, cmd: dict[str, Any], partition: int

@@ -117,6 +117,7 @@ class Applier(ProcessorBase):
                     # batch may be stored (see RocksPartition.replicate); readers looking
                     # through the overlay meanwhile find the same records as in the store.
                     ps.in_flight.popleft()
+                    head.outcome.stored = True
                     await self._perform(head.outcome)
                 await ps.wake()
         except Exception as exc:
@@ -303,17 +304,22 @@ class Applier(ProcessorBase):
         ps = self._parts.get(partition)
         return ps.store.get(key) if ps is not None and ps.ready else None
 
-    async def store_changes(self, partition: int, changes: Mapping[bytes, bytes | None]) -> None:
+    async def store_changes(self, partition: int, changes: Mapping[bytes, bytes | None]) -> bool:
         """Write ``changes`` (queue entries) into ``partition``'s store after the batches before
-        them, and return once they are stored. Nothing happens for a partition not held."""
+        them; returns once they are stored, True, or False when they are not: the partition is
+        not held here, or was revoked before they were stored (its next owner has none)."""
         ps = self._parts.get(partition)
-        if ps is None or not ps.ready or not changes:
-            return
+        if not changes:
+            return True
+        if ps is None or not ps.ready:
+            return False
         async with ps.lock:
             if self._parts.get(partition) is not ps:
-                return
-            self._enqueue(partition, ps, Outcome(journal=dict(changes)), [])
+                return False
+            outcome = Outcome(journal=dict(changes))
+            self._enqueue(partition, ps, outcome, [])
             await self._settle(ps)
+        return outcome.stored
 
     @staticmethod
     def _note(

@@ -11,7 +11,7 @@ import orjson
 from sowstream.config.queues import QueueConfig
 from sowstream.engine import memo, metrics
 from sowstream.engine.apply import Applier
-from sowstream.engine.partition import PartitionState, wall_clock_ms
+from sowstream.engine.partition import PartitionMoved, PartitionState, wall_clock_ms
 from sowstream.engine.store import (
     APPLIED_RECORD_KEY,
     RECORDS_START,
@@ -55,6 +55,27 @@ class Ownership(Applier):
                             self._forget(partition)
                         return ps
                     ps.ready = True
+        return ps
+
+    async def caught_up(self, partition: int, offset: int) -> PartitionState:
+        """The partition's state, loaded and, when its log already holds ``offset``, applied up
+        to it. Raises PartitionMoved when the partition is revoked meanwhile, SowstreamError
+        when the log is not applied that far in time.
+
+        For queue acknowledgements: a worker taking a partition over reads its control topic
+        and its log side by side, so an ack of a message can arrive before the message is
+        loaded or read again from the log; applied then it would look like an ack sent ahead of
+        its message (deferred), and swallow the message when it arrives."""
+        ps = await self.ready(partition)
+        if self._parts.get(partition) is not ps:
+            raise PartitionMoved
+        # Fast path: a message delivered from this state was folded into it already.
+        if (
+            offset > ps.folded
+            and self._log_reader is not None
+            and offset <= await self._log_reader.end_offset(partition)
+        ):
+            await self._wait_applied(partition, ps, offset)
         return ps
 
     async def _load(self, partition: int, ps: PartitionState) -> None:

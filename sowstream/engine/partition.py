@@ -132,6 +132,7 @@ class Outcome:
     journal: dict[bytes, bytes | None] = field(default_factory=dict)  # conflation journal, queues
     # Applied publishes for queues: (offset, timestamp, data, body, expiration ms or None).
     enqueued: list[tuple[int, int, bytes, dict[str, Any], int | None]] = field(default_factory=list)
+    stored: bool = False  # set once the batch is stored and its changelog records are in Kafka
 
 
 @dataclass

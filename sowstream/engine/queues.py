@@ -56,8 +56,8 @@ DONE_RESULTS = ("removed", "returned", "expired", "freed", "acked")
 
 
 # Writes queue store changes into a log partition's store, in order with its batches; returns
-# once they are stored.
-StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[None]]
+# once they are stored, True, or False when they are not (the partition is not held here).
+StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[bool]]
 # Reads one key of a log partition's store (None when absent or the partition is not held).
 StoreRead = Callable[[str, int, bytes], bytes | None]
 
@@ -128,6 +128,10 @@ class QueueRuntime:
         nothing before ``start`` (the resolved RecoveryPoint) enters the queue. ``backfill``
         offers publishes the partition applied before the queue existed (``append``'s form);
         returns the store entries of those that became messages."""
+        if (topic, partition) not in self.counts:
+            # Not held: whatever the machine has of it (an ack applied while it was not held,
+            # remembered as deferred) is stale, and would swallow a stored message.
+            self.machine.drop_partition(topic, partition)
         markers: list[tuple[int, int]] = []
         for key, value in entries:
             marker = read_ack_marker(value)
@@ -235,10 +239,11 @@ class QueueRuntime:
 
     async def acknowledge(
         self, cmd: dict[str, Any], topic: str, partition: int
-    ) -> tuple[int, dict[str, int]]:
+    ) -> tuple[int, dict[str, int]] | None:
         """Apply a ``queue_ack`` command sent to ``topic``'s control partition ``partition``;
-        returns how many messages it removed or returned and a count per result. Raises
-        InvalidCommandError naming a malformed bookmark or action."""
+        returns how many messages it removed or returned and a count per result (None when its
+        removals could not be stored). Raises InvalidCommandError naming a malformed bookmark or
+        action."""
         (outcome,) = await self.acknowledge_all([(cmd, partition)], topic)
         if isinstance(outcome, InvalidCommandError):
             raise outcome
@@ -246,32 +251,41 @@ class QueueRuntime:
 
     async def acknowledge_all(
         self, commands: Sequence[tuple[dict[str, Any], int]], topic: str
-    ) -> list[tuple[int, dict[str, int]] | InvalidCommandError]:
+    ) -> list[tuple[int, dict[str, int]] | InvalidCommandError | None]:
         """Apply ``queue_ack`` commands ``(command, control partition)`` of ``topic`` in order,
         and store what they removed in one write per log partition; returns per command what
         :meth:`acknowledge` returns, or the InvalidCommandError refusing it.
 
         Returns once the removals are stored, so an answer sent after it is never followed by
-        another delivery of a message it acknowledged."""
+        another delivery of a message it acknowledged. A command whose removals were not stored
+        (its partition was revoked meanwhile) gets None: it must not be answered as done."""
         now = _now_ms()
         removed: list[Removed] = []
         acked_by: dict[Bookmark, str] = {}
-        outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError] = []
+        outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError | None] = []
+        touched: list[set[tuple[str, int]]] = []  # per command, the partitions it removed from
         for cmd, partition in commands:
             try:
                 outcome = self._ack(cmd, topic, partition, now)
             except InvalidCommandError as exc:
                 outcomes.append(exc)
+                touched.append(set())
                 continue
             removed.extend(outcome.removed)
             for item in outcome.removed:
                 if item.reason == "":
                     acked_by[item.message.bookmark] = cmd["reply_to"]
+            touched.append(
+                {(r.message.bookmark.topic, r.message.bookmark.partition) for r in outcome.removed}
+            )
             results = Counter(str(r) for r in outcome.results.values())
             outcomes.append((sum(results[r] for r in DONE_RESULTS), dict(results)))
-        await self._removed(removed, acked_by, now)
+        unstored = await self._removed(removed, acked_by, now)
         self.kick()
-        return outcomes
+        return [
+            None if where & unstored else outcome
+            for outcome, where in zip(outcomes, touched, strict=True)
+        ]
 
     def _ack(self, cmd: dict[str, Any], topic: str, partition: int, now: int) -> AckOutcome:
         """One ``queue_ack`` applied to the machine (nothing stored yet)."""
@@ -387,9 +401,10 @@ class QueueRuntime:
 
     async def _removed(
         self, removed: list[Removed], acked_by: Mapping[Bookmark, str] | None = None, now: int = 0
-    ) -> None:
+    ) -> set[tuple[str, int]]:
         """Delete what left the queue from its store (an acknowledged message leaves an ack
-        marker from its client); raise expiry events."""
+        marker from its client); raise expiry events. Returns the log partitions whose store
+        did not take the changes (revoked meanwhile: their next owner still has the messages)."""
         by_partition: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
         for item in removed:
             b = item.message.bookmark
@@ -422,9 +437,10 @@ class QueueRuntime:
             # between leaves the message stored, available again to the next owner.
             await self.view_feed.flush(wait_for=[item.message.bookmark for item in removed])
         # Each log partition's store commits on its own: wait for them together.
-        await asyncio.gather(
+        stored = await asyncio.gather(
             *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())
         )
+        return {where for where, ok in zip(by_partition, stored, strict=True) if not ok}
 
     def _count(self, bookmark: Bookmark, what: str) -> None:
         counts = self.counts.get((bookmark.topic, bookmark.partition))
