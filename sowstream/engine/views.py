@@ -146,10 +146,19 @@ class ViewRunner:
                     continue
                 end = await self._reader.end_offset(partition)
                 if end > vp.watermark:
+                    start = vp.watermark
                     recs: list[RawRecord] = []
                     async for batch in self._reader.batches(partition, end, vp.watermark + 1):
                         recs.extend(batch)
                     await self._apply_partition(partition, recs)
+                    log.info(
+                        "view %s partition %d: caught up from offset %d to %d (%d events read)",
+                        self.view.name,
+                        partition,
+                        start,
+                        end,
+                        len(recs),
+                    )
                 vp.caught_up = True
             except Exception:
                 log.exception("view %s partition %d: catching up failed", self.view.name, partition)
@@ -217,6 +226,12 @@ class ViewRunner:
     async def _apply_partition(self, partition: int, recs: list[RawRecord]) -> None:
         vp = self.ready(partition)
         if vp is None:
+            log.info(
+                "view %s partition %d: %d events left to its owner (not assigned here)",
+                self.view.name,
+                partition,
+                len(recs),
+            )
             return
         async with vp.lock:
             if self._parts.get(partition) is not vp:
