@@ -171,6 +171,7 @@ class Applier(ProcessorBase):
                 outcome.versions,
                 outcome.journal,
                 _position(outcome),
+                outcome.bodies,
             )
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
@@ -185,6 +186,7 @@ class Applier(ProcessorBase):
         outcome = Outcome()
         overlay = outcome.overlay
         before = outcome.before
+        bodies = outcome.bodies
         events = outcome.events if ((self.subs or self.views) and not replay) else None
         versions = outcome.versions if self._history is not None else None
         last = ps.folded
@@ -230,6 +232,12 @@ class Applier(ProcessorBase):
                         outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
                     continue
                 overlay[key] = new
+                if new is not None and new.data is rec.value and op.command == h.PUBLISH:
+                    # Stored as published (no merge, Preprocessing or Enrichment): op.body is
+                    # the codec's own parse of new.data.
+                    bodies[key] = op.body  # type: ignore[assignment]
+                else:
+                    bodies.pop(key, None)
                 if self.queues and new is not None and op.command != h.SOW_DELETE:
                     outcome.enqueued.append(self._queued(rec, new.data, self._parse(new.data)))
                 if versions is not None and new is not stored:
@@ -383,6 +391,7 @@ class Applier(ProcessorBase):
         versions: Sequence[Version] = (),
         journal: Mapping[bytes, bytes | None] | None = None,
         position: Mapping[bytes, bytes | None] | None = None,
+        bodies: Mapping[bytes, dict[str, Any]] | None = None,
     ) -> dict[bytes, bytes | None]:
         """Write the batch's final records (and index entries) as one store batch.
 
@@ -390,9 +399,11 @@ class Applier(ProcessorBase):
         holds the watermark holds the whole batch. Expiry deletes change no watermark.
         """
         changes: dict[bytes, bytes | None] = {}
+        indexed = bool(self._index_fields or ps.memo)
         for key, new in overlay.items():
-            if self._index_fields or ps.memo:
-                self._index_changes(changes, key, before.get(key), new, ps.memo)
+            if indexed:
+                body = bodies.get(key) if bodies else None
+                self._index_changes(changes, key, before.get(key), new, ps.memo, body)
             changes[key] = new.to_bytes() if new is not None else None
             if new is not None and new.expiration is not None and self._expires:
                 heapq.heappush(ps.expiry, (new.expiration, key))
