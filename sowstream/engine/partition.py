@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sowstream.config.models import TopicConfig
 from sowstream.engine import memo, metrics
-from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition, is_record_key
+from sowstream.engine.store import (
+    REPLICATE_YIELD_EVERY,
+    MemoryPartition,
+    PartitionStore,
+    RocksPartition,
+    is_record_key,
+)
 from sowstream.errors import (
     InvalidCommandError,
     InvalidMessageError,
@@ -114,6 +120,21 @@ class Sender:
 
     def prepare(self, topic: str) -> None:
         """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[tuple[asyncio.Future[Any], int]]:
+        """Queue ``(key, value)`` records for one partition, in order, in as few Kafka batches
+        as they fit; returns each batch's delivery future (whose result's ``offset`` is the
+        batch's first) with its number of records. By default one send per record."""
+        out: list[tuple[asyncio.Future[Any], int]] = []
+        for i, (key, value) in enumerate(records, 1):
+            fut = await self.send(topic, value, key=key, partition=partition)
+            if fut is not None:
+                out.append((fut, 1))
+            if i % REPLICATE_YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # many records must not hold the event loop
+        return out
 
 
 @dataclass

@@ -72,10 +72,13 @@ def key_values(topic: str, key_paths: Sequence[str], record: Mapping[str, Any]) 
         steps = _steps(path)
         if len(steps) == 1 and type(record) is dict:
             # The usual Key: a top-level string or integer (what canonical_text gives them).
-            value = record.get(steps[0])
+            value: Any = record.get(steps[0])
             kind = type(value)
-            if (kind is str and value) or kind is int:
-                values.append(value if kind is str else str(value))
+            if kind is str and value:
+                values.append(value)
+                continue
+            if kind is int:
+                values.append(str(value))
                 continue
         found = field_values(record, path)
         if not found or is_null(found[0]):
@@ -122,9 +125,7 @@ def validate_user_sow_key(topic: str, sow_key: str | None) -> str:
 _SCALARS = (str, int, bool, type(None))
 
 
-def same_values(
-    paths: Iterable[str], before: Mapping[str, Any], after: Mapping[str, Any]
-) -> bool:
+def same_values(paths: Iterable[str], before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
     """Whether ``before`` and ``after`` hold the very same values at every path in ``paths``.
 
     Strict, so that anything derived from those values (index entries) is certainly equal:

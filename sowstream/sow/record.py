@@ -94,8 +94,10 @@ class SowRecord:
         return cls(d["sow_key"], d["data"], d["log_offset"], d["log_timestamp"], d["expiration"])
 
 
-_set_sow_key = SowRecord.sow_key.__set__  # type: ignore[attr-defined]
-_set_data = SowRecord.data.__set__  # type: ignore[attr-defined]
-_set_log_offset = SowRecord.log_offset.__set__  # type: ignore[attr-defined]
-_set_log_timestamp = SowRecord.log_timestamp.__set__  # type: ignore[attr-defined]
-_set_expiration = SowRecord.expiration.__set__  # type: ignore[attr-defined]
+# The slot descriptors' setters (mypy sees the fields' types on the class, not descriptors).
+_slot: Any = SowRecord
+_set_sow_key = _slot.sow_key.__set__
+_set_data = _slot.data.__set__
+_set_log_offset = _slot.log_offset.__set__
+_set_log_timestamp = _slot.log_timestamp.__set__
+_set_expiration = _slot.expiration.__set__
