@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from confluent_kafka import Consumer, Producer
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, wait_queryable, worker_command, workspace
+from bench.common import bench_bootstrap, profiled, wait_queryable, worker_command, workspace
 from sowstream.client import Client
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -198,6 +199,46 @@ class CpuMeter:
         return (self._read() - self._cpu) / max(1e-9, time.perf_counter() - self._wall)
 
 
+# Where a py-spy sample of the worker went: the first step whose mark is on its stack, in this
+# order (index upkeep runs inside the batch write, so it is tested first). py-spy names frames
+# ``Class.function (path relative to site-packages or the project:line)``.
+PROFILE_STEPS = [
+    ("start-up (imports)", ("_find_and_load (",)),
+    ("changelog sends", (".replicate (sowstream/engine/store.py", ".send_many (")),
+    ("index upkeep", ("._index_changes (",)),
+    ("decode and key the log record", ("decode_log_record (",)),
+    ("read the stored record", ("._load_record (",)),
+    ("apply_keyed", ("apply_keyed (",)),
+    ("encode the stored record", ("SowRecord.to_bytes (",)),
+    ("RocksDB write", ("RocksPartition.write (",)),
+    ("rest of the fold and batch write", ("._fold (", "Applier._write (")),
+    ("subscriptions", (".dispatch (sowstream/subscriptions",)),
+    ("Kafka message to RawRecord", ("_record (sowstream/engine/app.py",)),
+    ("log fetch (confluent-kafka, its own thread)", ("_fetch (sowstream/engine/app.py",)),
+    ("/metrics scrapes", ("(prometheus_client/",)),
+    ("aiokafka (sender, fetcher, protocol)", ("(aiokafka/",)),
+    ("faust and mode", ("(faust/", "(mode/")),
+    ("asyncio event loop", ("(asyncio/",)),
+]
+
+
+def profile_steps(path: Path) -> list[tuple[str, float]]:
+    """A py-spy ``raw`` profile's samples by step of the apply path, as shares of the samples
+    after start-up (imports)."""
+    shares: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        label = next(
+            (step for step, marks in PROFILE_STEPS if any(m in stack for m in marks)), "other"
+        )
+        shares[label] = shares.get(label, 0) + int(count)
+    started = sum(n for label, n in shares.items() if not label.startswith("start-up"))
+    ranked = sorted(shares.items(), key=lambda item: -item[1])
+    return [(label, 100 * n / started) for label, n in ranked if not label.startswith("start-up")]
+
+
 def write_bench_config(path: Path, prefix: str) -> Path:
     path.write_text(
         yaml.safe_dump(
@@ -224,6 +265,11 @@ def main() -> None:
     parser.add_argument("--subscriptions", type=int, default=100, help="filtered, 10%% match")
     parser.add_argument("--skip-scaling", action="store_true", help="no two-worker run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy (raw format, --gil) of the worker's first catch-up, written here",
+    )
     args = parser.parse_args()
     if args.subscriptions > 1000:
         parser.error("at most 1,000 subscriptions (one per customer)")
@@ -269,9 +315,13 @@ def main() -> None:
 
             # 2. the worker catches up on the whole log; time it from its own counter
             worker = start_worker(config, port)
+            spy = profiled(worker.pid, args.profile, gil=True) if args.profile is not None else None
             broker.start()
             apply_rate = catch_up_rate([port], len(updates))
             broker_one = broker.stop()
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
             rss = psutil.Process(worker.pid).memory_info().rss
             console.print(f"worker applied at {apply_rate:,.0f}/s (broker {broker_one:.2f} cores)")
 
@@ -413,6 +463,10 @@ def main() -> None:
     table.add_row("RocksDB directory", f"{rocks / 1e6:,.1f} MB", f"{rocks / raw_bytes:.2f}x raw")
     table.add_row("worker RSS", f"{rss / 1e6:,.0f} MB", f"{rss / raw_bytes:.2f}x raw")
     Console().print(table)
+    if args.profile is not None and args.profile.exists():
+        console.print("[bold]worker catch-up under py-spy: share of the samples after imports")
+        for label, share in profile_steps(args.profile):
+            console.print(f"  {share:5.1f}%  {label}")
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ class Applier(ProcessorBase):
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
                 if events is not None:
-                    self._note(events, op.sow_key, stored, new, rec)
+                    self._note(events, op.sow_key, stored, new, rec, body=bodies.get(key))
             applied += 1
             if not replay and op.reply_to:
                 outcome.acks.append((rec, count, "success", "", ""))
@@ -331,8 +331,9 @@ class Applier(ProcessorBase):
         new: SowRecord | None,
         rec: RawRecord,
         seq: int = 0,
+        body: dict[str, Any] | None = None,
     ) -> None:
-        """Record an op's effect for subscribers."""
+        """Record an op's effect for subscribers (``body``: ``new`` parsed, if known)."""
         if new is stored:
             # Already applied before a crash: re-announce the stored result of exactly this op
             # (its message may not have gone out); subscribers drop it if they have it.
@@ -345,7 +346,15 @@ class Applier(ProcessorBase):
             return
         events.append(
             Change(
-                sow_key, stored, new, rec.partition, rec.offset, rec.timestamp, OOF_DELETED, seq=seq
+                sow_key,
+                stored,
+                new,
+                rec.partition,
+                rec.offset,
+                rec.timestamp,
+                OOF_DELETED,
+                seq=seq,
+                _after_body=body,
             )
         )
 
