@@ -148,9 +148,15 @@ def timed_query(client: Client, topic: str, flt: str | None, repeat: int = 3) ->
     return count, best
 
 
-def catch_up_rate(ports: list[int], target: float, timeout: float = 1800) -> float:
+def catch_up_rate(
+    ports: list[int],
+    target: float,
+    timeout: float = 1800,
+    cpu: WorkerCpu | None = None,
+) -> float:
     """Updates/s the workers behind ``ports`` apply together, from their own counters: from the
-    first applied update until ``target`` are applied in all."""
+    first applied update until ``target`` are applied in all; ``cpu`` (one worker) is read
+    over the same span."""
     first = last = None
     applied = 0.0
     started = time.perf_counter()
@@ -164,10 +170,44 @@ def catch_up_rate(ports: list[int], target: float, timeout: float = 1800) -> flo
         now = time.perf_counter()
         if applied > 0 and first is None:
             first = (now, applied)
+            if cpu is not None:
+                cpu.start(applied)
         last = now
         time.sleep(0.05)
     assert first is not None and last is not None
+    if cpu is not None:
+        cpu.stop(applied)
     return (applied - first[1]) / max(1e-9, last - first[0])
+
+
+class WorkerCpu:
+    """CPU a worker spends per applied update, all threads and its main (event-loop) thread.
+
+    CPU time, unlike a rate, hardly depends on what else the machine runs: the figure to
+    compare across runs on a shared machine.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self._at: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self.us_per_update = self.main_us_per_update = 0.0
+
+    def _read(self) -> tuple[float, float]:
+        total = main = 0.0
+        for t in self.proc.threads():
+            total += t.user_time + t.system_time
+            if t.id == self.proc.pid:
+                main = t.user_time + t.system_time
+        return total, main
+
+    def start(self, applied: float) -> None:
+        self._at = (*self._read(), applied)
+
+    def stop(self, applied: float) -> None:
+        total, main = self._read()
+        n = max(1.0, applied - self._at[2])
+        self.us_per_update = (total - self._at[0]) / n * 1e6
+        self.main_us_per_update = (main - self._at[1]) / n * 1e6
 
 
 def broker_process(bootstrap: str) -> psutil.Process | None:
@@ -317,13 +357,18 @@ def main() -> None:
             worker = start_worker(config, port)
             spy = profiled(worker.pid, args.profile, gil=True) if args.profile is not None else None
             broker.start()
-            apply_rate = catch_up_rate([port], len(updates))
+            worker_cpu = WorkerCpu(worker.pid)
+            apply_rate = catch_up_rate([port], len(updates), cpu=worker_cpu)
             broker_one = broker.stop()
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(60)
             rss = psutil.Process(worker.pid).memory_info().rss
-            console.print(f"worker applied at {apply_rate:,.0f}/s (broker {broker_one:.2f} cores)")
+            console.print(
+                f"worker applied at {apply_rate:,.0f}/s (broker {broker_one:.2f} cores), "
+                f"{worker_cpu.us_per_update:.1f} us CPU per update, "
+                f"{worker_cpu.main_us_per_update:.1f} us of it in the main thread"
+            )
 
             # 3. more updates with filtered subscriptions, 10% of updates matching. Before the
             # queries: a range query builds a memo index the worker keeps current from then on,
@@ -396,6 +441,8 @@ def main() -> None:
         faust_floor=floor,
         apply_rate=apply_rate,
         broker_cores_one=broker_one,
+        worker_cpu_us=worker_cpu.us_per_update,
+        worker_main_cpu_us=worker_cpu.main_us_per_update,
         publish_rate=publish_rate,
         full_scan_rate=full_n / full_t,
         range_ms=range_t * 1000,
@@ -437,6 +484,11 @@ def main() -> None:
             f"{result['two_workers_rate']:,.0f} upd/s",
             f"{result['two_workers_rate'] / apply_rate:.2f}x one worker",
         )
+    table.add_row(
+        "  worker CPU per update (all threads / main thread)",
+        f"{worker_cpu.us_per_update:.1f} / {worker_cpu.main_us_per_update:.1f} µs",
+        "",
+    )
     table.add_row("client publish", f"{publish_rate:,.0f} msg/s", f"{publish_rate / relay:.2f}x")
     table.add_row(f"query full scan ({full_n:,} records)", f"{full_n / full_t:,.0f} rec/s", "")
     table.add_row(
