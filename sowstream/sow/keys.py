@@ -10,7 +10,7 @@ import binascii
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from sowstream.errors import InvalidMessageError
@@ -38,7 +38,7 @@ def sow_key_from_values(key_domain: str, values: Sequence[str]) -> str:
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
-@cache
+@lru_cache(maxsize=4096)  # one per key domain (a Pattern topic has one per topic name)
 def _domain_state(key_domain: str) -> Any:
     """The hash state after the key domain, copied per key (one update less per record)."""
     h = hashlib.blake2b(digest_size=12)
