@@ -392,7 +392,10 @@ def main() -> None:
                 client.flush()
                 received = 0
                 worker = start_worker(config, port)
-                subs_rate = catch_up_rate([port], len(again))
+                subs_cpu = WorkerCpu(worker.pid)
+                subs_rate = catch_up_rate([port], len(again), cpu=subs_cpu)
+                result["subs_cpu_us"] = subs_cpu.us_per_update
+                result["subs_main_cpu_us"] = subs_cpu.main_us_per_update
                 deadline = time.monotonic() + 300
                 while received < matching and time.monotonic() < deadline:
                     for sub in subs:
@@ -402,7 +405,9 @@ def main() -> None:
                 result["subs_received"] = received
                 console.print(
                     f"with {len(subs)} subscriptions: applied at {subs_rate:,.0f}/s, "
-                    f"{received:,} of {matching:,} messages received"
+                    f"{received:,} of {matching:,} messages received, "
+                    f"{subs_cpu.us_per_update:.1f} us CPU per update, "
+                    f"{subs_cpu.main_us_per_update:.1f} us of it in the main thread"
                 )
                 result["subs_rate"] = subs_rate
                 for sub in subs:
