@@ -64,6 +64,7 @@ KAFKA_PROBE_SECONDS = 10.0  # one attempt to reach Kafka at start
 ANNOUNCE_SECONDS = 2.0  # how often a worker announces itself on the workers topic
 
 LOG_BATCH_MAX = 2_000
+PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.bytes per batch
 APPLY_CHUNK = 500  # records folded in one go (one event-loop step) out of a fetched batch
 VIEW_BATCH_MAX = 2_000  # change events a view maintainer applies and stores in one go
 VIEW_BATCH_WITHIN = 0.01  # seconds a view maintainer waits to fill a batch
@@ -599,6 +600,10 @@ class Engine:
             broker_commit_interval=1.0,
             stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
             stream_wait_empty=False,
+            # aiokafka has one produce request in flight per broker, with one batch per
+            # partition: 16 KiB batches (faust's default) capped a partition's changelog at
+            # about 100 records per round trip (docs/benchmarks.md, issue 13).
+            producer_max_batch_size=PRODUCER_BATCH_BYTES,
             broker_credentials=faust_credentials(config.engine.kafka),
             # Static membership (KIP-345): the worker name is the group member, so a worker that
             # restarts within the session timeout takes its own partitions back without a
