@@ -55,6 +55,18 @@ def worker_command(config: Path, bootstrap: str, work: Path, *extra: str) -> lis
     ]
 
 
+def profiled(pid: int, out: Path, *, gil: bool = False) -> subprocess.Popen[bytes]:
+    """py-spy recording process ``pid`` (100 Hz, raw format) until interrupted; with ``gil``
+    only the thread holding the GIL is sampled (Python's CPU, not threads blocked in C)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen(
+        [str(spy), "record", "-p", str(pid), "-r", "100", "-f", "raw", "-o", str(out)]
+        + (["--gil"] if gil else []),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
     """SIGTERM, then SIGKILL if it does not stop in time."""
     if proc.poll() is not None:

@@ -20,7 +20,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -35,7 +34,14 @@ from confluent_kafka import Consumer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, stop_process, wait_queryable, worker_command, workspace
+from bench.common import (
+    bench_bootstrap,
+    profiled,
+    stop_process,
+    wait_queryable,
+    worker_command,
+    workspace,
+)
 from bench.pipeline_bench import wait_group_empty, write_log
 from bench.sow_bench import dir_size, free_port, scrape
 from sowstream.client import Client
@@ -213,16 +219,6 @@ def write_config(path: Path, prefix: str, mode: str) -> Path:
         )
     )
     return path
-
-
-def profiled(pid: int, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy recording the worker ``pid`` until interrupted."""
-    spy = Path(sys.executable).with_name("py-spy")
-    return subprocess.Popen(
-        [str(spy), "record", "-p", str(pid), "-r", "100", "-f", "raw", "-o", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def main() -> None:

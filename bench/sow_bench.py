@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from confluent_kafka import Consumer, Producer
 from rich.console import Console
 from rich.table import Table
 
-from bench.common import bench_bootstrap, wait_queryable, worker_command, workspace
+from bench.common import bench_bootstrap, profiled, wait_queryable, worker_command, workspace
 from sowstream.client import Client
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -147,9 +148,15 @@ def timed_query(client: Client, topic: str, flt: str | None, repeat: int = 3) ->
     return count, best
 
 
-def catch_up_rate(ports: list[int], target: float, timeout: float = 1800) -> float:
+def catch_up_rate(
+    ports: list[int],
+    target: float,
+    timeout: float = 1800,
+    cpu: WorkerCpu | None = None,
+) -> float:
     """Updates/s the workers behind ``ports`` apply together, from their own counters: from the
-    first applied update until ``target`` are applied in all."""
+    first applied update until ``target`` are applied in all; ``cpu`` (one worker) is read
+    over the same span."""
     first = last = None
     applied = 0.0
     started = time.perf_counter()
@@ -163,10 +170,44 @@ def catch_up_rate(ports: list[int], target: float, timeout: float = 1800) -> flo
         now = time.perf_counter()
         if applied > 0 and first is None:
             first = (now, applied)
+            if cpu is not None:
+                cpu.start(applied)
         last = now
         time.sleep(0.05)
     assert first is not None and last is not None
+    if cpu is not None:
+        cpu.stop(applied)
     return (applied - first[1]) / max(1e-9, last - first[0])
+
+
+class WorkerCpu:
+    """CPU a worker spends per applied update, all threads and its main (event-loop) thread.
+
+    CPU time, unlike a rate, hardly depends on what else the machine runs: the figure to
+    compare across runs on a shared machine.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self._at: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self.us_per_update = self.main_us_per_update = 0.0
+
+    def _read(self) -> tuple[float, float]:
+        total = main = 0.0
+        for t in self.proc.threads():
+            total += t.user_time + t.system_time
+            if t.id == self.proc.pid:
+                main = t.user_time + t.system_time
+        return total, main
+
+    def start(self, applied: float) -> None:
+        self._at = (*self._read(), applied)
+
+    def stop(self, applied: float) -> None:
+        total, main = self._read()
+        n = max(1.0, applied - self._at[2])
+        self.us_per_update = (total - self._at[0]) / n * 1e6
+        self.main_us_per_update = (main - self._at[1]) / n * 1e6
 
 
 def broker_process(bootstrap: str) -> psutil.Process | None:
@@ -198,6 +239,46 @@ class CpuMeter:
         return (self._read() - self._cpu) / max(1e-9, time.perf_counter() - self._wall)
 
 
+# Where a py-spy sample of the worker went: the first step whose mark is on its stack, in this
+# order (index upkeep runs inside the batch write, so it is tested first). py-spy names frames
+# ``Class.function (path relative to site-packages or the project:line)``.
+PROFILE_STEPS = [
+    ("start-up (imports)", ("_find_and_load (",)),
+    ("changelog sends", (".replicate (sowstream/engine/store.py", ".send_many (")),
+    ("index upkeep", ("._index_changes (",)),
+    ("decode and key the log record", ("decode_log_record (",)),
+    ("read the stored record", ("._load_record (",)),
+    ("apply_keyed", ("apply_keyed (",)),
+    ("encode the stored record", ("SowRecord.to_bytes (",)),
+    ("RocksDB write", ("RocksPartition.write (",)),
+    ("rest of the fold and batch write", ("._fold (", "Applier._write (")),
+    ("subscriptions", (".dispatch (sowstream/subscriptions",)),
+    ("Kafka message to RawRecord", ("_record (sowstream/engine/app.py",)),
+    ("log fetch (confluent-kafka, its own thread)", ("_fetch (sowstream/engine/app.py",)),
+    ("/metrics scrapes", ("(prometheus_client/",)),
+    ("aiokafka (sender, fetcher, protocol)", ("(aiokafka/",)),
+    ("faust and mode", ("(faust/", "(mode/")),
+    ("asyncio event loop", ("(asyncio/",)),
+]
+
+
+def profile_steps(path: Path) -> list[tuple[str, float]]:
+    """A py-spy ``raw`` profile's samples by step of the apply path, as shares of the samples
+    after start-up (imports)."""
+    shares: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        label = next(
+            (step for step, marks in PROFILE_STEPS if any(m in stack for m in marks)), "other"
+        )
+        shares[label] = shares.get(label, 0) + int(count)
+    started = sum(n for label, n in shares.items() if not label.startswith("start-up"))
+    ranked = sorted(shares.items(), key=lambda item: -item[1])
+    return [(label, 100 * n / started) for label, n in ranked if not label.startswith("start-up")]
+
+
 def write_bench_config(path: Path, prefix: str) -> Path:
     path.write_text(
         yaml.safe_dump(
@@ -224,6 +305,11 @@ def main() -> None:
     parser.add_argument("--subscriptions", type=int, default=100, help="filtered, 10%% match")
     parser.add_argument("--skip-scaling", action="store_true", help="no two-worker run")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy (raw format, --gil) of the worker's first catch-up, written here",
+    )
     args = parser.parse_args()
     if args.subscriptions > 1000:
         parser.error("at most 1,000 subscriptions (one per customer)")
@@ -269,11 +355,20 @@ def main() -> None:
 
             # 2. the worker catches up on the whole log; time it from its own counter
             worker = start_worker(config, port)
+            spy = profiled(worker.pid, args.profile, gil=True) if args.profile is not None else None
             broker.start()
-            apply_rate = catch_up_rate([port], len(updates))
+            worker_cpu = WorkerCpu(worker.pid)
+            apply_rate = catch_up_rate([port], len(updates), cpu=worker_cpu)
             broker_one = broker.stop()
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
             rss = psutil.Process(worker.pid).memory_info().rss
-            console.print(f"worker applied at {apply_rate:,.0f}/s (broker {broker_one:.2f} cores)")
+            console.print(
+                f"worker applied at {apply_rate:,.0f}/s (broker {broker_one:.2f} cores), "
+                f"{worker_cpu.us_per_update:.1f} us CPU per update, "
+                f"{worker_cpu.main_us_per_update:.1f} us of it in the main thread"
+            )
 
             # 3. more updates with filtered subscriptions, 10% of updates matching. Before the
             # queries: a range query builds a memo index the worker keeps current from then on,
@@ -297,7 +392,10 @@ def main() -> None:
                 client.flush()
                 received = 0
                 worker = start_worker(config, port)
-                subs_rate = catch_up_rate([port], len(again))
+                subs_cpu = WorkerCpu(worker.pid)
+                subs_rate = catch_up_rate([port], len(again), cpu=subs_cpu)
+                result["subs_cpu_us"] = subs_cpu.us_per_update
+                result["subs_main_cpu_us"] = subs_cpu.main_us_per_update
                 deadline = time.monotonic() + 300
                 while received < matching and time.monotonic() < deadline:
                     for sub in subs:
@@ -307,7 +405,9 @@ def main() -> None:
                 result["subs_received"] = received
                 console.print(
                     f"with {len(subs)} subscriptions: applied at {subs_rate:,.0f}/s, "
-                    f"{received:,} of {matching:,} messages received"
+                    f"{received:,} of {matching:,} messages received, "
+                    f"{subs_cpu.us_per_update:.1f} us CPU per update, "
+                    f"{subs_cpu.main_us_per_update:.1f} us of it in the main thread"
                 )
                 result["subs_rate"] = subs_rate
                 for sub in subs:
@@ -346,6 +446,8 @@ def main() -> None:
         faust_floor=floor,
         apply_rate=apply_rate,
         broker_cores_one=broker_one,
+        worker_cpu_us=worker_cpu.us_per_update,
+        worker_main_cpu_us=worker_cpu.main_us_per_update,
         publish_rate=publish_rate,
         full_scan_rate=full_n / full_t,
         range_ms=range_t * 1000,
@@ -387,6 +489,11 @@ def main() -> None:
             f"{result['two_workers_rate']:,.0f} upd/s",
             f"{result['two_workers_rate'] / apply_rate:.2f}x one worker",
         )
+    table.add_row(
+        "  worker CPU per update (all threads / main thread)",
+        f"{worker_cpu.us_per_update:.1f} / {worker_cpu.main_us_per_update:.1f} µs",
+        "",
+    )
     table.add_row("client publish", f"{publish_rate:,.0f} msg/s", f"{publish_rate / relay:.2f}x")
     table.add_row(f"query full scan ({full_n:,} records)", f"{full_n / full_t:,.0f} rec/s", "")
     table.add_row(
@@ -413,6 +520,10 @@ def main() -> None:
     table.add_row("RocksDB directory", f"{rocks / 1e6:,.1f} MB", f"{rocks / raw_bytes:.2f}x raw")
     table.add_row("worker RSS", f"{rss / 1e6:,.0f} MB", f"{rss / raw_bytes:.2f}x raw")
     Console().print(table)
+    if args.profile is not None and args.profile.exists():
+        console.print("[bold]worker catch-up under py-spy: share of the samples after imports")
+        for label, share in profile_steps(args.profile):
+            console.print(f"  {share:5.1f}%  {label}")
 
 
 if __name__ == "__main__":

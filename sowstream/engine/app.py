@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -67,6 +67,7 @@ KAFKA_PROBE_SECONDS = 10.0  # one attempt to reach Kafka at start
 ANNOUNCE_SECONDS = 2.0  # how often a worker announces itself on the workers topic
 
 LOG_BATCH_MAX = 2_000
+PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.bytes per batch
 APPLY_CHUNK = 500  # records folded in one go (one event-loop step) out of a fetched batch
 VIEW_BATCH_MAX = 2_000  # change events a view maintainer applies and stores in one go
 VIEW_BATCH_WITHIN = 0.01  # seconds a view maintainer waits to fill a batch
@@ -114,6 +115,28 @@ class FaustSender(Sender):
             self._tracked.add(topic)
         fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
         return cast("asyncio.Future[Any]", fut)
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[tuple[asyncio.Future[Any], int]]:
+        # aiokafka's send costs ~8 us of event-loop CPU per record (a future, a batch lookup);
+        # filling its batches here costs ~1 us (docs/benchmarks.md, issue 13).
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if topic not in self._tracked:
+            track_topic(producer, topic)
+            self._tracked.add(topic)
+        out: list[tuple[asyncio.Future[Any], int]] = []
+        batch, count = producer.create_batch(), 0
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                # Full (a first record always fits): queue it, after the batches before it.
+                out.append((await producer.send_batch(batch, topic, partition=partition), count))
+                batch, count = producer.create_batch(), 0
+                batch.append(key=key, value=value, timestamp=None)
+            count += 1
+        if count:
+            out.append((await producer.send_batch(batch, topic, partition=partition), count))
+        return out
 
     def prepare(self, topic: str) -> None:
         # The first send to a topic otherwise waits for its metadata (100 ms and more), and
@@ -584,6 +607,10 @@ class Engine:
             broker_commit_interval=1.0,
             stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
             stream_wait_empty=False,
+            # aiokafka has one produce request in flight per broker, with one batch per
+            # partition: 16 KiB batches (faust's default) capped a partition's changelog at
+            # about 100 records per round trip (docs/benchmarks.md, issue 13).
+            producer_max_batch_size=PRODUCER_BATCH_BYTES,
             broker_credentials=faust_credentials(config.engine.kafka),
             # Static membership (KIP-345): the worker name is the group member, so a worker that
             # restarts within the session timeout takes its own partitions back without a

@@ -172,6 +172,7 @@ class Applier(ProcessorBase):
                 outcome.versions,
                 outcome.journal,
                 _position(outcome),
+                outcome.bodies,
             )
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
@@ -186,6 +187,7 @@ class Applier(ProcessorBase):
         outcome = Outcome()
         overlay = outcome.overlay
         before = outcome.before
+        bodies = outcome.bodies
         events = outcome.events if ((self.subs or self.views) and not replay) else None
         versions = outcome.versions if self._history is not None else None
         last = ps.folded
@@ -231,13 +233,19 @@ class Applier(ProcessorBase):
                         outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
                     continue
                 overlay[key] = new
+                if new is not None and new.data is rec.value and op.command == h.PUBLISH:
+                    # Stored as published (no merge, Preprocessing or Enrichment): op.body is
+                    # the codec's own parse of new.data.
+                    bodies[key] = op.body  # type: ignore[assignment]
+                else:
+                    bodies.pop(key, None)
                 if self.queues and new is not None and op.command != h.SOW_DELETE:
                     outcome.enqueued.append(self._queued(rec, new.data, self._parse(new.data)))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
                 if events is not None:
-                    self._note(events, op.sow_key, stored, new, rec)
+                    self._note(events, op.sow_key, stored, new, rec, body=bodies.get(key))
             applied += 1
             if not replay and op.reply_to:
                 outcome.acks.append((rec, count, "success", "", ""))
@@ -329,8 +337,9 @@ class Applier(ProcessorBase):
         new: SowRecord | None,
         rec: RawRecord,
         seq: int = 0,
+        body: dict[str, Any] | None = None,
     ) -> None:
-        """Record an op's effect for subscribers."""
+        """Record an op's effect for subscribers (``body``: ``new`` parsed, if known)."""
         if new is stored:
             # Already applied before a crash: re-announce the stored result of exactly this op
             # (its message may not have gone out); subscribers drop it if they have it.
@@ -343,7 +352,15 @@ class Applier(ProcessorBase):
             return
         events.append(
             Change(
-                sow_key, stored, new, rec.partition, rec.offset, rec.timestamp, OOF_DELETED, seq=seq
+                sow_key,
+                stored,
+                new,
+                rec.partition,
+                rec.offset,
+                rec.timestamp,
+                OOF_DELETED,
+                seq=seq,
+                _after_body=body,
             )
         )
 
@@ -389,6 +406,7 @@ class Applier(ProcessorBase):
         versions: Sequence[Version] = (),
         journal: Mapping[bytes, bytes | None] | None = None,
         position: Mapping[bytes, bytes | None] | None = None,
+        bodies: Mapping[bytes, dict[str, Any]] | None = None,
     ) -> dict[bytes, bytes | None]:
         """Write the batch's final records (and index entries) as one store batch.
 
@@ -396,9 +414,11 @@ class Applier(ProcessorBase):
         holds the watermark holds the whole batch. Expiry deletes change no watermark.
         """
         changes: dict[bytes, bytes | None] = {}
+        indexed = bool(self._index_fields or ps.memo)
         for key, new in overlay.items():
-            if self._index_fields or ps.memo:
-                self._index_changes(changes, key, before.get(key), new, ps.memo)
+            if indexed:
+                body = bodies.get(key) if bodies else None
+                self._index_changes(changes, key, before.get(key), new, ps.memo, body)
             changes[key] = new.to_bytes() if new is not None else None
             if new is not None and new.expiration is not None and self._expires:
                 heapq.heappush(ps.expiry, (new.expiration, key))

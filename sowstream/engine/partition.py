@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sowstream.config.models import TopicConfig
 from sowstream.engine import memo, metrics
-from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition, is_record_key
+from sowstream.engine.store import (
+    REPLICATE_YIELD_EVERY,
+    MemoryPartition,
+    PartitionStore,
+    RocksPartition,
+    is_record_key,
+)
 from sowstream.errors import (
     InvalidCommandError,
     InvalidMessageError,
@@ -28,6 +34,7 @@ from sowstream.errors import (
 from sowstream.filters import Filter
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.history import Version
+from sowstream.sow.keys import same_values
 from sowstream.sow.layout import index_entries
 from sowstream.sow.memo import memo_entries
 from sowstream.sow.ops import RawRecord, parse_body, resolve_sow_key
@@ -114,6 +121,21 @@ class Sender:
     def prepare(self, topic: str) -> None:
         """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
 
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[tuple[asyncio.Future[Any], int]]:
+        """Queue ``(key, value)`` records for one partition, in order, in as few Kafka batches
+        as they fit; returns each batch's delivery future (whose result's ``offset`` is the
+        batch's first) with its number of records. By default one send per record."""
+        out: list[tuple[asyncio.Future[Any], int]] = []
+        for i, (key, value) in enumerate(records, 1):
+            fut = await self.send(topic, value, key=key, partition=partition)
+            if fut is not None:
+                out.append((fut, 1))
+            if i % REPLICATE_YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # many records must not hold the event loop
+        return out
+
 
 @dataclass
 class Outcome:
@@ -122,6 +144,9 @@ class Outcome:
     changes: dict[bytes, bytes | None] = field(default_factory=dict)
     overlay: dict[bytes, SowRecord | None] = field(default_factory=dict)
     before: dict[bytes, SowRecord | None] = field(default_factory=dict)
+    # The parsed body of an overlay record where the fold had it (a publish stored as sent),
+    # so writing the batch's index entries does not parse it again.
+    bodies: dict[bytes, dict[str, Any]] = field(default_factory=dict)
     last: int = -1
     last_record: RawRecord | None = None  # the record at ``last``: its fingerprint is stored
     events: list[Change] = field(default_factory=list)
@@ -211,6 +236,7 @@ class ProcessorBase:
         self._parts: dict[int, PartitionState] = {}
         self._expires = processes_expiration(topic.expiration)
         self._index_fields = [tuple(f) for f in topic.hash_indexes]
+        self._index_paths = tuple(dict.fromkeys(p for f in self._index_fields for p in f))
         self._history = topic.history if topic.sow else None
         self._pruned_at = 0.0
 
@@ -300,10 +326,9 @@ class ProcessorBase:
         return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"
 
     def _index_entries(
-        self, key: bytes, record: SowRecord | None, memo_fields: Iterable[str] = ()
+        self, key: bytes, body: dict[str, Any] | None, memo_fields: Iterable[str] = ()
     ) -> set[bytes]:
-        """Hash-index and memo-index entries of a record (parsed once for both)."""
-        body = self._parse(record.data) if record else None
+        """Hash-index and memo-index entries of a record's body (None: no record)."""
         entries = index_entries(self._index_fields, key, body)
         if memo_fields:
             entries |= memo_entries(memo_fields, key, body)
@@ -316,9 +341,24 @@ class ProcessorBase:
         old: SowRecord | None,
         new: SowRecord | None,
         memo_fields: Iterable[str] = (),
+        new_body: dict[str, Any] | None = None,
     ) -> None:
-        old_entries = self._index_entries(key, old, memo_fields)
-        new_entries = self._index_entries(key, new, memo_fields)
+        """Add the index entries to delete and to write when ``old`` becomes ``new`` (each
+        record parsed once for both kinds of index; ``new_body`` is ``new`` already parsed)."""
+        old_body = self._parse(old.data) if old is not None else None
+        if new is None:
+            new_body = None
+        elif new_body is None:
+            new_body = self._parse(new.data)
+        if (
+            old_body is not None
+            and new_body is not None
+            and same_values(self._index_paths, old_body, new_body)
+            and same_values(memo_fields, old_body, new_body)
+        ):
+            return  # the usual update: no indexed value changed, so neither did an entry
+        old_entries = self._index_entries(key, old_body, memo_fields)
+        new_entries = self._index_entries(key, new_body, memo_fields)
         for entry in old_entries - new_entries:
             changes[entry] = None
         for entry in new_entries - old_entries:

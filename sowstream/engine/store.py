@@ -117,17 +117,24 @@ class RocksPartition:
         while its watermark stayed ahead, and the log would not be replayed over them.
         """
         topic = self._table.changelog_topic.get_topic_name()
-        sent: list[asyncio.Future[Any]] = []
-        for i, (key, value) in enumerate(changes.items(), 1):
-            fut = await send(topic, value, key=key, partition=self._partition)
-            if fut is not None:
-                sent.append(fut)
-            if i % REPLICATE_YIELD_EVERY == 0:
-                # A big batch must not hold the event loop: later batches fold and send their
-                # subscription messages meanwhile (their changelog records queue behind these).
-                await asyncio.sleep(0)
-        if not sent:
+        # Batches built here when the sender can (Sender.send_many); else one send per record.
+        many = getattr(getattr(send, "__self__", None), "send_many", None)
+        batches: list[tuple[asyncio.Future[Any], int]] = []
+        if many is not None:
+            batches = await many(topic, self._partition, list(changes.items()))
+        else:
+            for i, (key, value) in enumerate(changes.items(), 1):
+                fut = await send(topic, value, key=key, partition=self._partition)
+                if fut is not None:
+                    batches.append((fut, 1))
+                if i % REPLICATE_YIELD_EVERY == 0:
+                    # A big batch must not hold the event loop: later batches fold and send
+                    # their subscription messages meanwhile (their changelog records queue
+                    # behind these).
+                    await asyncio.sleep(0)
+        if not batches:
             return
+        sent = [fut for fut, _ in batches]
         _, late = await asyncio.wait(sent, timeout=REPLICATE_TIMEOUT_SECONDS)
         failed = next((f.exception() for f in sent if f.done() and f.exception()), None)
         if late or failed is not None:
@@ -139,10 +146,13 @@ class RocksPartition:
                     else f"delivery failed: {failed}"
                 )
             )
+        last, count = batches[-1]
+        meta = last.result()
         store = self._table.data
         # Skip when the partition moved away meanwhile: writing would reopen its database.
-        if self._partition in store._dbs:
-            store.set_persisted_offset(TP(topic, self._partition), sent[-1].result().offset)
+        if meta is not None and self._partition in store._dbs:
+            # A batch's result carries the offset of its first record.
+            store.set_persisted_offset(TP(topic, self._partition), meta.offset + count - 1)
 
     def scan(
         self, start: bytes = RECORDS_START, prefix: bytes | None = None

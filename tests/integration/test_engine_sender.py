@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import TopicPartition
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as KafkaPartition
 
 from sowstream.engine.app import FaustSender
 from sowstream.wire.kafka import TopicSpec, ensure_topics
@@ -62,3 +65,46 @@ def test_a_topic_sent_to_keeps_its_leader_when_another_topic_is_added(
     leader, delivered = asyncio.run(_leaders_after_new_topic(kafka_bootstrap, old, new))
     assert leader is not None and leader >= 0, f"the producer lost the leader of {old}"
     assert delivered.topic == old
+
+
+async def _send_many(
+    bootstrap: str, topic: str, records: list[tuple[bytes, bytes | None]]
+) -> list[tuple[int, int]]:
+    # Small batches (4 KiB), so the records need many of them, as a changelog batch does.
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=4096)
+    await producer.start()
+    try:
+        sent = await FaustSender(_App(producer)).send_many(topic, 1, records)  # type: ignore[arg-type]
+        done = await asyncio.gather(*(fut for fut, _ in sent))
+        return [(meta.offset, count) for meta, (_, count) in zip(done, sent, strict=True)]
+    finally:
+        await producer.stop()
+
+
+def test_send_many_writes_the_records_in_order_in_batches(kafka_bootstrap: str) -> None:
+    """The changelog's batched sends: every record once, in order, on the partition asked
+    for, and each batch's first offset and count tell where its last record is."""
+    topic = f"sender-{uuid.uuid4().hex[:8]}-many"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 2)])
+    records = [(f"k{i}".encode(), None if i % 7 == 0 else b"v" * (i % 300)) for i in range(2000)]
+    batches = asyncio.run(_send_many(kafka_bootstrap, topic, records))
+    assert len(batches) > 1 and sum(count for _, count in batches) == len(records)
+    # Contiguous: each batch starts where the one before ended.
+    ends = [offset + count for offset, count in batches]
+    assert [offset for offset, _ in batches[1:]] == ends[:-1] and ends[-1] == len(records)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([KafkaPartition(topic, 1, 0)])
+    read: list[tuple[bytes, bytes | None]] = []
+    deadline = time.monotonic() + 30
+    while len(read) < len(records) and time.monotonic() < deadline:
+        for msg in consumer.consume(1000, 1.0):
+            if not msg.error():
+                read.append((msg.key(), msg.value()))
+    consumer.close()
+    assert read == records
