@@ -112,7 +112,7 @@ class Applier(ProcessorBase):
                     ps.in_flight.clear()
                 else:
                     self._commit(ps, head.outcome)
-                    await ps.store.replicate(head.outcome.changes, self._sender.send)
+                    await ps.store.replicate(head.outcome.changes, self._sender)
                     # Leaves the overlay only now: until Kafka has its changelog records no later
                     # batch may be stored (see RocksPartition.replicate); readers looking
                     # through the overlay meanwhile find the same records as in the store.

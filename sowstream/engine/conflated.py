@@ -209,7 +209,7 @@ class ConflatedRunner:
                 entries = {FLUSHED: str(upto).encode()}
                 store = self._store(partition)
                 store.write(entries)
-                await store.replicate(entries, self._sender.send)
+                await store.replicate(entries, self._sender)
                 conflator.flushed_to(upto)
                 written += len(pending)
                 self.published += len(pending)

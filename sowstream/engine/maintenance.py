@@ -63,7 +63,7 @@ class Maintenance(Applier):
                 if overlay:
                     journal = self.subs.take_journal(p)
                     changes = self._write(ps, overlay, before, journal=journal)
-                    await ps.store.replicate(changes, self._sender.send)
+                    await ps.store.replicate(changes, self._sender)
                     total += len(overlay)
         if total:
             metrics.EXPIRED.labels(self.topic.name).inc(total)
@@ -87,6 +87,6 @@ class Maintenance(Applier):
                 if drop:
                     changes: dict[bytes, bytes | None] = dict.fromkeys(drop)
                     ps.store.write(changes)
-                    await ps.store.replicate(changes, self._sender.send)
+                    await ps.store.replicate(changes, self._sender)
                     total += len(drop)
         return total

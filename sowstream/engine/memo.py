@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sowstream.engine.store import PartitionStore, SendFn, is_record_key
+from sowstream.engine.store import ChangelogSender, PartitionStore, is_record_key
 from sowstream.messagetypes import MessageType
 from sowstream.sow.memo import (
     BUILDING,
@@ -57,18 +57,20 @@ def load(store: PartitionStore) -> MemoState:
 async def _write(
     store: PartitionStore,
     changes: dict[bytes, bytes | None],
-    send: SendFn,
+    sender: ChangelogSender,
     alive: Callable[[], bool],
 ) -> bool:
     if not alive():
         return False
     store.write(changes)
-    await store.replicate(changes, send)
+    await store.replicate(changes, sender)
     await asyncio.sleep(0)
     return True
 
 
-async def _clear(store: PartitionStore, path: str, send: SendFn, alive: Callable[[], bool]) -> bool:
+async def _clear(
+    store: PartitionStore, path: str, sender: ChangelogSender, alive: Callable[[], bool]
+) -> bool:
     """Delete every entry of the index on ``path`` (the marker stays)."""
     prefix = index_prefix(path)
     while True:
@@ -76,7 +78,7 @@ async def _clear(store: PartitionStore, path: str, send: SendFn, alive: Callable
         chunk = dict.fromkeys(_first(store.keys(prefix, successor(prefix)), CHUNK))
         if not chunk:
             return True
-        if not await _write(store, chunk, send, alive):
+        if not await _write(store, chunk, sender, alive):
             return False
 
 
@@ -92,7 +94,7 @@ def _first(keys: Iterator[bytes], n: int) -> list[bytes]:
 async def build(
     store: PartitionStore,
     path: str,
-    send: SendFn,
+    sender: ChangelogSender,
     alive: Callable[[], bool],
     mtype: MessageType,
 ) -> bool:
@@ -101,9 +103,9 @@ async def build(
     ``alive`` is asked before each write: a partition taken away meanwhile is left alone (its
     marker still says ``building``, so whoever loads it next builds the index again).
     """
-    if not await _write(store, {marker_key(path): BUILDING}, send, alive):
+    if not await _write(store, {marker_key(path): BUILDING}, sender, alive):
         return False
-    if not await _clear(store, path, send, alive):
+    if not await _clear(store, path, sender, alive):
         return False
     chunk: dict[bytes, bytes | None] = {}
     for key, raw in store.scan():
@@ -113,20 +115,22 @@ async def build(
             chunk[entry] = b""
         if len(chunk) >= CHUNK:
             # Entries sort before every record key, so writing them does not disturb the scan.
-            if not await _write(store, chunk, send, alive):
+            if not await _write(store, chunk, sender, alive):
                 return False
             chunk = {}
     chunk[marker_key(path)] = READY
-    return await _write(store, chunk, send, alive)
+    return await _write(store, chunk, sender, alive)
 
 
-async def drop(store: PartitionStore, path: str, send: SendFn, alive: Callable[[], bool]) -> bool:
+async def drop(
+    store: PartitionStore, path: str, sender: ChangelogSender, alive: Callable[[], bool]
+) -> bool:
     """Remove the memo index on ``path``: marker first (so it is not used), then the entries."""
-    if not await _write(store, {marker_key(path): BUILDING}, send, alive):
+    if not await _write(store, {marker_key(path): BUILDING}, sender, alive):
         return False
-    if not await _clear(store, path, send, alive):
+    if not await _clear(store, path, sender, alive):
         return False
-    return await _write(store, {marker_key(path): None}, send, alive)
+    return await _write(store, {marker_key(path): None}, sender, alive)
 
 
 def candidates(store: PartitionStore, lookup: MemoLookup) -> Iterator[bytes]:

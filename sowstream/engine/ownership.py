@@ -111,7 +111,7 @@ class Ownership(Applier):
         )
         changes[key] = str(start).encode()
         ps.store.write(changes)
-        await ps.store.replicate(changes, self._sender.send)
+        await ps.store.replicate(changes, self._sender)
         log.info(
             "queue %s: takes %s partition %d from offset %d on (RecoveryPoint %s; %d from the log)",
             queue.name,
@@ -196,7 +196,7 @@ class Ownership(Applier):
             ps.watermark = start - 1
             mark = {APPLIED_RECORD_KEY: None, WATERMARK_KEY: str(ps.watermark).encode()}
             ps.store.write(mark)
-            await ps.store.replicate(mark, self._sender.send)
+            await ps.store.replicate(mark, self._sender)
         log.info(
             "topic %s partition %d recovered from the log (RecoveryPoint %s, from offset %d) "
             "up to offset %d",
@@ -273,7 +273,7 @@ class Ownership(Applier):
         changes[APPLIED_RECORD_KEY] = None
         changes[WATERMARK_KEY] = str(start - 1).encode()
         ps.store.write(changes)
-        await ps.store.replicate(changes, self._sender.send)
+        await ps.store.replicate(changes, self._sender)
         ps.watermark = ps.folded = start - 1
         # Subscribers drop messages at or below the last offset they saw: tell them the
         # partition's offsets start over, or the new log's first messages would look like repeats.
@@ -325,7 +325,7 @@ class Ownership(Applier):
             else:
                 # Built on demand and never finished (a crash, a lost assignment): drop it, the
                 # next query that needs it builds it again.
-                await memo.drop(ps.store, path, self._sender.send, self._holds(partition, ps))
+                await memo.drop(ps.store, path, self._sender, self._holds(partition, ps))
         for path in self.topic.indexes:
             if path not in ps.memo:
                 await self._build_memo(partition, ps, path)

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sowstream.config.models import TopicConfig
 from sowstream.engine import memo, metrics
 from sowstream.engine.store import (
-    REPLICATE_YIELD_EVERY,
     MemoryPartition,
     PartitionStore,
     RocksPartition,
@@ -69,6 +68,7 @@ log = logging.getLogger("sowstream.engine")
 # Kafka's default max message size is 1 MB; stay well under it when packing a reply batch.
 MAX_REPLY_BYTES = 900_000
 SCAN_YIELD_EVERY = 5_000
+REPLICATE_YIELD_EVERY = 256  # records sent before the event loop gets a turn
 APPLIED_WAIT_SECONDS = 30.0
 DELIVERY_WAIT_SECONDS = 10.0
 HISTORY_PRUNE_SECONDS = 60.0
@@ -441,7 +441,7 @@ class ProcessorBase:
         started = time.perf_counter()
         try:
             built = await memo.build(
-                ps.store, path, self._sender.send, self._holds(partition, ps), self.topic.codec
+                ps.store, path, self._sender, self._holds(partition, ps), self.topic.codec
             )
         except SowstreamError as exc:
             # The store refused the writes (disk full, ...): queries scan instead, and the index

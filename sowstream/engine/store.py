@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from faust.types import TP
@@ -36,15 +36,22 @@ __all__ = [
     "RESERVED_PREFIX",
     "WARNINGS_KEY",
     "WATERMARK_KEY",
+    "ChangelogSender",
     "MemoryPartition",
     "PartitionStore",
     "RocksPartition",
     "is_record_key",
 ]
 
-SendFn = Callable[..., Awaitable["asyncio.Future[Any] | None"]]
-REPLICATE_YIELD_EVERY = 256
 REPLICATE_TIMEOUT_SECONDS = 60.0
+
+
+class ChangelogSender(Protocol):
+    """What replicating needs of the worker's sender (``Sender.send_many``)."""
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[tuple[asyncio.Future[Any], int]]: ...
 
 
 class PartitionStore(Protocol):
@@ -56,7 +63,9 @@ class PartitionStore(Protocol):
     def write(self, changes: Mapping[bytes, bytes | None]) -> None:
         """Apply puts (bytes) and deletes (None) atomically, in the mapping's order."""
 
-    async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
+    async def replicate(
+        self, changes: Mapping[bytes, bytes | None], sender: ChangelogSender
+    ) -> None:
         """Copy a written batch to wherever the partition is replicated (if anywhere)."""
 
     def scan(
@@ -104,7 +113,9 @@ class RocksPartition:
         except Exception as exc:  # rocksdict raises bare Exception
             raise StateStoreError(f"RocksDB write failed for {self._table.name!r}: {exc}") from exc
 
-    async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
+    async def replicate(
+        self, changes: Mapping[bytes, bytes | None], sender: ChangelogSender
+    ) -> None:
         """Send the batch to the table's changelog, in write order, and return once Kafka has it.
 
         Sent straight through the producer rather than faust's one-at-a-time send buffer, which
@@ -117,21 +128,7 @@ class RocksPartition:
         while its watermark stayed ahead, and the log would not be replayed over them.
         """
         topic = self._table.changelog_topic.get_topic_name()
-        # Batches built here when the sender can (Sender.send_many); else one send per record.
-        many = getattr(getattr(send, "__self__", None), "send_many", None)
-        batches: list[tuple[asyncio.Future[Any], int]] = []
-        if many is not None:
-            batches = await many(topic, self._partition, list(changes.items()))
-        else:
-            for i, (key, value) in enumerate(changes.items(), 1):
-                fut = await send(topic, value, key=key, partition=self._partition)
-                if fut is not None:
-                    batches.append((fut, 1))
-                if i % REPLICATE_YIELD_EVERY == 0:
-                    # A big batch must not hold the event loop: later batches fold and send
-                    # their subscription messages meanwhile (their changelog records queue
-                    # behind these).
-                    await asyncio.sleep(0)
+        batches = await sender.send_many(topic, self._partition, list(changes.items()))
         if not batches:
             return
         sent = [fut for fut, _ in batches]
@@ -198,7 +195,9 @@ class MemoryPartition:
             else:
                 self._data[key] = value
 
-    async def replicate(self, changes: Mapping[bytes, bytes | None], send: SendFn) -> None:
+    async def replicate(
+        self, changes: Mapping[bytes, bytes | None], sender: ChangelogSender
+    ) -> None:
         """Transient state is not replicated: it is rebuilt from the log."""
 
     def _ordered(self) -> list[bytes]:

@@ -277,7 +277,7 @@ class ViewRunner:
             records.update((key, None) for key in vp.purge - entries.keys())
             records[WATERMARK] = str(vp.watermark).encode()  # last: it commits the batch
             vp.store.write(records)
-            await vp.store.replicate(records, self._sender.send)
+            await vp.store.replicate(records, self._sender)
             vp.purge = {key for key, value in entries.items() if value is None}
             metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
 
