@@ -177,8 +177,8 @@ def load_amps_xml(
     queues: list[tuple[QueueConfig, str, dict[str, str]]] = []
     views: list[tuple[ViewConfig, str]] = []
     conflated: list[tuple[ConflatedTopicConfig, str]] = []
-    order: list[str] = []  # every definition's name in document order (views read earlier ones)
-    defined: list[Definition] = []  # the same with message types, for the views' checks
+    # Every definition in document order (views and conflated topics read earlier ones).
+    defined: list[Definition] = []
     for section in sections:
         position = 0
         queue_position = 0
@@ -190,17 +190,14 @@ def load_amps_xml(
                 queue = _queue(child, section.tag, queue_position, source, skip_unsupported)
                 if queue is not None:
                     queues.append(queue)
-                    order.append(queue[0].name)
                     defined.append((queue[0].name, queue[0].message_type))
             elif child.tag in CONFLATED_TAGS:
                 conflated_position += 1
                 conflated.append(conflated_from_xml(child, section.tag, conflated_position, source))
-                order.append(conflated[-1][0].name)
                 defined.append((conflated[-1][0].name, conflated[-1][0].message_type))
             elif child.tag in VIEW_TAGS:
                 view_position += 1
                 views.append(view_from_xml(child, section.tag, view_position, source))
-                order.append(views[-1][0].name)
                 defined.append((views[-1][0].name, views[-1][0].message_type))
             elif child.tag in TOPIC_ELEMENTS:
                 position += 1
@@ -218,7 +215,6 @@ def load_amps_xml(
                     )
                 defined_at[topic.ident] = path
                 topics.append(topic)
-                order.append(topic.name)
                 defined.append((topic.name, topic.message_type))
             else:
                 _not_a_topic(child, section.tag, source, skip_unsupported)
@@ -229,7 +225,7 @@ def load_amps_xml(
         tag = tag_of.get(exc.field, FIELD_ELEMENTS.get(exc.field, exc.field))
         raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
     try:
-        check_conflated_topics([c for c, _ in conflated], topics, order, [v for v, _ in views])
+        check_conflated_topics([c for c, _ in conflated], topics, defined, [v for v, _ in views])
     except ConflatedProblem as exc:
         path = conflated[exc.index][1]
         tag = CONFLATED_FIELD_ELEMENTS.get(exc.field, exc.field)

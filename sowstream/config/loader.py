@@ -59,7 +59,6 @@ from sowstream.config.views import (
     ViewProblem,
     check_view_sources,
     check_views,
-    typed_definitions,
     view_from_yaml,
 )
 
@@ -404,9 +403,9 @@ def _conflated(
     found = [
         conflated_from_yaml(item, f"conflated_topics[{n}]", source) for n, item in enumerate(items)
     ]
-    names = definition_order([t.name for t in topics] + [q.name for q in queues], found, views)
+    defined = definition_order(topics, queues, found, views)
     try:
-        check_conflated_topics(found, topics, names, views)
+        check_conflated_topics(found, topics, defined, views)
     except ConflatedProblem as exc:
         key = CONFLATED_FIELD_ELEMENTS.get(exc.field, exc.field)
         raise ConfigError(
@@ -430,8 +429,7 @@ def _views(
 ) -> tuple[ViewConfig, ...]:
     """The views, checked against the topics, queues and conflated topics (a view reads those
     and the views before it, ``definition_order``)."""
-    names = definition_order([t.name for t in topics] + [q.name for q in queues], conflated, views)
-    defined = typed_definitions(names, [*topics, *queues], conflated, views)
+    defined = definition_order(topics, queues, conflated, views)
     try:
         check_views(views, defined)
         check_view_sources(views, topics, [q.name for q in queues])

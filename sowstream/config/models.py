@@ -963,21 +963,14 @@ class SowstreamConfig(_Frozen):
         check_queues(self.queues, self.topics)
         # Loaders check in document order first; here each kind keeps its own order, with
         # conflated topics placed right after what they read (definition_order).
-        names = definition_order(
-            [t.name for t in self.topics] + [q.name for q in self.queues],
-            self.conflated_topics,
-            self.views,
-        )
-        defined = typed_definitions(
-            names, [*self.topics, *self.queues], self.conflated_topics, self.views
-        )
+        defined = definition_order(self.topics, self.queues, self.conflated_topics, self.views)
         try:
             check_views(self.views, defined)
             check_view_sources(self.views, self.topics, [q.name for q in self.queues])
         except ViewProblem as exc:
             raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
         try:
-            check_conflated_topics(self.conflated_topics, self.topics, names, self.views)
+            check_conflated_topics(self.conflated_topics, self.topics, defined, self.views)
         except ConflatedProblem as exc:
             raise FieldProblem(
                 "conflated_topics", f"conflated_topics[{exc.index}]: {exc}"
@@ -1117,7 +1110,6 @@ from sowstream.config.views import (  # noqa: E402
     ViewProblem,
     check_view_sources,
     check_views,
-    typed_definitions,
 )
 
 SowstreamConfig.model_rebuild()

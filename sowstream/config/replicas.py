@@ -46,7 +46,8 @@ from sowstream.messagetypes import registry
 from sowstream.sow.enrich import ENRICHMENT, StageError, compile_stage
 
 if TYPE_CHECKING:
-    from sowstream.config.views import ViewConfig
+    from sowstream.config.queues import QueueConfig
+    from sowstream.config.views import Definition, ViewConfig
 
 __all__ = [
     "CONFLATED_ELEMENTS",
@@ -299,50 +300,57 @@ class ConflatedProblem(FieldProblem):
 
 
 def definition_order(
-    sow_names: Iterable[str],
+    topics: Iterable[TopicConfig],
+    queues: Iterable[QueueConfig],
     conflated: Sequence[ConflatedTopicConfig],
     views: Sequence[ViewConfig],
-) -> list[str]:
-    """Every definition's name in the order cross checks read them where the document gives
-    none (YAML keeps each kind in its own list): SOW topics and queues, then views in their
-    order, each conflated topic right after what it reads (so a view may read a conflated
-    topic over a SOW topic or an earlier view). What reads nothing defined comes last."""
-    order = list(sow_names)
+) -> list[Definition]:
+    """Every definition, as (name, message type), in the order cross checks read them where the
+    document gives none (YAML keeps each kind in its own list): SOW topics and queues, then views
+    in their order, each conflated topic right after what it reads (so a view may read a
+    conflated topic over a SOW topic or an earlier view). What reads nothing defined comes last."""
+    order: list[Definition] = [(t.name, t.message_type) for t in topics]
+    order += [(q.name, q.message_type) for q in queues]
+    names = {name for name, _ in order}
     pending = list(conflated)
+
+    def add(name: str, message_type: str | None) -> None:
+        order.append((name, message_type))
+        names.add(name)
 
     def place() -> None:
         placed = True
         while placed:
             placed = False
             for ct in list(pending):
-                if ct.underlying_topic in order:
-                    order.append(ct.name)
+                if ct.underlying_topic in names:
+                    add(ct.name, ct.message_type)
                     pending.remove(ct)
                     placed = True
 
     place()
     for view in views:
-        order.append(view.name)
+        add(view.name, view.message_type)
         place()
-    order.extend(ct.name for ct in pending)
+    order.extend((ct.name, ct.message_type) for ct in pending)
     return order
 
 
 def check_conflated_topics(
     conflated: Sequence[ConflatedTopicConfig],
     topics: Sequence[TopicConfig],
-    definitions: Sequence[str],
+    definitions: Sequence[Definition],
     views: Sequence[ViewConfig] = (),
 ) -> None:
-    """Check conflated topics against the SOW topics, views and every definition name (in
-    order).
+    """Check conflated topics against the SOW topics, views and every definition (in order,
+    ``definition_order``).
 
     The UnderlyingTopic must be a SOW topic, view or conflated topic defined earlier, of the
     given MessageType if one is given; a regular expression one (a Pattern topic, or a conflated
     topic over one) needs a TopicFormat, which nothing else takes. Raises
     :class:`ConflatedProblem`.
     """
-    names = list(definitions)
+    names = [name for name, _ in definitions]
     by_view = {v.name: v for v in views}
     by_conflated = {c.name: c for c in conflated}
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from pydantic import ValidationError, field_validator, model_validator
 
@@ -61,7 +61,6 @@ __all__ = [
     "ViewProblem",
     "check_view_sources",
     "check_views",
-    "typed_definitions",
     "view_from_xml",
     "view_from_yaml",
 ]
@@ -305,31 +304,6 @@ class ViewProblem(FieldProblem):
 Definition = tuple[str, str | None]
 """A SOW definition as views see it: its name and message type (None: not known yet, as for a
 conflated topic that takes its underlying topic's type)."""
-
-
-class _Typed(Protocol):
-    name: str
-
-    @property
-    def message_type(self) -> str | None: ...
-
-
-def typed_definitions(
-    order: Sequence[str],
-    sow: Sequence[_Typed],
-    conflated: Sequence[_Typed],
-    views: Sequence[_Typed],
-) -> list[Definition]:
-    """``order`` (definition names, SOW topics and queues first as in ``sow``, then views and
-    conflated topics) with each name's message type."""
-    out: list[Definition] = [(d.name, d.message_type) for d in sow]
-    pools: dict[str, list[str | None]] = {}
-    for d in [*views, *conflated]:  # a view and a conflated topic cannot share a name and type
-        pools.setdefault(d.name, []).append(d.message_type)
-    for name in order[len(sow) :]:
-        types = pools.get(name)
-        out.append((name, types.pop(0) if types else None))
-    return out
 
 
 def _same(a: Definition, b: Definition) -> bool:
