@@ -441,7 +441,7 @@ class QueueConfig(_Frozen):
 
 def available_topic_name(queue: str) -> str:
     """The SOW topic the engine keeps of a queue's available messages when a view reads the
-    queue (``sowstream.queues.view_feed``): the view reads it in the queue's place."""
+    queue (``sowstream.engine.queue_views``): the view reads it in the queue's place."""
     return f"{queue}.available"
 
 

@@ -42,6 +42,7 @@ from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.health import BEAT_SECONDS, Health, Readiness, serve
 from sowstream.engine.partition import PartitionMoved
 from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
+from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.restore import batched_table_manager, restore_progress
@@ -52,7 +53,6 @@ from sowstream.engine.views import ViewRunner
 from sowstream.errors import InvalidCommandError, KafkaUnreachableError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.queues.machine import Bookmark
-from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
 from sowstream.views.conflation import ConflatedFeed
 from sowstream.views.projection import TopicRef
@@ -777,7 +777,7 @@ class Engine:
         self.view_runners[own.ident] = runner
         for ref in view.topics:
             # A queue's available messages change without a log of their own: only real
-            # changes count (a restated message is no change, see queues.view_feed).
+            # changes count (a restated message is no change, see engine.queue_views).
             queue = ref.topic in self._queue_views
             feed = ViewFeed(view, ref.topic, input_name, only_changes=queue)
             self._underlying(ref).views.append(feed)

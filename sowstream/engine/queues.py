@@ -24,6 +24,7 @@ import orjson
 from sowstream.config.queues import QueueConfig
 from sowstream.engine import metrics
 from sowstream.engine.processor import Sender
+from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
@@ -35,7 +36,6 @@ from sowstream.queues.store import (
     offset_of,
     read_ack_marker,
 )
-from sowstream.queues.view_feed import QueueViewFeed
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
@@ -95,7 +95,7 @@ class QueueRuntime:
         self._wake = asyncio.Event()
         # Counters per log partition since this worker took it, for `sowstream queue status`.
         self.counts: dict[tuple[str, int], Counter[str]] = {}
-        # Set by the engine when a view reads the queue (sowstream.queues.view_feed).
+        # Set by the engine when a view reads the queue (sowstream.engine.queue_views).
         self.view_feed: QueueViewFeed | None = None
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:

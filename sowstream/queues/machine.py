@@ -243,7 +243,7 @@ class QueueMachine:
         self._now = 0
         self._dirty = False
         # Bookmarks whose availability may have changed since the engine last took them; None
-        # when nothing follows it (a view over the queue does: sowstream.queues.view_feed).
+        # when nothing follows it (a view over the queue does: sowstream.engine.queue_views).
         self.touched: set[Bookmark] | None = None
 
         self._delivered = 0

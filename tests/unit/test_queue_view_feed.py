@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from sowstream.config.queues import QueueConfig
 from sowstream.engine.partition import Sender
+from sowstream.engine.queue_views import QueueViewFeed, available_records, available_sow_key
 from sowstream.queues import Bookmark, QueueMachine
-from sowstream.queues.view_feed import QueueViewFeed, available_records, available_sow_key
 from sowstream.wire import headers as h
 
 S = 1000

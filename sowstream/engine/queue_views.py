@@ -31,27 +31,16 @@ import asyncio
 import base64
 import functools
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
+from sowstream.engine.derived import ACK_WAIT_SECONDS
+from sowstream.engine.partition import Sender
 from sowstream.queues.machine import Bookmark, QueueMachine
 from sowstream.wire import headers as h
 
 __all__ = ["QueueViewFeed", "available_records", "available_sow_key"]
 
-ACK_WAIT_SECONDS = 30.0
 _SOW_DELETE = h.SOW_DELETE.encode()
-
-
-class _Sender(Protocol):
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any] | None: ...
 
 
 def available_sow_key(bookmark: Bookmark) -> str:
@@ -76,7 +65,7 @@ def available_records(
 class QueueViewFeed:
     """States the availability of one queue's messages on its available-messages topic."""
 
-    def __init__(self, machine: QueueMachine, queue: str, log_topic: str, sender: _Sender) -> None:
+    def __init__(self, machine: QueueMachine, queue: str, log_topic: str, sender: Sender) -> None:
         """``log_topic``: the Kafka log of the available-messages topic."""
         self.machine = machine
         self.queue = queue
