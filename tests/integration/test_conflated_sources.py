@@ -6,8 +6,7 @@ the status document and the Prometheus metrics; and Enrichment on a conflated to
 from __future__ import annotations
 
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,8 @@ from sowstream.broker.local import free_port
 from sowstream.cli.main import status_tables
 from sowstream.client import Client, Message
 from sowstream.errors import InvalidCommandError
-from tests.support.engine import EngineProcesses
+from tests.support.engine import EngineProcesses, metrics_text
+from tests.support.messages import by_sow_key, drain, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +58,7 @@ class Engine:
         self.port = free_port()
 
     def metrics(self) -> str:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        with urllib.request.urlopen(url, timeout=30) as resp:
-            text: str = resp.read().decode()
-            return text
+        return metrics_text(self.port)
 
 
 @pytest.fixture(scope="module")
@@ -95,30 +92,6 @@ def publisher(engine: Engine) -> Iterator[Client]:
         yield c
 
 
-def records(client: Client, topic: str) -> dict[str, dict[str, Any]]:
-    return {m.sow_key: m.json() for m in client.sow(topic) if m.command == "sow"}
-
-
-def eventually(read: Callable[[], Any], expected: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    got = read()
-    while got != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-        got = read()
-    assert got == expected
-
-
-def drain(sub: Any, seconds: float) -> list[Message]:
-    """Every message arriving within ``seconds``."""
-    out: list[Message] = []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        msg = sub.next(timeout=left)
-        if msg is not None:
-            out.append(msg)
-    return out
-
-
 def at_most_one_per_interval(
     got: list[Message], field: str, elapsed: float, interval: float
 ) -> None:
@@ -138,21 +111,21 @@ def test_c8_each_name_of_a_regex_topic_gets_its_own_conflated_topic(
 ) -> None:
     for name in ("/q/eu", "/q/us"):
         publisher.sow_delete(name, filter="1=1")
-    eventually(lambda: records(publisher, "Quotes-C"), {})
+    eventually(lambda: by_sow_key(publisher, "Quotes-C"), {})
     publisher.publish("/q/eu", {"sym": "A", "p": 1})
     publisher.publish("/q/eu", {"sym": "B", "p": 2})
     publisher.publish("/q/us", {"sym": "A", "p": 3})
-    eventually(lambda: records(client, "/q/eu-C"), records(publisher, "/q/eu"))
-    eventually(lambda: records(client, "/q/us-C"), records(publisher, "/q/us"))
-    assert sorted(records(client, "/q/eu-C").values(), key=str) == [
+    eventually(lambda: by_sow_key(client, "/q/eu-C"), by_sow_key(publisher, "/q/eu"))
+    eventually(lambda: by_sow_key(client, "/q/us-C"), by_sow_key(publisher, "/q/us"))
+    assert sorted(by_sow_key(client, "/q/eu-C").values(), key=str) == [
         {"sym": "A", "p": 1},
         {"sym": "B", "p": 2},
     ]
-    assert list(records(client, "/q/us-C").values()) == [{"sym": "A", "p": 3}]
+    assert list(by_sow_key(client, "/q/us-C").values()) == [{"sym": "A", "p": 3}]
     # Each record is returned under its own conflated topic name; the family's Name reads all.
     every = [(m.topic, m.json()["p"]) for m in client.sow("Quotes-C") if m.command == "sow"]
     assert sorted(every) == [("/q/eu-C", 1), ("/q/eu-C", 2), ("/q/us-C", 3)]
-    assert records(client, "/q/eu-C").keys() == records(client, "/q/eu").keys()
+    assert by_sow_key(client, "/q/eu-C").keys() == by_sow_key(client, "/q/eu").keys()
 
 
 def test_c8_a_conflated_name_is_subscribed_alone_and_conflated(
@@ -161,9 +134,9 @@ def test_c8_a_conflated_name_is_subscribed_alone_and_conflated(
     publisher.sow_delete("/q/eu", filter="1=1")
     publisher.publish("/q/eu", {"sym": "A", "p": 0})
     publisher.publish("/q/eu", {"sym": "B", "p": 2})
-    expected = records(publisher, "/q/eu")  # read-your-writes: the publisher's own query
+    expected = by_sow_key(publisher, "/q/eu")  # read-your-writes: the publisher's own query
     assert len(expected) == 2
-    eventually(lambda: records(client, "/q/eu-C"), expected)
+    eventually(lambda: by_sow_key(client, "/q/eu-C"), expected)
     sub = client.subscribe("/q/eu-C", options="oof")
     started = time.monotonic()
     for p in range(10, 40):
@@ -180,7 +153,7 @@ def test_c8_a_conflated_name_is_subscribed_alone_and_conflated(
         ("oof", "deleted", {"sym": "B", "p": 2})
     ]
     assert len(publishes) < 30 / 3
-    eventually(lambda: records(client, "/q/us-C"), records(publisher, "/q/us"))
+    eventually(lambda: by_sow_key(client, "/q/us-C"), by_sow_key(publisher, "/q/us"))
     sub.close()
 
 
@@ -189,21 +162,21 @@ def test_c8_publishing_to_a_conflated_name_is_refused(client: Client) -> None:
         client.publish("/q/eu-C", {"sym": "Z", "p": 1})
     with pytest.raises(InvalidCommandError, match="computed by the engine from Quotes"):
         client.sow_delete("/q/eu-C", filter="1=1")
-    assert "Z" not in {r["sym"] for r in records(client, "/q/eu-C").values()}
+    assert "Z" not in {r["sym"] for r in by_sow_key(client, "/q/eu-C").values()}
 
 
 # -- A4 chains: over a view, over a conflated topic ---------------------------------------------
 
 
 def by_desk(client: Client, topic: str) -> dict[str, dict[str, Any]]:
-    return {r["desk"]: r for r in records(client, topic).values()}
+    return {r["desk"]: r for r in by_sow_key(client, topic).values()}
 
 
 def test_a_conflated_view_updates_each_aggregate_at_most_once_per_interval(
     client: Client, publisher: Client
 ) -> None:
     publisher.sow_delete("pos", filter="1=1")
-    eventually(lambda: records(publisher, "by_desk-C"), {})
+    eventually(lambda: by_sow_key(publisher, "by_desk-C"), {})
     sub = client.subscribe("by_desk-C")
     started = time.monotonic()
     for n in range(120):
@@ -216,7 +189,7 @@ def test_a_conflated_view_updates_each_aggregate_at_most_once_per_interval(
     expected = {f"d{k}": {"desk": f"d{k}", "qty": 450 + 4 * k, "n": 4} for k in range(3)}
     eventually(lambda: by_desk(client, "by_desk"), expected)
     eventually(lambda: by_desk(client, "by_desk-C"), expected)
-    assert records(client, "by_desk-C") == records(client, "by_desk")  # the view's SowKeys
+    assert by_sow_key(client, "by_desk-C") == by_sow_key(client, "by_desk")  # the view's SowKeys
     assert {m.json()["desk"]: m.json() for m in got} == expected
     sub.close()
 
@@ -225,7 +198,7 @@ def test_a_conflated_topic_over_a_conflated_topic_keeps_the_outer_interval(
     client: Client, publisher: Client
 ) -> None:
     publisher.sow_delete("pos", filter="1=1")
-    eventually(lambda: records(publisher, "pos-CC"), {})
+    eventually(lambda: by_sow_key(publisher, "pos-CC"), {})
     sub = client.subscribe("pos-CC")
     started = time.monotonic()
     for n in range(100):
@@ -236,9 +209,9 @@ def test_a_conflated_topic_over_a_conflated_topic_keeps_the_outer_interval(
     elapsed = time.monotonic() - started
     at_most_one_per_interval(got, "id", elapsed, 2.0)
     assert {m.json()["id"]: m.json()["qty"] for m in got} == {i: 96 + i for i in range(4)}
-    expected = records(publisher, "pos")
-    eventually(lambda: records(client, "pos-C"), expected)
-    eventually(lambda: records(client, "pos-CC"), expected)
+    expected = by_sow_key(publisher, "pos")
+    eventually(lambda: by_sow_key(client, "pos-C"), expected)
+    eventually(lambda: by_sow_key(client, "pos-CC"), expected)
     sub.close()
 
 
@@ -250,7 +223,7 @@ def test_a_burst_shows_in_the_conflation_ratio_and_the_metrics(
 ) -> None:
     for p in range(50):
         client.publish("burst", {"sym": "A", "p": p})
-    eventually(lambda: list(records(client, "burst-C").values()), [{"sym": "A", "p": 49}])
+    eventually(lambda: list(by_sow_key(client, "burst-C").values()), [{"sym": "A", "p": 49}])
 
     def conflation() -> dict[str, Any] | None:
         doc = client.cluster_status(topic="burst-C")
@@ -289,15 +262,15 @@ def test_a_burst_shows_in_the_conflation_ratio_and_the_metrics(
 
 def test_enrichment_rewrites_the_conflated_records_only(client: Client, publisher: Client) -> None:
     publisher.sow_delete("pos", filter="1=1")
-    eventually(lambda: records(publisher, "pos-E"), {})
+    eventually(lambda: by_sow_key(publisher, "pos-E"), {})
     sub = client.subscribe("pos-E")
     for n in range(20):
         publisher.publish("pos", {"id": n % 2, "desk": "ny", "qty": n})
-    raw = records(publisher, "pos")
+    raw = by_sow_key(publisher, "pos")
     assert sorted(r["qty"] for r in raw.values()) == [18, 19]
     assert all(r["desk"] == "ny" and "double" not in r for r in raw.values())
     expected = {k: {**r, "double": 2 * r["qty"], "desk": "NY"} for k, r in raw.items()}
-    eventually(lambda: records(client, "pos-E"), expected)
+    eventually(lambda: by_sow_key(client, "pos-E"), expected)
     got = drain(sub, 1.5)
     assert {m.json()["id"]: m.json() for m in got} == {r["id"]: r for r in expected.values()}
     sub.close()

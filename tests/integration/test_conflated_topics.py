@@ -6,15 +6,15 @@ chapter's worked examples are named Cn."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from sowstream.client import Client, Message
+from sowstream.client import Client
 from sowstream.errors import InvalidCommandError
 from tests.support.engine import EngineProcesses, running_engine
-from tests.support.messages import take
+from tests.support.messages import by_sow_key, drain, eventually, take
 
 pytestmark = pytest.mark.integration
 
@@ -51,33 +51,9 @@ def engine(
         yield procs
 
 
-def records(client: Client, topic: str) -> dict[str, dict[str, Any]]:
-    return {m.sow_key: m.json() for m in client.sow(topic) if m.command == "sow"}
-
-
-def eventually(read: Callable[[], Any], expected: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    got = read()
-    while got != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-        got = read()
-    assert got == expected
-
-
-def drain(sub: Any, seconds: float) -> list[Message]:
-    """Every message arriving within ``seconds``."""
-    out: list[Message] = []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        msg = sub.next(timeout=left)
-        if msg is not None:
-            out.append(msg)
-    return out
-
-
 def reset(client: Client) -> None:
     client.sow_delete("orders", filter="1=1")
-    eventually(lambda: records(client, "orders-C"), {})
+    eventually(lambda: by_sow_key(client, "orders-C"), {})
 
 
 def test_200_updates_to_5_records_give_one_message_per_record_per_interval(
@@ -106,8 +82,8 @@ def test_sow_of_the_conflated_topic_equals_the_underlying_sow(client: Client) ->
     reset(client)
     for n in range(50):
         client.publish("orders", {"id": n % 7, "qty": n, "note": f"v{n}"})
-    eventually(lambda: records(client, "orders-C"), records(client, "orders"))
-    assert len(records(client, "orders-C")) == 7
+    eventually(lambda: by_sow_key(client, "orders-C"), by_sow_key(client, "orders"))
+    assert len(by_sow_key(client, "orders-C")) == 7
 
 
 def test_a_delete_reaches_the_conflated_topic_at_the_next_flush_with_oof(
@@ -116,7 +92,7 @@ def test_a_delete_reaches_the_conflated_topic_at_the_next_flush_with_oof(
     reset(publisher)
     publisher.publish("orders", {"id": 1, "qty": 1})
     publisher.publish("orders", {"id": 2, "qty": 2})
-    eventually(lambda: len(records(publisher, "orders-C")), 2)
+    eventually(lambda: len(by_sow_key(publisher, "orders-C")), 2)
     sub = client.sow_and_subscribe("orders-C", options="oof")
     snapshot = take(sub, 4)
     assert [m.command for m in snapshot] == ["group_begin", "sow", "sow", "group_end"]
@@ -124,7 +100,7 @@ def test_a_delete_reaches_the_conflated_topic_at_the_next_flush_with_oof(
     (gone,) = take(sub, 1, timeout=10)
     assert (gone.command, gone.reason) == ("oof", "deleted")
     assert gone.json() == {"id": 1, "qty": 1}
-    assert list(records(publisher, "orders-C").values()) == [{"id": 2, "qty": 2}]
+    assert list(by_sow_key(publisher, "orders-C").values()) == [{"id": 2, "qty": 2}]
     sub.close()
 
 
@@ -134,9 +110,9 @@ def test_filter_keeps_matching_records_and_deletes_one_that_stops_matching(
     reset(client)
     client.publish("orders", {"id": 1, "qty": 50})
     client.publish("orders", {"id": 2, "qty": 5})
-    eventually(lambda: list(records(client, "big-C").values()), [{"id": 1, "qty": 50}])
+    eventually(lambda: list(by_sow_key(client, "big-C").values()), [{"id": 1, "qty": 50}])
     client.publish("orders", {"id": 1, "qty": 3})
-    eventually(lambda: records(client, "big-C"), {})
+    eventually(lambda: by_sow_key(client, "big-C"), {})
 
 
 def test_publishing_to_a_conflated_topic_is_refused(client: Client) -> None:
@@ -153,20 +129,20 @@ def test_a_worker_killed_mid_interval_loses_nothing(engine: EngineProcesses) -> 
         for n in range(30):
             client.publish("orders", {"id": n % 6, "qty": n})
         # Seen equal just after a flush: the changes below fall in the next interval.
-        eventually(lambda: records(client, slow), records(client, "orders"))
+        eventually(lambda: by_sow_key(client, slow), by_sow_key(client, "orders"))
         for n in range(30, 60):
             client.publish("orders", {"id": n % 6, "qty": n})
         client.sow_delete("orders", filter="/id = 0")
-        expected = records(client, "orders")
+        expected = by_sow_key(client, "orders")
         # Long enough for faust to commit the input offsets past the changes, so only the
         # stored flush position can bring them back.
         time.sleep(4)
-        assert records(client, slow) != expected  # not flushed yet when the worker dies
+        assert by_sow_key(client, slow) != expected  # not flushed yet when the worker dies
     engine.stop("w1", kill=True)
     engine.start("w1")
     engine.wait_ready([("orders", "json"), (slow, "json")])
     with engine.client() as client:
-        eventually(lambda: records(client, slow), expected, timeout=60)
+        eventually(lambda: by_sow_key(client, slow), expected, timeout=60)
         assert len(expected) == 5
 
 
@@ -175,7 +151,7 @@ def test_a_worker_killed_mid_interval_loses_nothing(engine: EngineProcesses) -> 
 
 def reset_px(client: Client) -> None:
     client.sow_delete("px", filter="1=1")
-    eventually(lambda: records(client, "px-C"), {})
+    eventually(lambda: by_sow_key(client, "px-C"), {})
 
 
 def test_c1_three_updates_in_an_interval_give_one_publish_of_the_last(
@@ -201,7 +177,7 @@ def test_c2_records_not_updated_are_never_sent_again(client: Client, publisher: 
     reset_px(publisher)
     publisher.publish("px", {"sym": "A", "p": 1})
     publisher.publish("px", {"sym": "B", "p": 1})
-    eventually(lambda: len(records(publisher, "px-C")), 2)
+    eventually(lambda: len(by_sow_key(publisher, "px-C")), 2)
     sub = client.subscribe("px-C")
     for p in range(2, 6):
         publisher.publish("px", {"sym": "A", "p": p})
@@ -215,7 +191,7 @@ def test_c2_records_not_updated_are_never_sent_again(client: Client, publisher: 
 def test_c4_delete_is_an_oof_with_the_last_state_sent(client: Client, publisher: Client) -> None:
     reset_px(publisher)
     publisher.publish("px", {"sym": "A", "p": 4})
-    eventually(lambda: len(records(publisher, "px-C")), 1)
+    eventually(lambda: len(by_sow_key(publisher, "px-C")), 1)
     sub = client.subscribe("px-C", options="oof")
     publisher.sow_delete("px", filter="/sym = 'A'")
     (gone,) = take(sub, 1, timeout=10)

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from sowstream.wire import headers as h
 from sowstream.wire.avro import decode
 from sowstream.wire.kafka import producer_config
 from tests.support.engine import EngineProcesses, running_engine
-from tests.support.messages import take
+from tests.support.messages import eventually, take
 
 pytestmark = pytest.mark.integration
 
@@ -120,15 +120,6 @@ def engine(
         publish_entitlements=PUBLISH_ENTITLEMENTS,
     ) as procs:
         yield procs
-
-
-def eventually(read: Callable[[], Any], expected: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    got = read()
-    while got != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-        got = read()
-    assert got == expected
 
 
 def records(client: Client, topic: str, flt: str | None = None) -> list[dict[str, Any]]:

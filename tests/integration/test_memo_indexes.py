@@ -7,9 +7,7 @@ come from evaluating each filter over the records the test itself published.
 from __future__ import annotations
 
 import shutil
-import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,8 @@ import pytest
 
 from sowstream.client import Client
 from sowstream.filters import compile_filter
-from tests.support.engine import EngineProcesses
+from tests.support.engine import EngineProcesses, metric
+from tests.support.fleet import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -40,12 +39,6 @@ FILTERS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Worker:
     """The engine's one worker, with its metrics endpoint."""
 
@@ -58,13 +51,7 @@ class Worker:
         self.engine.wait_ready(NAMES)
 
     def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric(self.port, name, **labels)
 
 
 @pytest.fixture

@@ -7,16 +7,15 @@ followed step by step, then a join with a queue as one side, then a SIGKILL with
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from sowstream.client import Client, QueueSubscription, Subscription
 from tests.support.engine import EngineProcesses, running_engine
-from tests.support.messages import take
+from tests.support.messages import eventually, take
 
 pytestmark = pytest.mark.integration
 
@@ -60,16 +59,6 @@ def engine(
         views=VIEWS,
     ) as procs:
         yield procs
-
-
-def eventually(read: Callable[[], Any], expected: Any, timeout: float = 30.0) -> None:
-    """Poll ``read()`` until it equals ``expected`` (views follow asynchronously)."""
-    deadline = time.monotonic() + timeout
-    got = read()
-    while got != expected and time.monotonic() < deadline:
-        time.sleep(0.2)
-        got = read()
-    assert got == expected
 
 
 def counts(client: Client, view: str = "by_kind", field: str = "n") -> dict[str, Any]:

@@ -9,15 +9,15 @@ with the same records, the inline view must send fewer messages, and the worker'
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from sowstream.client import Client, Message, Subscription
-from tests.support.engine import EngineProcesses
+from tests.support.engine import EngineProcesses, metric
 from tests.support.fleet import free_port
+from tests.support.messages import by_sow_key
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +43,7 @@ class Worker:
         self.port = free_port()
 
     def metric(self, name: str, **labels: str) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items())
-        )
+        return metric(self.port, name, **labels)
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +63,6 @@ def worker(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(scope="module")
 def engine(worker: Worker) -> EngineProcesses:
     return worker.engine
-
-
-def records(client: Client, view: str) -> dict[str, dict[str, Any]]:
-    return {m.sow_key: m.json() for m in client.sow(view) if m.command == "sow"}
 
 
 def follow(sub: Subscription, held: dict[str, dict[str, Any]], seen: list[Message]) -> None:
@@ -114,14 +104,14 @@ def test_v11_inline_view_ends_equal_and_sends_fewer(worker: Worker, client: Clie
         for name, sub in subs.items():
             follow(sub, held[name], seen[name])
         done = all(
-            {(r["region"], r["total"]) for r in records(client, name).values()} == expected
+            {(r["region"], r["total"]) for r in by_sow_key(client, name).values()} == expected
             for name in subs
         )
-    assert done, {name: records(client, name) for name in subs}
+    assert done, {name: by_sow_key(client, name) for name in subs}
     for name, sub in subs.items():
         follow(sub, held[name], seen[name])
         # What each subscriber holds is the view's SOW.
-        assert held[name] == records(client, name)
+        assert held[name] == by_sow_key(client, name)
     assert {(r["region"], r["total"]) for r in held["BURST_NONE"].values()} == expected
     assert sorted(held["BURST_NONE"].values(), key=str) == sorted(
         held["BURST_INLINE"].values(), key=str

@@ -14,10 +14,15 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from sowstream.client import Client
-from tests.integration.test_views import eventually, recomputed, view_records
+from sowstream.views.maintainer import ViewMaintainer
+from sowstream.views.routing import decode_event, source_mark
+from sowstream.wire.topics import TopicNames
+from tests.integration.test_views import recomputed, view_config
 from tests.support.engine import EngineProcesses, running_engine
+from tests.support.messages import by_sow_key, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +68,7 @@ def engine(
 
 
 def tcv(client: Client) -> dict[Any, dict[str, Any]]:
-    return {r["OrderTick"]: r for r in view_records(client, "TOTAL_COMPANY_VOLUME").values()}
+    return {r["OrderTick"]: r for r in by_sow_key(client, "TOTAL_COMPANY_VOLUME").values()}
 
 
 def reset(client: Client) -> None:
@@ -78,81 +83,57 @@ def differences(got: dict[str, Any], expected: dict[str, Any]) -> dict[str, Any]
     return {k: (got.get(k), expected.get(k)) for k in keys if got.get(k) != expected.get(k)}
 
 
-def fold_input(engine: EngineProcesses, view: dict[str, Any]) -> dict[str, Any]:
-    """The view as its input topic gives it: every input partition's events folded by a fresh
-    maintainer, repeats dropped by source position as the engine does (a failure's evidence:
-    equal to the recomputation means the engine lost events its input holds)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from sowstream.config.views import ViewConfig
-    from sowstream.views.maintainer import ViewMaintainer
-    from sowstream.views.routing import decode_event, source_mark
-    from sowstream.wire.topics import TopicNames
-
-    config = ViewConfig(
-        name=view["Name"],
-        underlying_topic=view["UnderlyingTopic"]
-        if isinstance(view["UnderlyingTopic"], str)
-        else None,
-        joins=tuple(view["UnderlyingTopic"]["Join"])
-        if isinstance(view["UnderlyingTopic"], dict)
-        else (),
-        projection=tuple(view["Projection"]),
-        grouping=tuple(view["Grouping"]),
-    )
-    topic = TopicNames(engine.prefix).view_input(view["Name"])
-    out: dict[str, Any] = {}
+def read_topic(engine: EngineProcesses, topic: str, partitions: int) -> Iterator[tuple[int, Any]]:
+    """Every record of ``topic``, partition after partition, as (partition, message)."""
     consumer = Consumer(
         {"bootstrap.servers": engine.bootstrap, "group.id": "diag", "enable.auto.commit": False}
     )
     try:
-        for partition in range(view["Partitions"]):
+        for partition in range(partitions):
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
             consumer.assign([TopicPartition(topic, partition, 0)])
-            maintainer = ViewMaintainer(config)
-            marks: dict[str, Any] = {}
             offset = -1
             while offset < high - 1:
                 for msg in consumer.consume(500, 2.0):
                     offset = msg.offset()
-                    t, key, before, after, position = decode_event(msg.value())
-                    stream, place = source_mark(position)
-                    if place <= marks.get(stream, (-1, -1, -1)):
-                        continue
-                    marks[stream] = place
-                    maintainer.apply(t, key, before, after, seq=offset)
-            out.update(maintainer.records())
+                    yield partition, msg
     finally:
         consumer.close()
+
+
+def fold_input(engine: EngineProcesses, view: dict[str, Any]) -> dict[str, Any]:
+    """The view as its input topic gives it: every input partition's events folded by a fresh
+    maintainer, repeats dropped by source position as the engine does (a failure's evidence:
+    equal to the recomputation means the engine lost events its input holds)."""
+    topic = TopicNames(engine.prefix).view_input(view["Name"])
+    out: dict[str, Any] = {}
+    maintainers: dict[int, ViewMaintainer] = {}
+    marks: dict[int, dict[str, Any]] = {}
+    for partition, msg in read_topic(engine, topic, view["Partitions"]):
+        maintainer = maintainers.setdefault(partition, ViewMaintainer(view_config(view)))
+        seen = marks.setdefault(partition, {})
+        t, key, before, after, position = decode_event(msg.value())
+        stream, place = source_mark(position)
+        if place <= seen.get(stream, (-1, -1, -1)):
+            continue
+        seen[stream] = place
+        maintainer.apply(t, key, before, after, seq=msg.offset())
+    for maintainer in maintainers.values():
+        out.update(maintainer.records())
     return out
 
 
 def histories(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -> dict[str, Any]:
-    """For each SowKey: the (offset, n) of every record the view's log holds for it, and the n
-    values a fresh fold of the input gives, in order."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    topic = f"{engine.prefix}.log.{view['Name']}"
+    """For each SowKey: (partition, offset, n) of the last 40 records the view's log holds for
+    it."""
     out: dict[str, Any] = {k: [] for k in keys}
-    consumer = Consumer(
-        {"bootstrap.servers": engine.bootstrap, "group.id": "diag2", "enable.auto.commit": False}
-    )
-    try:
-        for partition in range(view["Partitions"]):
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            consumer.assign([TopicPartition(topic, partition, 0)])
-            offset = -1
-            while offset < high - 1:
-                for msg in consumer.consume(500, 2.0):
-                    offset = msg.offset()
-                    key = (msg.key() or b"").decode()
-                    if key in keys:
-                        value = orjson.loads(msg.value()) if msg.value() else None
-                        out[key].append(
-                            (partition, offset, None if value is None else value.get("n"))
-                        )
-    finally:
-        consumer.close()
+    for partition, msg in read_topic(
+        engine, f"{engine.prefix}.log.{view['Name']}", view["Partitions"]
+    ):
+        key = (msg.key() or b"").decode()
+        if key in keys:
+            value = orjson.loads(msg.value()) if msg.value() else None
+            out[key].append((partition, msg.offset(), None if value is None else value.get("n")))
     return {k: v[-40:] for k, v in out.items()}
 
 
@@ -239,7 +220,7 @@ def test_join_fan_out_over_two_workers_equals_a_recomputation(
     for c, tick in enumerate(ticks[:30]):  # ten ticks have no company: NULL-extended rows
         client.publish("COMPANIES", {"CompanyId": c, "Tick": tick, "Name": f"Co {c}"})
     client.flush()
-    eventually(lambda: view_records(client, "TOTAL_COMPANY_VOLUME"), recomputed(client, TCV))
+    eventually(lambda: by_sow_key(client, "TOTAL_COMPANY_VOLUME"), recomputed(client, TCV))
     # One company update reaches every order of its tick; a second company on a tick doubles
     # that tick's volume (one joined row per partner); moving a company moves its partners.
     client.publish("COMPANIES", {"CompanyId": 0, "Tick": "T0", "Name": "Renamed"})
@@ -247,7 +228,7 @@ def test_join_fan_out_over_two_workers_equals_a_recomputation(
     client.publish("COMPANIES", {"CompanyId": 2, "Tick": "T35", "Name": "Moved"})
     client.flush()
     expected = recomputed(client, TCV)
-    eventually(lambda: view_records(client, "TOTAL_COMPANY_VOLUME"), expected)
+    eventually(lambda: by_sow_key(client, "TOTAL_COMPANY_VOLUME"), expected)
     by_tick = {r["OrderTick"]: r for r in expected.values()}
     assert by_tick["T0"]["Name"] == "Renamed"
     assert by_tick["T1"]["TotalVolume"] == 2 * sum(i % 17 for i in range(1, 2_000, 40))
@@ -303,10 +284,10 @@ def test_views_survive_sigkill_and_equal_a_recomputation(
     # recomputed from the underlying SOW at every look, not once at the start.
     for view in VIEWS:
         deadline = time.monotonic() + 120
-        got, expected = view_records(client, view["Name"]), recomputed(client, view)
+        got, expected = by_sow_key(client, view["Name"]), recomputed(client, view)
         while got != expected and time.monotonic() < deadline:
             time.sleep(1.0)
-            got, expected = view_records(client, view["Name"]), recomputed(client, view)
+            got, expected = by_sow_key(client, view["Name"]), recomputed(client, view)
         if got != expected:  # what a failure needs looked at: the view's partitions and lag
             status = client.cluster_status(topic=view["Name"])
             print("view partitions:", orjson.dumps(status.get("partitions")).decode())

@@ -6,7 +6,6 @@ The worked examples of the views chapter (section 11) are named Vn where they ar
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +20,7 @@ from sowstream.errors import InvalidCommandError
 from sowstream.views.maintainer import ViewMaintainer
 from sowstream.wire.kafka import producer_config
 from tests.support.engine import EngineProcesses, running_engine
-from tests.support.messages import take
+from tests.support.messages import by_sow_key, eventually, take
 
 pytestmark = pytest.mark.integration
 
@@ -81,29 +80,12 @@ def engine(
         yield procs
 
 
-def view_records(client: Client, view: str) -> dict[str, dict[str, Any]]:
-    """The view's records by SowKey, as a sow query returns them."""
-    return {m.sow_key: m.json() for m in client.sow(view) if m.command == "sow"}
-
-
 def by(records: dict[str, dict[str, Any]], field: str) -> dict[Any, dict[str, Any]]:
     return {r.get(field): r for r in records.values()}
 
 
-def eventually(
-    read: Callable[[], Any], expected: Any, timeout: float = 30.0, interval: float = 0.2
-) -> None:
-    """Poll ``read()`` until it equals ``expected`` (views are updated asynchronously)."""
-    deadline = time.monotonic() + timeout
-    got = read()
-    while got != expected and time.monotonic() < deadline:
-        time.sleep(interval)
-        got = read()
-    assert got == expected
-
-
 def regions(client: Client, view: str = "BY_REGION") -> dict[Any, dict[str, Any]]:
-    return by(view_records(client, view), "region")
+    return by(by_sow_key(client, view), "region")
 
 
 def reset(client: Client, *topics: str) -> None:
@@ -240,7 +222,7 @@ def test_v14_aggregated_query_equals_the_view_and_a_view_of_the_view(client: Cli
     eventually(lambda: regions(client), expected)
     big = [r for r in expected.values() if r["total"] > 10]
     eventually(
-        lambda: list(view_records(client, "BIG_REGIONS").values()),
+        lambda: list(by_sow_key(client, "BIG_REGIONS").values()),
         [{"regions": len(big), "total": sum(r["total"] for r in big)}],
     )
     # The view is a SOW topic for queries: filters, OrderBy and top_n.
@@ -271,11 +253,24 @@ def test_publish_to_a_view_is_refused(engine: EngineProcesses, client: Client) -
     client.publish("orders", {"orderId": 999_999, "region": marker, "qty": 3})
     client.flush()
     eventually(lambda: regions(client).get(marker), {"region": marker, "total": 3, "n": 1})
-    assert marker.encode() not in {k.encode() for k in view_records(client, "BY_REGION")}
+    assert marker.encode() not in {k.encode() for k in by_sow_key(client, "BY_REGION")}
     client.sow_delete("orders", filter="/orderId = 999999")
 
 
 # -- recomputation, the reference ------------------------------------------------------------
+
+
+def view_config(view: dict[str, Any]) -> ViewConfig:
+    """A view of this file's YAML-shaped definitions as the engine reads it."""
+    underlying = view["UnderlyingTopic"]
+    return ViewConfig(
+        name=view["Name"],
+        underlying_topic=underlying if isinstance(underlying, str) else None,
+        joins=tuple(underlying["Join"]) if isinstance(underlying, dict) else (),
+        projection=tuple(view["Projection"]),
+        grouping=tuple(view["Grouping"]),
+        filter=view.get("Filter"),
+    )
 
 
 def recomputed(client: Client, view: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -284,15 +279,7 @@ def recomputed(client: Client, view: dict[str, Any]) -> dict[str, dict[str, Any]
     Each record's position is its log time: fields shown from a group's last processed row
     then agree with the engine wherever that row is not a tie within one millisecond.
     """
-    underlying = view["UnderlyingTopic"]
-    config = ViewConfig(
-        name=view["Name"],
-        underlying_topic=underlying if isinstance(underlying, str) else None,
-        joins=tuple(underlying["Join"]) if isinstance(underlying, dict) else (),
-        projection=tuple(view["Projection"]),
-        grouping=tuple(view["Grouping"]),
-        filter=view.get("Filter"),
-    )
+    config = view_config(view)
     state = {
         topic: {m.sow_key: (m.json(), m.timestamp) for m in client.sow(topic) if m.command == "sow"}
         for topic in config.underlying_names

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -238,3 +239,19 @@ def running_engine(
         yield procs
     finally:
         procs.stop_all()
+
+
+def metrics_text(port: int) -> str:
+    """A worker's Prometheus page (``--metrics-port``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """The sum of metric ``name`` over the series carrying every label given."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics_text(port).splitlines()
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items())
+    )
