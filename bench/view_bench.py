@@ -54,32 +54,33 @@ PARTITIONS = 4
 INTERVAL = 1.0
 
 
-GROUPED: dict[str, Any] = {
-    "Name": "by_grp",
-    "UnderlyingTopic": "pos",
-    "Projection": ["/grp AS /grp", "SUM(/qty) AS /total", "COUNT(/id) AS /n"],
-    "Grouping": ["/grp"],
-    "Partitions": PARTITIONS,
-}
-JOINED: dict[str, Any] = {
-    "Name": "joined",
-    "UnderlyingTopic": {"Join": ["[jpos]./grp = [lim]./grp"]},
-    "Projection": [
-        "[jpos]./grp AS /grp",
-        "SUM([jpos]./qty) AS /total",
-        "COUNT([jpos]./id) AS /n",
-        "[lim]./limit AS /limit",
-    ],
-    "Grouping": ["[jpos]./grp"],
-    "Partitions": PARTITIONS,
-}
+def grouped_view(name: str, topic: str, conflation: str = "none") -> dict[str, Any]:
+    """SUM/COUNT of ``topic`` per /grp."""
+    return {
+        "Name": name,
+        "UnderlyingTopic": topic,
+        "Projection": ["/grp AS /grp", "SUM(/qty) AS /total", "COUNT(/id) AS /n"],
+        "Grouping": ["/grp"],
+        "Conflation": conflation,
+        "Partitions": PARTITIONS,
+    }
 
 
-def inline_copies() -> list[dict[str, Any]]:
-    """The grouped and join views again over topics of their own (ipos, jipos), with
-    ``Conflation: inline``."""
-    joined = orjson.loads(orjson.dumps(JOINED).replace(b"jpos", b"jipos"))
-    return [{**GROUPED, "UnderlyingTopic": "ipos"}, joined]
+def joined_view(name: str, topic: str, conflation: str = "none") -> dict[str, Any]:
+    """``topic`` joined with the limits per /grp, grouped by the join key."""
+    return {
+        "Name": name,
+        "UnderlyingTopic": {"Join": [f"[{topic}]./grp = [lim]./grp"]},
+        "Projection": [
+            f"[{topic}]./grp AS /grp",
+            f"SUM([{topic}]./qty) AS /total",
+            f"COUNT([{topic}]./id) AS /n",
+            "[lim]./limit AS /limit",
+        ],
+        "Grouping": [f"[{topic}]./grp"],
+        "Conflation": conflation,
+        "Partitions": PARTITIONS,
+    }
 
 
 def write_config(work: Path, prefix: str) -> Path:
@@ -99,12 +100,10 @@ def write_config(work: Path, prefix: str) -> Path:
             )
         ],
         "views": [
-            GROUPED,
-            JOINED,
-            *(
-                {**view, "Name": f"{view['Name']}_inline", "Conflation": "inline"}
-                for view in inline_copies()
-            ),
+            grouped_view("by_grp", "pos"),
+            joined_view("joined", "jpos"),
+            grouped_view("by_grp_inline", "ipos", "inline"),
+            joined_view("joined_inline", "jipos", "inline"),
             {
                 "Name": "lat_v",
                 "UnderlyingTopic": "lat",
