@@ -14,9 +14,10 @@ acknowledged them is the state stored. The view's own topic processor then appli
 any SOW topic, so readers get ``sow``, subscriptions, deltas, ``oof`` and views over the view.
 
 At-least-once, made exact: a crash can lose state writes, never acknowledged outputs. The input
-is read again from the stored watermark (events faust's committed offset skipped are fetched
-directly), so no event is lost; events at or below the watermark are skipped, and events an
-underlying worker produced twice (it replayed its log) are skipped by their source position.
+is read again from the stored watermark (any offset missing from what faust hands over, at a
+batch's start or inside it, is fetched from the topic directly), so no event is lost; events at
+or below the watermark are skipped, and events an underlying worker produced twice (it replayed
+its log) are skipped by their source position.
 Outputs repeated after a crash are the same records again, in the same order.
 """
 
@@ -236,27 +237,10 @@ class ViewRunner:
         async with vp.lock:
             if self._parts.get(partition) is not vp:
                 return
-            recs = [r for r in recs if r.offset > vp.watermark]
+            recs = await self._without_gaps(partition, vp.watermark, recs)
             if not recs:
                 return
             committed = vp.watermark
-            if recs[0].offset > vp.watermark + 1:
-                # faust committed past what the store holds (a crash between the two): read
-                # the events in between from the input topic itself.
-                missed: list[RawRecord] = []
-                async for batch in self._reader.batches(
-                    partition, recs[0].offset - 1, vp.watermark + 1
-                ):
-                    missed.extend(r for r in batch if r.offset > vp.watermark)
-                log.info(
-                    "view %s partition %d: read %d events between offsets %d and %d again",
-                    self.view.name,
-                    partition,
-                    len(missed),
-                    vp.watermark + 1,
-                    recs[0].offset - 1,
-                )
-                recs = missed + recs
             changes = self._fold(vp, recs)
             entries_marks = {
                 MARK_PREFIX + stream.encode(): orjson.dumps(list(mark))
@@ -280,6 +264,38 @@ class ViewRunner:
             await vp.store.replicate(records, self._sender)
             vp.purge = {key for key, value in entries.items() if value is None}
             metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
+
+    async def _without_gaps(
+        self, partition: int, watermark: int, recs: list[RawRecord]
+    ) -> list[RawRecord]:
+        """The records after ``watermark`` up to the batch's last, each once, in offset order.
+
+        faust's stream may jump: after a restart it can hand over records it fetched before
+        seeking to its committed offset (which a crash leaves ahead of the stored state), then
+        records from that offset on, in one batch. The input topic has no holes, so a batch
+        that does not cover every offset in its range is read again from the topic itself;
+        the watermark must never pass an event that was not applied.
+        """
+        by_offset = {r.offset: r for r in recs if r.offset > watermark}
+        if not by_offset:
+            return []
+        last = max(by_offset)
+        if len(by_offset) == last - watermark:
+            return [by_offset[o] for o in sorted(by_offset)]
+        read: dict[int, RawRecord] = {}
+        async for batch in self._reader.batches(partition, last, watermark + 1):
+            read.update((r.offset, r) for r in batch if watermark < r.offset <= last)
+        log.info(
+            "view %s partition %d: read offsets %d to %d again from the input topic "
+            "(%d of them were not in the batch faust delivered)",
+            self.view.name,
+            partition,
+            watermark + 1,
+            last,
+            len(read.keys() - by_offset.keys()),
+        )
+        read.update((o, r) for o, r in by_offset.items() if o not in read)
+        return [read[o] for o in sorted(read)]
 
     def _fold(self, vp: ViewPartition, recs: Sequence[RawRecord]) -> list[ViewChange]:
         """Apply events to the maintainer; returns the view changes in order (with

@@ -137,6 +137,48 @@ def histories(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -> 
     return {k: v[-40:] for k, v in out.items()}
 
 
+def lost_events(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """For each SowKey: the first change a fresh fold of the input gives it that the view's log
+    never carried, as (input partition, input offset, source position, record), with the log's
+    records around that point (a failure's evidence: which event the engine lost, and where)."""
+    topic = TopicNames(engine.prefix).view_input(view["Name"])
+    expected: dict[str, list[tuple[int, int, Any, Any]]] = {k: [] for k in keys}
+    maintainers: dict[int, ViewMaintainer] = {}
+    marks: dict[int, dict[str, Any]] = {}
+    for partition, msg in read_topic(engine, topic, view["Partitions"]):
+        maintainer = maintainers.setdefault(partition, ViewMaintainer(view_config(view)))
+        seen = marks.setdefault(partition, {})
+        t, key, before, after, position = decode_event(msg.value())
+        stream, place = source_mark(position)
+        if place <= seen.get(stream, (-1, -1, -1)):
+            continue
+        seen[stream] = place
+        for change in maintainer.apply(t, key, before, after, seq=msg.offset()):
+            if change.sow_key in expected:
+                expected[change.sow_key].append((partition, msg.offset(), position, change.record))
+    logged: dict[str, list[Any]] = {k: [] for k in keys}
+    for _, msg in read_topic(engine, f"{engine.prefix}.log.{view['Name']}", view["Partitions"]):
+        key = (msg.key() or b"").decode()
+        if key in keys:
+            logged[key].append(orjson.loads(msg.value()) if msg.value() else None)
+    out: dict[str, Any] = {}
+    for key in keys:
+        at = 0
+        for i, (partition, offset, position, record) in enumerate(expected[key]):
+            try:
+                at = logged[key].index(record, at) + 1
+            except ValueError:
+                out[key] = {
+                    "lost": (partition, offset, position, record),
+                    "expected_before": [e[3] for e in expected[key][max(0, i - 3) : i]],
+                    "log_after_match": logged[key][at : at + 5],
+                    "expected_total": len(expected[key]),
+                    "logged_total": len(logged[key]),
+                }
+                break
+    return out
+
+
 def test_v6_join_step_by_step(client: Client) -> None:
     reset(client)
     ibm = "IBM"
@@ -242,16 +284,6 @@ def test_join_fan_out_over_two_workers_equals_a_recomputation(
 # Known bug (issue 11, open). Causes found and fixed: a revoked view partition reloaded by late
 # events (two maintainers wrote it); a restart's changelog tail putting keys behind the local
 # watermark; a batch cut short in the changelog counted twice by the next owner (engine/atomic).
-# What remains (about 1 run in 3, 2026-11-25): the view's input holds the right events (a fresh
-# fold of it, fold_input, equals the recomputation) and the view's SOW equals its log, but the
-# maintainer's own outputs miss both halves of one group move (a retraction and an addition on
-# two input partitions): the events of one source position were dropped or undone on both
-# partitions. On failure the test prints the differing records, the fold and each record's
-# history in the view's log.
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 11: a view can still lose one group move after SIGKILL (about 1 run in 3)",
-)
 def test_views_survive_sigkill_and_equal_a_recomputation(
     engine: EngineProcesses, client: Client
 ) -> None:
@@ -293,4 +325,7 @@ def test_views_survive_sigkill_and_equal_a_recomputation(
             print("view partitions:", orjson.dumps(status.get("partitions")).decode())
             print("input folded:", differences(fold_input(engine, view), expected))
             print("histories:", histories(engine, view, set(differences(got, expected))))
+            print("lost:", lost_events(engine, view, set(differences(got, expected))))
+            for name in ("w1", "w2"):
+                print(f"--- {name}", engine.log_tail(name, 150))
         assert got == expected, (view["Name"], differences(got, expected))
