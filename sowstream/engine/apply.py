@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sowstream.engine import metrics
+from sowstream.engine.derived import delivered
 from sowstream.engine.partition import (
     MAX_IN_FLIGHT,
     InFlight,
@@ -75,18 +76,18 @@ class Applier(ProcessorBase):
                 await self._settle(ps, keep=MAX_IN_FLIGHT - 1)
                 outcome = self._fold(ps, recs, replay=False)
                 sent: list[asyncio.Future[Any]] = []
+                required: list[asyncio.Future[Any]] = []
                 if outcome.events:
                     sent = await self.deliver(self.subs.dispatch(outcome.events, wall_clock_ms()))
                     outcome.journal = self.subs.take_journal(partition)
                     if self.views:
-                        # Like subscribers' messages: in Kafka before the state is stored.
-                        sent += await self.feed_views(outcome.events)
+                        required = await self.feed_views(outcome.events)
                 for queue in self.queues if outcome.enqueued else ():
                     outcome.journal.update(
                         queue.append(self.topic.name, partition, outcome.enqueued)
                     )
                 ps.folded = max(ps.folded, outcome.last)
-                self._enqueue(partition, ps, outcome, sent)
+                self._enqueue(partition, ps, outcome, sent, required)
 
     def _enqueue(
         self,
@@ -94,9 +95,11 @@ class Applier(ProcessorBase):
         ps: PartitionState,
         outcome: Outcome,
         sent: list[asyncio.Future[Any]],
+        required: list[asyncio.Future[Any]] | None = None,
     ) -> None:
-        """Queue ``outcome`` to be stored, in order, once Kafka has ``sent`` (under ps.lock)."""
-        ps.in_flight.append(InFlight(outcome, sent))
+        """Queue ``outcome`` to be stored, in order, once Kafka has ``sent`` and ``required``
+        (see InFlight; under ps.lock)."""
+        ps.in_flight.append(InFlight(outcome, sent, required or []))
         if ps.committer is None:
             ps.committer = asyncio.create_task(self._commit_in_order(partition, ps))
 
@@ -107,6 +110,9 @@ class Applier(ProcessorBase):
                 head = ps.in_flight[0]
                 if head.sent:
                     await self._acknowledged(head.sent)
+                # Refused: the batch is not stored, the partition is loaded again and its log
+                # replayed (below), and the events go out again.
+                await delivered(head.required, f"change events of topic {self.topic.name!r}")
                 if self._parts.get(partition) is not ps:
                     # Revoked: nothing of these batches is stored, so the new owner replays them.
                     ps.in_flight.clear()

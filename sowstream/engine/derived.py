@@ -21,6 +21,19 @@ from sowstream.wire import headers as h
 ACK_WAIT_SECONDS = 30.0
 
 
+async def delivered(futures: Iterable[asyncio.Future[Any]], what: str) -> None:
+    """Wait until Kafka has acknowledged every one of ``futures``; RuntimeError naming ``what``
+    if any was refused or is still missing after ACK_WAIT_SECONDS (the caller then stores
+    nothing, so the work is done again)."""
+    pending = list(futures)
+    if not pending:
+        return
+    _, late = await asyncio.wait(pending, timeout=ACK_WAIT_SECONDS)
+    failed = [f for f in pending if f.done() and (f.cancelled() or f.exception() is not None)]
+    if late or failed:
+        raise RuntimeError(f"{len(late) + len(failed)} {what} not acknowledged by Kafka")
+
+
 async def write_records(
     sender: Sender,
     log_topic: str,
@@ -50,11 +63,7 @@ async def write_records(
         fut = await sender.send(log_topic, value, key=sow_key.encode(), headers=headers)
         if fut is not None:
             futures.append(fut)
-    if futures:
-        _, late = await asyncio.wait(futures, timeout=ACK_WAIT_SECONDS)
-        failed = [f for f in futures if f.done() and f.exception() is not None]
-        if late or failed:
-            raise RuntimeError(f"{len(late) + len(failed)} records not acknowledged by Kafka")
+    await delivered(futures, f"records of {log_topic!r}")
 
 
 def runner_store(

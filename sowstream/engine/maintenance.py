@@ -8,6 +8,7 @@ import time
 
 from sowstream.engine import metrics
 from sowstream.engine.apply import Applier
+from sowstream.engine.derived import delivered
 from sowstream.engine.partition import HISTORY_PRUNE_SECONDS, wall_clock_ms
 from sowstream.sow.history import HISTORY_PREFIX, expired_versions
 from sowstream.sow.record import SowRecord
@@ -59,7 +60,16 @@ class Maintenance(Applier):
                         for i, (due, _, r) in enumerate(gone)
                     ]
                     await self.deliver(self.subs.dispatch(expired, now), wait=True)
-                    await self._acknowledged(await self.feed_views(expired))
+                    try:
+                        await delivered(await self.feed_views(expired), "change events")
+                    except RuntimeError as exc:
+                        # Stored, the expiry would never reach the views: retried next pass.
+                        log.error(
+                            "topic %s partition %d: expiry postponed: %s", self.topic.name, p, exc
+                        )
+                        for due, key in ((r.expiration or 0, k) for k, r in before.items() if r):
+                            heapq.heappush(ps.expiry, (due, key))
+                        continue
                 if overlay:
                     journal = self.subs.take_journal(p)
                     changes = self._write(ps, overlay, before, journal=journal)

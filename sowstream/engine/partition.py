@@ -162,10 +162,16 @@ class Outcome:
 
 @dataclass
 class InFlight:
-    """A folded batch whose subscription messages are sent but not yet acknowledged by Kafka."""
+    """A folded batch whose messages are sent but not yet acknowledged by Kafka.
+
+    ``sent``: subscribers' messages, waited for a bounded time (a client may be gone);
+    ``required``: the change events of views and conflated topics, which must all be in Kafka
+    before the batch is stored, or a view would miss the change for good.
+    """
 
     outcome: Outcome
     sent: list[asyncio.Future[Any]]
+    required: list[asyncio.Future[Any]] = field(default_factory=list)
 
 
 @dataclass

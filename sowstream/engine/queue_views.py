@@ -33,7 +33,7 @@ import functools
 from collections.abc import Iterable
 from typing import Any
 
-from sowstream.engine.derived import ACK_WAIT_SECONDS
+from sowstream.engine.derived import ACK_WAIT_SECONDS, delivered
 from sowstream.engine.partition import Sender
 from sowstream.queues.machine import Bookmark, QueueMachine
 from sowstream.wire import headers as h
@@ -120,14 +120,7 @@ class QueueViewFeed:
                     self._outstanding.add(fut)
                     self._latest[bookmark] = fut
             pending = [f for b in wait_for if (f := self._latest.get(b)) is not None]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=ACK_WAIT_SECONDS)
-            failed = [f for f in pending if f.done() and (f.cancelled() or f.exception())]
-            if late or failed:
-                raise RuntimeError(
-                    f"queue {self.queue!r}: {len(late) + len(failed)} availability records not "
-                    "acknowledged by Kafka"
-                )
+        await delivered(pending, f"availability records of queue {self.queue!r}")
         return sent
 
     def _sent(self, bookmark: Bookmark, fut: asyncio.Future[Any]) -> None:

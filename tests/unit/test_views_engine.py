@@ -13,20 +13,24 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import orjson
+import pytest
+from aiokafka.errors import KafkaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sowstream.config import load_config_text
 from sowstream.config.views import ViewConfig
 from sowstream.engine.processor import Sender, TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.engine.views import ViewRunner
+from sowstream.errors import StateStoreError
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.views.maintainer import ViewMaintainer
 from sowstream.views.routing import ViewFeed, input_partitions, join_route_paths
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
-from tests.unit.test_processor_model import TOPIC, op, to_records
+from tests.unit.test_processor_model import TOPIC, key_of, op, to_records
 
 VIEW = ViewConfig(
     name="V",
@@ -333,6 +337,112 @@ def test_a_batch_in_which_faust_jumped_ahead_is_completed_from_the_input_topic()
         expected = ViewMaintainer(VIEW).recompute({"t": state})
         assert runner.records() == expected
         assert view_log(sender) == expected
+
+    asyncio.run(go())
+
+
+class InputOutage(Recorder):
+    """Kafka takes the first ``accepted`` change events sent to the view's input topic, then
+    refuses every one until ``down`` is cleared (a broker outage)."""
+
+    def __init__(self, accepted: int) -> None:
+        super().__init__()
+        self.accepted = accepted
+        self.down = True
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
+        if topic != "in" or not self.down or self.accepted > 0:
+            self.accepted -= topic == "in"
+            return await super().send(topic, value, key=key, partition=partition, headers=headers)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_exception(KafkaError("broker not available"))
+        return fut
+
+
+def test_a_batch_whose_change_events_kafka_refused_is_not_stored() -> None:
+    """The underlying topic stores a batch only once Kafka has its change events: events
+    refused during an outage leave the batch unstored (the partition is loaded again and the
+    log replayed), so the view still gets every change. Subscribers' messages are only waited
+    for, a bounded time; a view's input is not optional."""
+
+    async def go() -> None:
+        sender = InputOutage(accepted=5)
+        source = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        source.views.append(ViewFeed(VIEW, "t", "in"))
+        records = to_records([("publish", i % 3, i % 2, i % 7) for i in range(12)])
+        await source.ready(0)
+        await source.process(records)
+        with pytest.raises(StateStoreError, match="change events of topic 't'"):
+            await source.drain()
+        assert source.state(0) is None  # forgotten: nothing of the batch was stored
+        # The broker is back. What the log pump does next: load the partition again and read
+        # the log from its watermark.
+        sender.down = False
+        ps = await source.ready(0)
+        assert ps.watermark == -1
+        await source.process(records)
+        await source.drain()
+
+        runner = new_runner(sender)
+        for (topic, _), recs in list(sender.topics.items()):
+            if topic == "in":
+                await runner.handle(recs)
+        state = {
+            rec.sow_key: (orjson.loads(rec.data), rec.log_offset)
+            for rec in (SowRecord.from_bytes(raw) for k, raw in ps.store.scan() if is_record_key(k))
+        }
+        assert runner.records() == ViewMaintainer(VIEW).recompute({"t": state})
+
+    asyncio.run(go())
+
+
+def test_an_expiry_whose_change_events_kafka_refused_is_postponed() -> None:
+    """Expired records are deleted only once Kafka has the views' change events; during an
+    outage they stay (and expire at the next pass), so the view loses them too."""
+
+    async def go() -> None:
+        topic = load_config_text(
+            "sow:\n  - Name: t\n    Key: /id\n    Expiration: enabled\n    Durability: transient\n"
+        ).topics[0]
+        sender = InputOutage(accepted=1_000)
+        source = TopicProcessor(topic, TopicNames("p"), sender)
+        source.views.append(ViewFeed(VIEW, "t", "in"))
+        ps = await source.ready(0)
+        body = {h.EXPIRATION: "5"}
+        await source.process(
+            [
+                RawRecord(
+                    0,
+                    i,
+                    1_000,
+                    key_of(i),
+                    orjson.dumps({"id": i, "g": i % 2, "v": 1}),
+                    body,
+                )
+                for i in range(6)
+            ]
+        )
+        await source.drain()
+        sender.accepted = 0
+        assert await source.expire_due(now_ms=10_000) == 0
+        assert sum(1 for k, _ in ps.store.scan() if is_record_key(k)) == 6
+        sender.down = False
+        assert await source.expire_due(now_ms=10_000) == 6
+
+        runner = new_runner(sender)
+        for (name, _), recs in list(sender.topics.items()):
+            if name == "in":
+                await runner.handle(recs)
+        assert runner.records() == {}
+        assert view_log(sender) == {}
 
     asyncio.run(go())
 
