@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from sowstream.client import Client
-from sowstream.views.maintainer import ViewMaintainer
+from sowstream.views.maintainer import ViewChange, ViewMaintainer
 from sowstream.views.routing import decode_event, source_mark
 from sowstream.wire.topics import TopicNames
 from tests.integration.test_views import recomputed, view_config
@@ -101,13 +101,13 @@ def read_topic(engine: EngineProcesses, topic: str, partitions: int) -> Iterator
         consumer.close()
 
 
-def fold_input(engine: EngineProcesses, view: dict[str, Any]) -> dict[str, Any]:
-    """The view as its input topic gives it: every input partition's events folded by a fresh
-    maintainer, repeats dropped by source position as the engine does (a failure's evidence:
-    equal to the recomputation means the engine lost events its input holds)."""
+def folded_input(
+    engine: EngineProcesses, view: dict[str, Any], maintainers: dict[int, ViewMaintainer]
+) -> Iterator[tuple[int, int, tuple[Any, ...], list[ViewChange]]]:
+    """The view's input topic applied by a fresh maintainer per partition (kept in
+    ``maintainers``), repeats dropped by source position as the engine does: yields (input
+    partition, input offset, source position, the view changes it made) per event applied."""
     topic = TopicNames(engine.prefix).view_input(view["Name"])
-    out: dict[str, Any] = {}
-    maintainers: dict[int, ViewMaintainer] = {}
     marks: dict[int, dict[str, Any]] = {}
     for partition, msg in read_topic(engine, topic, view["Partitions"]):
         maintainer = maintainers.setdefault(partition, ViewMaintainer(view_config(view)))
@@ -117,7 +117,17 @@ def fold_input(engine: EngineProcesses, view: dict[str, Any]) -> dict[str, Any]:
         if place <= seen.get(stream, (-1, -1, -1)):
             continue
         seen[stream] = place
-        maintainer.apply(t, key, before, after, seq=msg.offset())
+        changes = maintainer.apply(t, key, before, after, seq=msg.offset())
+        yield partition, msg.offset(), position, changes
+
+
+def fold_input(engine: EngineProcesses, view: dict[str, Any]) -> dict[str, Any]:
+    """The view as its input topic gives it (a failure's evidence: equal to the recomputation
+    means the engine lost events its input holds)."""
+    maintainers: dict[int, ViewMaintainer] = {}
+    for _ in folded_input(engine, view, maintainers):
+        pass
+    out: dict[str, Any] = {}
     for maintainer in maintainers.values():
         out.update(maintainer.records())
     return out
@@ -141,21 +151,11 @@ def lost_events(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -
     """For each SowKey: the first change a fresh fold of the input gives it that the view's log
     never carried, as (input partition, input offset, source position, record), with the log's
     records around that point (a failure's evidence: which event the engine lost, and where)."""
-    topic = TopicNames(engine.prefix).view_input(view["Name"])
     expected: dict[str, list[tuple[int, int, Any, Any]]] = {k: [] for k in keys}
-    maintainers: dict[int, ViewMaintainer] = {}
-    marks: dict[int, dict[str, Any]] = {}
-    for partition, msg in read_topic(engine, topic, view["Partitions"]):
-        maintainer = maintainers.setdefault(partition, ViewMaintainer(view_config(view)))
-        seen = marks.setdefault(partition, {})
-        t, key, before, after, position = decode_event(msg.value())
-        stream, place = source_mark(position)
-        if place <= seen.get(stream, (-1, -1, -1)):
-            continue
-        seen[stream] = place
-        for change in maintainer.apply(t, key, before, after, seq=msg.offset()):
+    for partition, offset, position, changes in folded_input(engine, view, {}):
+        for change in changes:
             if change.sow_key in expected:
-                expected[change.sow_key].append((partition, msg.offset(), position, change.record))
+                expected[change.sow_key].append((partition, offset, position, change.record))
     logged: dict[str, list[Any]] = {k: [] for k in keys}
     for _, msg in read_topic(engine, f"{engine.prefix}.log.{view['Name']}", view["Partitions"]):
         key = (msg.key() or b"").decode()
