@@ -11,16 +11,21 @@ when ``on_message`` returns (a handler that raises returns the message to the qu
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
 
 from sowstream.client.messages import Message
 from sowstream.client.subscription import MessageHandler, _Live, next_message
+from sowstream.errors import SowstreamError
 from sowstream.subscriptions.model import SubscriptionSpec
 
-# Sends one batch of acknowledgements: (bookmarks, action "" | "cancel" | "expire").
-AckSender = Callable[[list[str], str], None]
+# Sends one batch of acknowledgements: (bookmarks, action "" | "cancel" | "expire", and whether
+# to wait until the engine has applied them).
+AckSender = Callable[[list[str], str, bool], None]
+
+log = logging.getLogger("sowstream.client")
 
 
 class QueueSubscription:
@@ -119,10 +124,11 @@ class QueueSubscription:
                     self._timer.start()
                 return
             self._batch[action] = []
-        self._send_acks(batch, action)
+        self._send_acks(batch, action, False)
 
-    def flush_acks(self) -> None:
-        """Send the acknowledgements still batched."""
+    def flush_acks(self, wait: bool = False) -> None:
+        """Send the acknowledgements still batched; with ``wait``, return once the engine has
+        applied them."""
         with self._lock:
             batches, self._batch = self._batch, {"": [], "cancel": [], "expire": []}
             timer, self._timer = self._timer, None
@@ -130,7 +136,7 @@ class QueueSubscription:
             timer.cancel()
         for action, bookmarks in batches.items():
             if bookmarks:
-                self._send_acks(bookmarks, action)
+                self._send_acks(bookmarks, action, wait)
 
     # -- application side --------------------------------------------------------------------------
 
@@ -159,13 +165,22 @@ class QueueSubscription:
             self._add(current, "")
 
     def close(self) -> None:
-        """Unsubscribe: acknowledgements batched so far are sent, leases still held return."""
+        """Unsubscribe: acknowledgements batched so far are applied first, then the leases still
+        held return."""
         with self._lock:
             if self._closed and self._unsubscribe is None:
                 return
             self._closed = True
         self._done_with_current()
-        self.flush_acks()
+        # Applied before the leases return: acks and the unsubscribe travel on different
+        # topics, and a lease returned first would put an acknowledged message back in the
+        # queue, for another subscriber to process again.
+        try:
+            self.flush_acks(wait=True)
+        except SowstreamError as exc:
+            log.warning(
+                "queue subscription %s: last acknowledgements not confirmed: %s", self.sub_id, exc
+            )
         unsubscribe, self._unsubscribe = self._unsubscribe, None
         if unsubscribe is not None:
             unsubscribe(self)

@@ -66,7 +66,7 @@ class Queueing(Querying):
         sub = QueueSubscription(
             sub_id,
             [spec],
-            lambda bookmarks, action: self._send_acks(info.name, bookmarks, action),
+            lambda bookmarks, action, wait: self._send_acks(info.name, bookmarks, action, wait),
             auto_ack=auto_ack,
             ack_batch_size=ack_batch_size,
             ack_interval=ack_interval,
@@ -149,8 +149,8 @@ class Queueing(Querying):
         producer.flush(self.timeout)
         return self._await_acks(command_id, len(targets))
 
-    def _send_acks(self, queue: str, bookmarks: list[str], action: str) -> None:
-        self.ack(queue, bookmarks, action=action, wait=False)
+    def _send_acks(self, queue: str, bookmarks: list[str], action: str, wait: bool) -> None:
+        self.ack(queue, bookmarks, action=action, wait=wait)
 
     def _ack_sender(self) -> Producer:
         """The producer of acknowledgements nobody waits for, created on first use.

@@ -304,6 +304,29 @@ def test_acks_sent_as_the_subscription_goes_take_effect_without_an_answer(
     assert answers and "ack" not in answers, answers
 
 
+def test_acks_batched_when_a_subscription_closes_are_applied_before_its_leases_return(
+    client: Client, publisher: Client
+) -> None:
+    """Acknowledge, then close at once: the close waits until the engine has applied the
+    acknowledgement. Sent without waiting, it raced the unsubscribe (another topic): a lease
+    returned first put the acknowledged message back in the queue, available to others."""
+    drain_queue(publisher, "JQ")
+    for n in range(10):
+        sub = client.subscribe("JQ", ack_batch_size=100, ack_interval=30)
+        publisher.publish("jobs", {"closing": n})
+        publisher.flush()
+        msg = take(sub, 1)[0]
+        assert msg.json() == {"closing": n}
+        # Subscribed once the message is leased: it can only get it if the lease comes back.
+        watcher = publisher.subscribe("JQ", ack_batch_size=100, ack_interval=30)
+        sub.ack(msg)  # batched: goes out with the close
+        sub.close()
+        assert [m.json() for m in client.sow("JQ") if m.command == "sow"] == []
+        again = watcher.next(timeout=0.5)
+        assert again is None, f"acknowledged message leased again: {again.json()}"
+        watcher.close()
+
+
 def _raw_ack(client: Client, bookmark: str) -> int:
     """Send an ack command straight to the control topic, as a foreign client might."""
     command_id = _raw_ack_command(client, bookmark)
