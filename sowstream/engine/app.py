@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,13 +22,9 @@ import faust
 import orjson
 from aiokafka.errors import KafkaError
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
     KafkaException,
     Producer,
-    TopicPartition,
 )
-from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka.admin import AdminClient
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
@@ -41,7 +37,8 @@ from sowstream.engine.conflated import ConflatedRunner
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.health import BEAT_SECONDS, Health, Readiness, serve
 from sowstream.engine.partition import PartitionMoved
-from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
+from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.pump import LOG_BATCH_MAX, KafkaLogReader, LogPump
 from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
@@ -66,27 +63,13 @@ log = logging.getLogger("sowstream.engine")
 KAFKA_PROBE_SECONDS = 10.0  # one attempt to reach Kafka at start
 ANNOUNCE_SECONDS = 2.0  # how often a worker announces itself on the workers topic
 
-LOG_BATCH_MAX = 2_000
 PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.bytes per batch
-APPLY_CHUNK = 500  # records folded in one go (one event-loop step) out of a fetched batch
 VIEW_BATCH_MAX = 2_000  # change events a view maintainer applies and stores in one go
 VIEW_BATCH_WITHIN = 0.01  # seconds a view maintainer waits to fill a batch
 VIEW_INPUT_RETENTION_MS = 7 * 24 * 3_600_000  # change events only matter until applied
 CONFLATION_TICK = 0.02
 REPLY_METADATA_WAIT = 5.0
-PUMP_RETRY_SECONDS = 1.0
 GC_THRESHOLDS = (50_000, 20, 100)  # CPython's defaults are (700, 10, 10)
-# Fetch errors that mean the log partition we read may no longer be the one we applied.
-_LOG_GONE = frozenset(
-    {
-        RdKafkaError.UNKNOWN_TOPIC_OR_PART,
-        RdKafkaError.UNKNOWN_TOPIC_ID,
-        RdKafkaError._UNKNOWN_PARTITION,
-        RdKafkaError._UNKNOWN_TOPIC,
-        RdKafkaError.OFFSET_OUT_OF_RANGE,
-        RdKafkaError._AUTO_OFFSET_RESET,
-    }
-)
 
 
 class FaustSender(Sender):
@@ -215,115 +198,6 @@ class _GoneTopics:
         self._until.pop(topic, None)
 
 
-def _record(msg: Any) -> RawRecord:
-    """A confluent-kafka log message as the processor's RawRecord."""
-    return RawRecord(
-        msg.partition() or 0,
-        msg.offset() or 0,
-        msg.timestamp()[1],
-        msg.key(),
-        msg.value(),
-        h.header_map(cast(h.RawHeaders, msg.headers())),
-    )
-
-
-class KafkaLogReader:
-    """Reads a log partition from the beginning with confluent-kafka, off the event loop."""
-
-    def __init__(self, bootstrap: str, topic: str, extra: Mapping[str, str]) -> None:
-        self._bootstrap = bootstrap
-        self._topic = topic
-        self._extra = dict(extra)
-
-    def _consumer(self) -> Consumer:
-        return Consumer(
-            {
-                "bootstrap.servers": self._bootstrap,
-                "group.id": "sowstream-rebuild",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                **self._extra,
-            }
-        )
-
-    async def end_offset(self, partition: int) -> int:
-        def read() -> int:
-            consumer = self._consumer()
-            try:
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(self._topic, partition), timeout=30
-                )
-                return int(high) - 1
-            finally:
-                consumer.close()
-
-        return await asyncio.get_running_loop().run_in_executor(None, read)
-
-    async def start_offset(self, partition: int) -> int:
-        def read() -> int:
-            consumer = self._consumer()
-            try:
-                low, _ = consumer.get_watermark_offsets(
-                    TopicPartition(self._topic, partition), timeout=30
-                )
-                return int(low)
-            finally:
-                consumer.close()
-
-        return await asyncio.get_running_loop().run_in_executor(None, read)
-
-    async def offset_for_time(self, partition: int, at_ms: int) -> int:
-        def read() -> int:
-            consumer = self._consumer()
-            try:
-                tp = TopicPartition(self._topic, partition, at_ms)
-                found = consumer.offsets_for_times([tp], timeout=30)[0].offset
-                if found >= 0:
-                    return int(found)
-                _, high = consumer.get_watermark_offsets(tp, timeout=30)
-                return int(high)
-            finally:
-                consumer.close()
-
-        return await asyncio.get_running_loop().run_in_executor(None, read)
-
-    async def batches(
-        self, partition: int, until: int, start: int = 0
-    ) -> AsyncIterator[list[RawRecord]]:
-        if until < 0 or start > until:
-            return
-        loop = asyncio.get_running_loop()
-        consumer = self._consumer()
-        first = start if start > 0 else OFFSET_BEGINNING
-        consumer.assign([TopicPartition(self._topic, partition, first)])
-        following = start  # the offset expected next
-        try:
-            while True:
-                # consume() returns early only with as many records as asked for: asking for
-                # more than are left made every read of a log's last record (the check of a
-                # loaded partition's watermark) wait out the timeout.
-                want = max(1, min(5_000, until - following + 1))
-                msgs = await loop.run_in_executor(None, consumer.consume, want, 1.0)
-                batch: list[RawRecord] = []
-                done = False
-                for msg in msgs:
-                    if msg.error():
-                        continue
-                    offset = msg.offset() or 0
-                    if offset > until:
-                        done = True
-                        break
-                    batch.append(_record(msg))
-                    following = offset + 1
-                    done = offset >= until
-                if batch:
-                    yield batch
-                if done:
-                    return
-        finally:
-            consumer.close()
-
-
 def _event_record(msg: Any) -> RawRecord:
     """A faust message of a view's input topic as a RawRecord."""
     return RawRecord(msg.partition, msg.offset, int(msg.timestamp * 1000), msg.key, msg.value, {})
@@ -356,168 +230,6 @@ def settle_garbage_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-def _fetch(consumer: Consumer) -> list[Any]:
-    """Up to LOG_BATCH_MAX records, returning as soon as any are there.
-
-    consume(n, timeout) waits for n records or the timeout, which would add its timeout to the
-    latency of every quiet-time publish; poll() returns with the first record.
-    """
-    first = consumer.poll(0.05)
-    if first is None:
-        return []
-    return [first, *consumer.consume(LOG_BATCH_MAX - 1, 0)]
-
-
-class LogPump:
-    """Feeds one topic's processor from its transaction log, in batches, with confluent-kafka.
-
-    faust assigns the control topic's partitions (co-partitioned with the table's changelog); the
-    pump reads the same partition numbers of the log. faust's own stream machinery moves one event
-    at a time and caps a worker at about 16k events/s here (docs/benchmarks.md), so the log does
-    not go through it. No consumer offsets are committed for the log: each partition's position is
-    its watermark, stored in the state store itself, so state and position can never disagree.
-    """
-
-    def __init__(self, engine: Engine, proc: TopicProcessor, ctl_topic: str) -> None:
-        self.engine = engine
-        self.proc = proc
-        self.ctl_topic = ctl_topic
-        # The partition state each position belongs to: a rebalance can drop a partition's state
-        # and hand the partition straight back, and the new state starts from its own watermark.
-        self._states: dict[int, PartitionState] = {}
-        self._next: dict[int, int] = {}
-        # Partitions whose log may have been deleted and created again: nothing of theirs is
-        # applied until the processor has compared the log with what it applied.
-        self._suspect: set[int] = set()
-
-    def owned(self) -> set[int]:
-        """Partitions this worker owns now; empty while faust rebalances or recovers."""
-        app = self.engine.app
-        if app.in_recovery or app.rebalancing:
-            return set()
-        return {
-            tp.partition for tp in app.assignor.assigned_actives() if tp.topic == self.ctl_topic
-        }
-
-    def _current(self, partition: int) -> bool:
-        """Whether the pump's position for ``partition`` belongs to the partition's live state."""
-        ps = self._states.get(partition)
-        return ps is not None and self.proc.state(partition) is ps
-
-    async def _sync(self, consumer: Consumer, owned: set[int]) -> None:
-        """Point the consumer at every owned partition's position, loading new states."""
-        if owned == set(self._states) and all(self._current(p) for p in owned):
-            return
-        for partition in set(self._states) - owned:
-            del self._states[partition]
-            self._next.pop(partition, None)
-        for partition in sorted(owned):
-            if not self._current(partition):
-                ps = await self.proc.ready(partition)
-                self._states[partition] = ps
-                self._next[partition] = ps.folded + 1
-        consumer.assign(
-            [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(self._states)]
-        )
-
-    def _signals_recreation(self, msg: Any) -> bool:
-        """Whether a fetched message says the log may have been recreated: its topic or
-        partition vanished, the position fell off its end, or offsets went back."""
-        error = msg.error()
-        if error is not None:
-            return bool(error.code() in _LOG_GONE)
-        return (msg.offset() or 0) < self._next.get(msg.partition(), 0)
-
-    async def _verify(self, consumer: Consumer, owned: set[int]) -> bool:
-        """Let the processor check each suspect partition's log; True once none is left.
-
-        While the log topic is gone the check fails and is tried again on the next step.
-        """
-        for partition in sorted(self._suspect & owned):
-            try:
-                await self.proc.verify_log(partition)
-            except (KafkaException, SowstreamError) as exc:
-                log.info(
-                    "topic %s partition %d: cannot check the log yet (%s)",
-                    self.proc.topic.name,
-                    partition,
-                    exc,
-                )
-                continue
-            self._suspect.discard(partition)
-            ps = self.proc.state(partition)
-            if ps is not None and self._current(partition):
-                self._next[partition] = ps.folded + 1
-        self._suspect &= owned
-        consumer.assign(
-            [TopicPartition(self.proc.log_topic, p, self._next[p]) for p in sorted(self._states)]
-        )
-        return not self._suspect
-
-    async def _step(self, consumer: Consumer) -> None:
-        owned = self.owned()
-        await self._sync(consumer, owned)
-        if not owned:
-            await asyncio.sleep(0.05)
-            return
-        if self._suspect and not await self._verify(consumer, owned):
-            await asyncio.sleep(PUMP_RETRY_SECONDS)
-            return
-        msgs = await asyncio.get_running_loop().run_in_executor(None, _fetch, consumer)
-        suspect = {m.partition() for m in msgs if self._signals_recreation(m)}
-        if suspect - owned:
-            suspect = set(owned)  # a topic-level error: every partition may be concerned
-        if suspect:
-            # Nothing of this fetch is applied: after the check every partition is read again
-            # from its own position.
-            self._suspect |= suspect & owned
-            return
-        # Ownership may have changed while we waited: apply only what is still ours, and nothing
-        # once a rebalance has begun (the partition may be on its way to another worker).
-        owned = self.owned()
-        records = [
-            _record(m)
-            for m in msgs
-            if not m.error() and m.partition() in owned and self._current(m.partition())
-        ]
-        for start in range(0, len(records), APPLY_CHUNK):
-            chunk = records[start : start + APPLY_CHUNK]
-            await self.proc.process(chunk)
-            for rec in chunk:
-                self._next[rec.partition] = rec.offset + 1
-            # A big fetch must not hold the event loop in one piece: acknowledgements, commits
-            # and commands get their turn between chunks.
-            await asyncio.sleep(0)
-
-    async def run(self) -> None:
-        """Fetch and apply until the worker stops; a failure is logged and the pump resumes."""
-        loop = asyncio.get_running_loop()
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.engine.bootstrap,
-                "group.id": f"{self.engine.config.engine.app_id}-log-pump",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 5,
-                "log_level": 4,
-                **self.engine.config.engine.kafka,
-            }
-        )
-        try:
-            while True:
-                try:
-                    await self._step(consumer)
-                except Exception:  # a dead pump would leave the worker up but applying nothing
-                    # Nothing is lost: every partition is read again from its own state.
-                    log.exception(
-                        "topic %s: applying the log failed; retrying", self.proc.topic.name
-                    )
-                    self._states.clear()
-                    await asyncio.sleep(PUMP_RETRY_SECONDS)
-        finally:
-            await loop.run_in_executor(None, consumer.close)
 
 
 class EngineApp(faust.App):
