@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 import yaml
 from confluent_kafka import Consumer, Producer
 from rich.console import Console
@@ -65,10 +66,24 @@ def write_config(work: Path, prefix: str, view: bool = False) -> Path:
     return path
 
 
+def cpu_seconds(proc: psutil.Process) -> float:
+    """User and system CPU ``proc`` has used so far (all its threads)."""
+    times = proc.cpu_times()
+    return float(times.user + times.system)
+
+
 def leased_rate(
-    bootstrap: str, prefix: str, run: int, messages: int, subs: int, backlog: int
-) -> float:
-    """Messages/s leased and acknowledged by ``subs`` subscribers until ``messages`` are done."""
+    bootstrap: str,
+    prefix: str,
+    run: int,
+    messages: int,
+    subs: int,
+    backlog: int,
+    worker: psutil.Process,
+) -> tuple[float, float]:
+    """Messages/s leased and acknowledged by ``subs`` subscribers until ``messages`` are done,
+    and the worker's CPU per message (µs) from the first publish to the last acknowledgement:
+    applying the publishes, leasing, and storing the removals."""
     clients = [Client(bootstrap, prefix=prefix, timeout=30) for _ in range(subs + 1)]
     for c in clients:
         c.connect()
@@ -101,6 +116,7 @@ def leased_rate(
         ]
         time.sleep(1.0)  # registered on the worker before the messages come
         publisher = clients[subs]
+        cpu_before = cpu_seconds(worker)
         for n in range(first, first + messages):
             publisher.publish("jobs", {"n": n, "pad": "x" * 64})
         publisher.flush()
@@ -108,10 +124,11 @@ def leased_rate(
         while not done.acquire(timeout=0.2):
             for sub in subscriptions:
                 sub.flush_acks()
+        cpu = cpu_seconds(worker) - cpu_before
         for sub in subscriptions:
             sub.close()
         # From the first delivery to the last, as the consumer group is timed.
-        return messages / max(times[-1] - times[0], 1e-3)
+        return messages / max(times[-1] - times[0], 1e-3), cpu / messages * 1e6
     finally:
         for c in clients:
             c.close()
@@ -294,7 +311,7 @@ def main() -> None:
     args = parser.parse_args()
     subscribers = [int(s) for s in args.subscribers.split(",")]
     backlogs = [int(b) for b in args.backlogs.split(",")]
-    rows: list[tuple[int, int, float, float]] = []
+    rows: list[tuple[int, int, float, float, float]] = []
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
         work, prefix = workspace(stack, "queuebench")
@@ -315,12 +332,14 @@ def main() -> None:
             # More records for the baseline (3,000 take a few milliseconds): the rate is per record.
             group = consumer_group_rate(bootstrap, f"{bare_topic}{subs}", args.messages * 20, subs)
             for backlog in backlogs:
-                rate = leased_rate(bootstrap, prefix, run, args.messages, subs, backlog)
+                rate, cpu = leased_rate(
+                    bootstrap, prefix, run, args.messages, subs, backlog, psutil.Process(worker.pid)
+                )
                 run += 1
-                rows.append((subs, backlog, rate, group))
+                rows.append((subs, backlog, rate, group, cpu))
                 console.print(
                     f"{subs} subscribers, backlog {backlog}: {rate:,.0f} msg/s "
-                    f"(consumer group {group:,.0f}/s)"
+                    f"(consumer group {group:,.0f}/s), worker CPU {cpu:,.0f} µs/msg"
                 )
         # The latency run has one subscriber: half of the best one-subscriber rate.
         best = max(r[2] for r in rows if r[0] == min(subscribers))
@@ -337,9 +356,15 @@ def main() -> None:
     table.add_column("leased+acked", justify="right")
     table.add_column("bare consumer group", justify="right")
     table.add_column("ratio", justify="right")
-    for subs, backlog, rate, group in rows:
+    table.add_column("worker CPU/msg", justify="right")
+    for subs, backlog, rate, group, cpu in rows:
         table.add_row(
-            str(subs), str(backlog), f"{rate:,.0f}/s", f"{group:,.0f}/s", f"{rate / group:.2f}x"
+            str(subs),
+            str(backlog),
+            f"{rate:,.0f}/s",
+            f"{group:,.0f}/s",
+            f"{rate / group:.2f}x",
+            f"{cpu:,.0f} µs",
         )
     Console().print(table)
     lat = Table(title=f"latency at half the best rate ({half:,.0f} msg/s), same run")
