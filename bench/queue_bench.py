@@ -92,11 +92,11 @@ def leased_rate(
     subs: int,
     backlog: int,
     worker: psutil.Process,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Messages/s leased and acknowledged by ``subs`` subscribers until ``messages`` are done,
     and the CPU per message (µs) from the first publish to the last acknowledgement of the
     worker (applying the publishes, leasing, storing the removals) and of every process of
-    the run (worker, clients, embedded broker)."""
+    the run (worker, clients, embedded broker), and of this process alone (the clients)."""
     clients = [Client(bootstrap, prefix=prefix, timeout=30) for _ in range(subs + 1)]
     for c in clients:
         c.connect()
@@ -130,6 +130,7 @@ def leased_rate(
         time.sleep(1.0)  # registered on the worker before the messages come
         publisher = clients[subs]
         cpu_before, all_before = cpu_seconds(worker), all_cpu_seconds()
+        clients_before = cpu_seconds(psutil.Process())
         for n in range(first, first + messages):
             publisher.publish("jobs", {"n": n, "pad": "x" * 64})
         publisher.flush()
@@ -139,11 +140,13 @@ def leased_rate(
                 sub.flush_acks()
         cpu = cpu_seconds(worker) - cpu_before
         everything = all_cpu_seconds() - all_before
+        own = cpu_seconds(psutil.Process()) - clients_before
         for sub in subscriptions:
             sub.close()
         # From the first delivery to the last, as the consumer group is timed.
         per = 1e6 / messages
-        return messages / max(times[-1] - times[0], 1e-3), cpu * per, everything * per
+        rate = messages / max(times[-1] - times[0], 1e-3)
+        return rate, cpu * per, own * per, everything * per
     finally:
         for c in clients:
             c.close()
@@ -326,7 +329,7 @@ def main() -> None:
     args = parser.parse_args()
     subscribers = [int(s) for s in args.subscribers.split(",")]
     backlogs = [int(b) for b in args.backlogs.split(",")]
-    rows: list[tuple[int, int, float, float, float, float]] = []
+    rows: list[tuple[int, int, float, float, float, float, float]] = []
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
         work, prefix = workspace(stack, "queuebench")
@@ -347,15 +350,15 @@ def main() -> None:
             # More records for the baseline (3,000 take a few milliseconds): the rate is per record.
             group = consumer_group_rate(bootstrap, f"{bare_topic}{subs}", args.messages * 20, subs)
             for backlog in backlogs:
-                rate, cpu, everything = leased_rate(
+                rate, cpu, own, everything = leased_rate(
                     bootstrap, prefix, run, args.messages, subs, backlog, psutil.Process(worker.pid)
                 )
                 run += 1
-                rows.append((subs, backlog, rate, group, cpu, everything))
+                rows.append((subs, backlog, rate, group, cpu, own, everything))
                 console.print(
                     f"{subs} subscribers, backlog {backlog}: {rate:,.0f} msg/s "
                     f"(consumer group {group:,.0f}/s), CPU per message: worker {cpu:,.0f} µs, "
-                    f"all processes {everything:,.0f} µs"
+                    f"clients {own:,.0f} µs, all processes {everything:,.0f} µs"
                 )
         # The latency run has one subscriber: half of the best one-subscriber rate.
         best = max(r[2] for r in rows if r[0] == min(subscribers))
@@ -373,8 +376,9 @@ def main() -> None:
     table.add_column("bare consumer group", justify="right")
     table.add_column("ratio", justify="right")
     table.add_column("worker CPU/msg", justify="right")
+    table.add_column("clients CPU/msg", justify="right")
     table.add_column("all CPU/msg", justify="right")
-    for subs, backlog, rate, group, cpu, everything in rows:
+    for subs, backlog, rate, group, cpu, own, everything in rows:
         table.add_row(
             str(subs),
             str(backlog),
@@ -382,6 +386,7 @@ def main() -> None:
             f"{group:,.0f}/s",
             f"{rate / group:.2f}x",
             f"{cpu:,.0f} µs",
+            f"{own:,.0f} µs",
             f"{everything:,.0f} µs",
         )
     Console().print(table)

@@ -63,9 +63,10 @@ class TopicInfo:
             return None
         return _stage(self.preprocessing, self.instance_name)
 
-    @property
+    @functools.cached_property
     def codec(self) -> MessageType:
-        """The topic's message type (an avro one with the schema the engine published)."""
+        """The topic's message type (an avro one with the schema the engine published); kept,
+        as every publish reads it."""
         options = TypeOptions(topic=self.name, schema=self.schema or None)
         return registry.for_options(self.message_type, options)
 
