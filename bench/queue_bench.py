@@ -389,7 +389,7 @@ def main() -> None:
             f"{own:,.0f} µs",
             f"{everything:,.0f} µs",
         )
-    Console().print(table)
+    Console(width=160).print(table)  # a narrow terminal must not cut figures
     lat = Table(title=f"latency at half the best rate ({half:,.0f} msg/s), same run")
     lat.add_column("measure")
     lat.add_column("p50", justify="right")
@@ -413,7 +413,7 @@ def main() -> None:
         f"{pct(acks, 0.99):.1f} ms",
         "",
     )
-    Console().print(lat)
+    Console(width=160).print(lat)
     middle = statistics.median(latencies or [0])
     console.print(
         f"samples: queue {len(latencies)}, bare {len(bare)}; queue median {middle:.1f} ms; "
