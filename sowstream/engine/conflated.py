@@ -23,7 +23,7 @@ from typing import Any
 
 from sowstream.config.replicas import ConflatedTopicConfig
 from sowstream.engine import metrics
-from sowstream.engine.derived import runner_store, write_records
+from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.partition import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
@@ -158,27 +158,25 @@ class ConflatedRunner:
 
     async def handle(self, records: Sequence[RawRecord]) -> None:
         """Fold a batch of input records in (any mix of partitions, each in offset order)."""
+        by_partition: dict[int, list[RawRecord]] = {}
+        for rec in records:
+            by_partition.setdefault(rec.partition, []).append(rec)
         async with self._lock:
-            for rec in records:
+            for partition, recs in by_partition.items():
                 try:
-                    conflator = await self._ready(rec.partition)
+                    conflator = await self._ready(partition)
                 except Exception:
                     log.exception(
                         "conflated topic %s partition %d: loading failed",
                         self.conflated.name,
-                        rec.partition,
+                        partition,
                     )
                     continue
                 if conflator is None:
                     continue  # not (or no longer) assigned here: the owner reads it itself
-                if rec.offset > conflator.taken + 1:
-                    # faust's committed offset ran past what was taken in: read the gap.
-                    async for batch in self._reader.batches(
-                        rec.partition, rec.offset - 1, conflator.taken + 1
-                    ):
-                        for missed in batch:
-                            self._add(conflator, missed.offset, missed.value)
-                self._add(conflator, rec.offset, rec.value)
+                what = f"conflated topic {self.conflated.name}"
+                for rec in await without_gaps(self._reader, partition, conflator.taken, recs, what):
+                    self._add(conflator, rec.offset, rec.value)
 
     async def flush(self) -> int:
         """Write every partition's pending states to the log; returns how many were written."""

@@ -1,22 +1,27 @@
-"""What views and conflated topics share: writing their records to their own log.
+"""What views and conflated topics share: reading their input, writing their own log.
 
 Both are topics the engine computes (only their runner writes their log, marked with the
 ``sow.view`` header); their records go out as publishes, or ``sow_delete`` by SowKey, and a
-runner stores its progress only once Kafka has acknowledged every one of them.
+runner stores its progress only once Kafka has acknowledged every one of them. Both take their
+input from a faust agent, whose batches can have holes that are read from the topic itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
-from sowstream.engine.partition import Sender
+from sowstream.engine.partition import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
+from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
+
+log = logging.getLogger("sowstream.engine")
 
 ACK_WAIT_SECONDS = 30.0
 
@@ -32,6 +37,40 @@ async def delivered(futures: Iterable[asyncio.Future[Any]], what: str) -> None:
     failed = [f for f in pending if f.done() and (f.cancelled() or f.exception() is not None)]
     if late or failed:
         raise RuntimeError(f"{len(late) + len(failed)} {what} not acknowledged by Kafka")
+
+
+async def without_gaps(
+    reader: LogReader, partition: int, after: int, recs: Sequence[RawRecord], what: str
+) -> list[RawRecord]:
+    """The input records of ``partition`` after offset ``after`` up to the batch's last, each
+    once, in offset order.
+
+    faust's stream may jump: after a restart it can hand over records it fetched before seeking
+    to its committed offset (which a crash leaves ahead of the stored state), then records from
+    that offset on, in one batch. An input topic has no holes, so a batch that does not cover
+    every offset of its range is read again from the topic itself: a runner's stored position
+    must never pass an event it did not apply.
+    """
+    by_offset = {r.offset: r for r in recs if r.offset > after}
+    if not by_offset:
+        return []
+    last = max(by_offset)
+    if len(by_offset) == last - after:
+        return [by_offset[o] for o in sorted(by_offset)]
+    read: dict[int, RawRecord] = {}
+    async for batch in reader.batches(partition, last, after + 1):
+        read.update((r.offset, r) for r in batch if after < r.offset <= last)
+    log.info(
+        "%s partition %d: read offsets %d to %d again from the input topic "
+        "(%d of them were not in the batch faust delivered)",
+        what,
+        partition,
+        after + 1,
+        last,
+        len(read.keys() - by_offset.keys()),
+    )
+    read.update((o, r) for o, r in by_offset.items() if o not in read)
+    return [read[o] for o in sorted(read)]
 
 
 async def write_records(

@@ -34,7 +34,7 @@ import orjson
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.atomic import purgeable, unwrap, wrap_batch
-from sowstream.engine.derived import runner_store, write_records
+from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.partition import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
@@ -237,7 +237,9 @@ class ViewRunner:
         async with vp.lock:
             if self._parts.get(partition) is not vp:
                 return
-            recs = await self._without_gaps(partition, vp.watermark, recs)
+            recs = await without_gaps(
+                self._reader, partition, vp.watermark, recs, f"view {self.view.name}"
+            )
             if not recs:
                 return
             committed = vp.watermark
@@ -264,38 +266,6 @@ class ViewRunner:
             await vp.store.replicate(records, self._sender)
             vp.purge = {key for key, value in entries.items() if value is None}
             metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
-
-    async def _without_gaps(
-        self, partition: int, watermark: int, recs: list[RawRecord]
-    ) -> list[RawRecord]:
-        """The records after ``watermark`` up to the batch's last, each once, in offset order.
-
-        faust's stream may jump: after a restart it can hand over records it fetched before
-        seeking to its committed offset (which a crash leaves ahead of the stored state), then
-        records from that offset on, in one batch. The input topic has no holes, so a batch
-        that does not cover every offset in its range is read again from the topic itself;
-        the watermark must never pass an event that was not applied.
-        """
-        by_offset = {r.offset: r for r in recs if r.offset > watermark}
-        if not by_offset:
-            return []
-        last = max(by_offset)
-        if len(by_offset) == last - watermark:
-            return [by_offset[o] for o in sorted(by_offset)]
-        read: dict[int, RawRecord] = {}
-        async for batch in self._reader.batches(partition, last, watermark + 1):
-            read.update((r.offset, r) for r in batch if watermark < r.offset <= last)
-        log.info(
-            "view %s partition %d: read offsets %d to %d again from the input topic "
-            "(%d of them were not in the batch faust delivered)",
-            self.view.name,
-            partition,
-            watermark + 1,
-            last,
-            len(read.keys() - by_offset.keys()),
-        )
-        read.update((o, r) for o, r in by_offset.items() if o not in read)
-        return [read[o] for o in sorted(read)]
 
     def _fold(self, vp: ViewPartition, recs: Sequence[RawRecord]) -> list[ViewChange]:
         """Apply events to the maintainer; returns the view changes in order (with
