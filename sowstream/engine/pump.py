@@ -73,31 +73,26 @@ class KafkaLogReader:
             }
         )
 
-    async def end_offset(self, partition: int) -> int:
-        def read() -> int:
+    async def _watermarks(self, partition: int) -> tuple[int, int]:
+        """The partition's (first offset, offset after its last record), read off the loop."""
+
+        def read() -> tuple[int, int]:
             consumer = self._consumer()
             try:
-                _, high = consumer.get_watermark_offsets(
+                low, high = consumer.get_watermark_offsets(
                     TopicPartition(self._topic, partition), timeout=30
                 )
-                return int(high) - 1
+                return int(low), int(high)
             finally:
                 consumer.close()
 
         return await asyncio.get_running_loop().run_in_executor(None, read)
+
+    async def end_offset(self, partition: int) -> int:
+        return (await self._watermarks(partition))[1] - 1
 
     async def start_offset(self, partition: int) -> int:
-        def read() -> int:
-            consumer = self._consumer()
-            try:
-                low, _ = consumer.get_watermark_offsets(
-                    TopicPartition(self._topic, partition), timeout=30
-                )
-                return int(low)
-            finally:
-                consumer.close()
-
-        return await asyncio.get_running_loop().run_in_executor(None, read)
+        return (await self._watermarks(partition))[0]
 
     async def offset_for_time(self, partition: int, at_ms: int) -> int:
         def read() -> int:
