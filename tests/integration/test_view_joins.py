@@ -133,9 +133,9 @@ def fold_input(engine: EngineProcesses, view: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def histories(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -> dict[str, Any]:
-    """For each SowKey: (partition, offset, n) of the last 40 records the view's log holds for
-    it."""
+def logged(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    """For each SowKey: (partition, offset, record or None) of every record the view's log holds
+    for it, in log order."""
     out: dict[str, Any] = {k: [] for k in keys}
     for partition, msg in read_topic(
         engine, f"{engine.prefix}.log.{view['Name']}", view["Partitions"]
@@ -143,37 +143,43 @@ def histories(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -> 
         key = (msg.key() or b"").decode()
         if key in keys:
             value = orjson.loads(msg.value()) if msg.value() else None
-            out[key].append((partition, msg.offset(), None if value is None else value.get("n")))
-    return {k: v[-40:] for k, v in out.items()}
+            out[key].append((partition, msg.offset(), value))
+    return out
 
 
-def lost_events(engine: EngineProcesses, view: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+def histories(log: dict[str, Any]) -> dict[str, Any]:
+    """For each SowKey of ``log`` (see logged): (partition, offset, n) of its last 40 records."""
+    return {
+        k: [(p, o, None if v is None else v.get("n")) for p, o, v in records[-40:]]
+        for k, records in log.items()
+    }
+
+
+def lost_events(
+    engine: EngineProcesses, view: dict[str, Any], log: dict[str, Any]
+) -> dict[str, Any]:
     """For each SowKey: the first change a fresh fold of the input gives it that the view's log
     never carried, as (input partition, input offset, source position, record), with the log's
     records around that point (a failure's evidence: which event the engine lost, and where)."""
-    expected: dict[str, list[tuple[int, int, Any, Any]]] = {k: [] for k in keys}
+    expected: dict[str, list[tuple[int, int, Any, Any]]] = {k: [] for k in log}
     for partition, offset, position, changes in folded_input(engine, view, {}):
         for change in changes:
             if change.sow_key in expected:
                 expected[change.sow_key].append((partition, offset, position, change.record))
-    logged: dict[str, list[Any]] = {k: [] for k in keys}
-    for _, msg in read_topic(engine, f"{engine.prefix}.log.{view['Name']}", view["Partitions"]):
-        key = (msg.key() or b"").decode()
-        if key in keys:
-            logged[key].append(orjson.loads(msg.value()) if msg.value() else None)
+    records = {k: [v for _, _, v in entries] for k, entries in log.items()}
     out: dict[str, Any] = {}
-    for key in keys:
+    for key in log:
         at = 0
         for i, (partition, offset, position, record) in enumerate(expected[key]):
             try:
-                at = logged[key].index(record, at) + 1
+                at = records[key].index(record, at) + 1
             except ValueError:
                 out[key] = {
                     "lost": (partition, offset, position, record),
                     "expected_before": [e[3] for e in expected[key][max(0, i - 3) : i]],
-                    "log_after_match": logged[key][at : at + 5],
+                    "log_after_match": records[key][at : at + 5],
                     "expected_total": len(expected[key]),
-                    "logged_total": len(logged[key]),
+                    "logged_total": len(records[key]),
                 }
                 break
     return out
@@ -324,8 +330,9 @@ def test_views_survive_sigkill_and_equal_a_recomputation(
             status = client.cluster_status(topic=view["Name"])
             print("view partitions:", orjson.dumps(status.get("partitions")).decode())
             print("input folded:", differences(fold_input(engine, view), expected))
-            print("histories:", histories(engine, view, set(differences(got, expected))))
-            print("lost:", lost_events(engine, view, set(differences(got, expected))))
+            log = logged(engine, view, set(differences(got, expected)))
+            print("histories:", histories(log))
+            print("lost:", lost_events(engine, view, log))
             for name in ("w1", "w2"):
                 print(f"--- {name}", engine.log_tail(name, 150))
         assert got == expected, (view["Name"], differences(got, expected))
