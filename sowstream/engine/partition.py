@@ -12,12 +12,13 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from sowstream.config.models import TopicConfig
 from sowstream.engine import memo, metrics
+from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
 from sowstream.engine.store import (
     MemoryPartition,
     PartitionStore,
@@ -68,7 +69,6 @@ log = logging.getLogger("sowstream.engine")
 # Kafka's default max message size is 1 MB; stay well under it when packing a reply batch.
 MAX_REPLY_BYTES = 900_000
 SCAN_YIELD_EVERY = 5_000
-REPLICATE_YIELD_EVERY = 256  # records sent before the event loop gets a turn
 APPLIED_WAIT_SECONDS = 30.0
 DELIVERY_WAIT_SECONDS = 10.0
 HISTORY_PRUNE_SECONDS = 60.0
@@ -76,65 +76,6 @@ HISTORY_PRUNE_SECONDS = 60.0
 MAX_IN_FLIGHT = 4
 # Entries counted at most per memo lookup when choosing the most selective conjunct of an AND.
 ESTIMATE_CAP = 10_000
-
-
-class LogReader(Protocol):
-    """Reads a log partition directly, for rebuilding state that is not in a changelog."""
-
-    async def end_offset(self, partition: int) -> int:
-        """Offset of the last record in the partition (-1 when empty)."""
-
-    def batches(self, partition: int, until: int, start: int = 0) -> AsyncIterator[list[RawRecord]]:
-        """The partition's records from ``start`` (default: the beginning) up to ``until``."""
-
-    async def offset_for_time(self, partition: int, at_ms: int) -> int:
-        """The first offset whose log time is at or after ``at_ms`` (the end if none is)."""
-
-    async def start_offset(self, partition: int) -> int:
-        """Offset of the first record the partition still holds (its end when empty)."""
-
-
-class Sender:
-    """How the processor talks to Kafka; the worker supplies one backed by faust's producer."""
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any] | None:
-        """Queue one record for production; returns its delivery future when there is one."""
-        raise NotImplementedError
-
-    async def send_reply(
-        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> asyncio.Future[Any] | None:
-        """Queue a reply for a client; a client that has gone away must not hold the engine up.
-
-        Returns the delivery future, or None when the reply was dropped (client gone).
-        """
-        raise NotImplementedError
-
-    def prepare(self, topic: str) -> None:
-        """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
-
-    async def send_many(
-        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
-    ) -> list[tuple[asyncio.Future[Any], int]]:
-        """Queue ``(key, value)`` records for one partition, in order, in as few Kafka batches
-        as they fit; returns each batch's delivery future (whose result's ``offset`` is the
-        batch's first) with its number of records. By default one send per record."""
-        out: list[tuple[asyncio.Future[Any], int]] = []
-        for i, (key, value) in enumerate(records, 1):
-            fut = await self.send(topic, value, key=key, partition=partition)
-            if fut is not None:
-                out.append((fut, 1))
-            if i % REPLICATE_YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # many records must not hold the event loop
-        return out
 
 
 @dataclass
@@ -202,10 +143,6 @@ class PartitionState:
 
 class PartitionMoved(Exception):
     """The partition was revoked while a command waited for it."""
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class ProcessorBase:

@@ -1,0 +1,109 @@
+"""What the engine's stages need from the outside world, as small protocols.
+
+The stages (apply, ownership, queries, placement, maintenance, queues, views) are written against
+these and nothing else: the worker supplies implementations backed by faust and confluent-kafka,
+tests supply recording ones. This module imports nothing of the engine, so any stage can use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+from sowstream.sow.ops import RawRecord
+
+REPLICATE_YIELD_EVERY = 256  # records sent before the event loop gets a turn
+
+
+class LogReader(Protocol):
+    """Reads a log partition directly, for rebuilding state that is not in a changelog."""
+
+    async def end_offset(self, partition: int) -> int:
+        """Offset of the last record in the partition (-1 when empty)."""
+
+    def batches(self, partition: int, until: int, start: int = 0) -> AsyncIterator[list[RawRecord]]:
+        """The partition's records from ``start`` (default: the beginning) up to ``until``."""
+
+    async def offset_for_time(self, partition: int, at_ms: int) -> int:
+        """The first offset whose log time is at or after ``at_ms`` (the end if none is)."""
+
+    async def start_offset(self, partition: int) -> int:
+        """Offset of the first record the partition still holds (its end when empty)."""
+
+
+class Sender:
+    """How the engine talks to Kafka; the worker supplies one backed by its producer.
+
+    A base class rather than a Protocol because :meth:`send_many` has a working default.
+    """
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any] | None:
+        """Queue one record for production; returns its delivery future when there is one."""
+        raise NotImplementedError
+
+    async def send_reply(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any] | None:
+        """Queue a reply for a client; a client that has gone away must not hold the engine up.
+
+        Returns the delivery future, or None when the reply was dropped (client gone).
+        """
+        raise NotImplementedError
+
+    def prepare(self, topic: str) -> None:
+        """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[tuple[asyncio.Future[Any], int]]:
+        """Queue ``(key, value)`` records for one partition, in order, in as few Kafka batches
+        as they fit; returns each batch's delivery future (whose result's ``offset`` is the
+        batch's first) with its number of records. By default one send per record."""
+        out: list[tuple[asyncio.Future[Any], int]] = []
+        for i, (key, value) in enumerate(records, 1):
+            fut = await self.send(topic, value, key=key, partition=partition)
+            if fut is not None:
+                out.append((fut, 1))
+            if i % REPLICATE_YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # many records must not hold the event loop
+        return out
+
+
+class Assignment(Protocol):
+    """Which partitions this worker holds now, as the group's last rebalance decided."""
+
+    def owns(self, topic: str, partition: int) -> bool:
+        """Whether ``partition`` of Kafka topic ``topic`` is assigned to this worker."""
+
+    @property
+    def settled(self) -> bool:
+        """False during a rebalance or a table recovery, when ownership is about to change."""
+
+
+class Clock(Protocol):
+    """Wall-clock time for expiry, leases and History (tests substitute their own)."""
+
+    def now_ms(self) -> int:
+        """Milliseconds since the epoch."""
+
+
+class SystemClock:
+    """The machine's clock."""
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+
+def wall_clock_ms() -> int:
+    """The machine's time in epoch milliseconds (for code that has no :class:`Clock` yet)."""
+    return int(time.time() * 1000)
