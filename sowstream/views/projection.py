@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from sowstream.filters import FilterError, ast, compile_predicate, compile_value, parse_filter
+from sowstream.filters.parser import mask_strings
 from sowstream.filters.values import get_path, is_null, path_steps
 from sowstream.sow.aggregate import (
     AGGREGATE_FUNCTIONS,
@@ -29,7 +30,6 @@ from sowstream.sow.aggregate import (
     ProjectionLayout,
     field_value,
     group_component,
-    mask_strings,
     parse_grouping_field,
     parse_projection_field,
 )

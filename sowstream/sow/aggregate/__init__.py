@@ -51,40 +51,31 @@ shared with views) and ``aggregation`` (partial, merge, finish).
 
 from __future__ import annotations
 
-from sowstream.filters import ast
 from sowstream.filters.parser import mask_strings
 
 from .aggregation import Aggregation, Partials, merge_partials, parse_aggregation
 from .groups import field_value, group_component, spelling_rank
-from .layout import ProjectionLayout, rewrite_expr, set_output_path
+from .layout import ProjectionLayout
 from .parsing import AggregationError, parse_grouping_field, parse_projection_field
 from .states import AGGREGATE_FUNCTIONS, finite_number, output_number
 
+# Views (sowstream.views) and SOW topic stages (sowstream.sow.enrich) read projection fields with
+# this package's parser, and views group, spell and lay out values with its rules, so that an
+# aggregated query and a view with the same projection give the same records.
 __all__ = [
     "AGGREGATE_FUNCTIONS",
-    "AggregateCall",
     "Aggregation",
     "AggregationError",
     "Partials",
-    "ProjectionEntry",
     "ProjectionLayout",
     "field_value",
     "finite_number",
     "group_component",
-    "mask_strings",
+    "mask_strings",  # sow.enrich reads it from here
     "merge_partials",
     "output_number",
     "parse_aggregation",
     "parse_grouping_field",
     "parse_projection_field",
-    "rewrite_expr",
-    "set_output_path",
     "spelling_rank",
 ]
-
-# Maintained views (sowstream.views) and SOW topic stages (sowstream.sow.enrich) read projection
-# fields with this parser and group, compare and spell values with these rules, so that an
-# aggregated query and a view with the same projection give the same records.
-ProjectionEntry = ast.ProjectionField
-"""A parsed projection field: ``output`` path, ``expr`` and its aggregate ``calls``."""
-AggregateCall = ast.Aggregate
