@@ -13,6 +13,9 @@ Semantics every backend must implement (see docs/filters.md for the user-facing 
   ``NOT LIKE``, ``IS NOT NULL``, ...) are parsed as ``Not`` around the positive node.
 * An expression that is not a predicate, used where a condition is expected, means
   ``expr = TRUE``.
+
+Projection fields (``SUM(/qty) * 2 AS /total``) use the same expressions, plus ``Aggregate``
+calls, which no filter holds; ``ProjectionField`` is one parsed field.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 __all__ = [
+    "AGGREGATES",
     "FUNCTIONS",
     "STAGE_FUNCTIONS",
+    "Aggregate",
     "And",
     "Arith",
     "ArithOp",
@@ -43,6 +48,7 @@ __all__ = [
     "Or",
     "Path",
     "Previous",
+    "ProjectionField",
     "Scalar",
     "children",
     "depth",
@@ -51,6 +57,7 @@ __all__ = [
     "quote_string",
     "to_text",
     "walk",
+    "walk_outside_aggregates",
 ]
 
 Scalar = str | int | float | bool | None
@@ -77,6 +84,20 @@ STAGE_FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "AMPS_INSTANCE_NAME": (0, 0),
     "UNIX_TIMESTAMP": (0, 0),
 }
+
+# The aggregate functions the grammar knows (its AGGREGATE terminal). Each kind of projection
+# accepts some of them: aggregated queries the first six (sowstream.sow.aggregate), views all.
+AGGREGATES: tuple[str, ...] = (
+    "AVG",
+    "COUNT",
+    "COUNT_DISTINCT",
+    "MAX",
+    "MIN",
+    "SUM",
+    "ANY",
+    "STDDEV_POP",
+    "STDDEV_SAMP",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +236,42 @@ class Func(Expr):
     args: tuple[Expr, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Aggregate(Expr):
+    """An aggregate call in a projection field, ``SUM(/qty)``; ``name`` is upper case.
+
+    ``end`` is the offset just past its closing parenthesis (``pos`` is that of its name), so
+    ``text[pos:end]`` is the call as written; like ``pos`` it is left out of equality.
+    """
+
+    name: str
+    arg: Expr
+    end: int = field(default=-1, compare=False, repr=False, kw_only=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionField:
+    """One parsed projection field: ``expr AS /output``, or a lone path that is its own output.
+
+    ``output_at`` is where the output path is written (the field's start without ``AS``);
+    ``text`` is the parsed text, which positions index.
+    """
+
+    expr: Expr
+    output: str
+    output_at: int
+    text: str
+
+    @property
+    def calls(self) -> dict[int, Aggregate]:
+        """The aggregate calls of ``expr`` in text order, keyed by their position."""
+        return {n.pos: n for n in walk_outside_aggregates(self.expr) if isinstance(n, Aggregate)}
+
+    def call_text(self, call: Aggregate) -> str:
+        """``call`` as written, runs of whitespace made one space (``count ( /b )``)."""
+        return " ".join(self.text[call.pos : call.end].split())
+
+
 def children(node: Expr) -> tuple[Expr, ...]:
     """The direct sub-expressions of ``node``, left to right."""
     match node:
@@ -238,6 +295,8 @@ def children(node: Expr) -> tuple[Expr, ...]:
             return (value,)
         case Func(args=args):
             return args
+        case Aggregate(arg=arg):
+            return (arg,)
     raise TypeError(f"not a filter expression node: {node!r}")
 
 
@@ -248,6 +307,16 @@ def walk(node: Expr) -> Iterator[Expr]:
         current = stack.pop()
         yield current
         stack.extend(reversed(children(current)))
+
+
+def walk_outside_aggregates(node: Expr) -> Iterator[Expr]:
+    """Like ``walk``, but without the arguments of aggregate calls (the calls themselves come)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if not isinstance(current, Aggregate):
+            stack.extend(reversed(children(current)))
 
 
 def paths(node: Expr) -> frozenset[str]:
@@ -332,6 +401,8 @@ def to_text(node: Expr) -> str:
             return f"({to_text(value)} IS NULL)"
         case Func(name=name, args=args):
             return f"{name}({', '.join(to_text(a) for a in args)})"
+        case Aggregate(name=name, arg=arg):
+            return f"{name}({to_text(arg)})"
     raise TypeError(f"not a filter expression node: {node!r}")
 
 

@@ -1,11 +1,13 @@
-"""Text to AST for content filters (and OrderBy headers), with precise, caret-marked errors."""
+"""Text to AST for content filters, OrderBy headers and projection fields, with precise errors."""
 
 from __future__ import annotations
 
 import copy
 import functools
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -21,7 +23,7 @@ from lark.exceptions import (
 
 from . import ast
 
-__all__ = ["MAX_DEPTH", "FilterError", "parse_filter"]
+__all__ = ["MAX_DEPTH", "FilterError", "mask_strings", "parse_filter", "parse_projection_field"]
 
 # Evaluation compiles the tree into nested closures, one or two Python frames per level; this
 # bound keeps absurd nesting far from the interpreter's recursion limit.
@@ -85,6 +87,7 @@ _DISPLAY = {
     "$END": "end of input",
     "PATH": "path",
     "NAME": "function name",
+    "AGGREGATE": "function name",
     "NUMBER": "number",
     "STRING": "string",
     "COMPARE_OP": "comparison operator",
@@ -163,6 +166,31 @@ _COMPARE_OPS: dict[str, ast.CompareOp] = {
 _ARITH_OPS: dict[str, ast.ArithOp] = {"+": "+", "-": "-", "*": "*", "/": "/", "%": "%"}
 
 
+@dataclass(frozen=True, slots=True)
+class _Projection:
+    """What the parse of a projection field accepts beyond a filter (parse_projection_field)."""
+
+    aggregates: tuple[str, ...]
+    stage: bool
+    functions: frozenset[str]
+
+
+# The builder is bound into the one LALR parser when that is built, so a projection field's parse
+# tells it what the field may hold through this variable (None while parsing anything else).
+_PROJECTION: ContextVar[_Projection | None] = ContextVar("_PROJECTION", default=None)
+
+
+def _unknown_function(name_tok: Token) -> _SemanticError:
+    message = f"unknown function '{name_tok}'"
+    projection = _PROJECTION.get()
+    if projection is not None:  # name the aggregates too, which a projection field also takes
+        message += (
+            f": the aggregate functions are {', '.join(projection.aggregates)} and the other "
+            f"functions {', '.join(sorted(ast.FUNCTIONS))}"
+        )
+    return _SemanticError(message, _pos(name_tok), expected=sorted(ast.FUNCTIONS))
+
+
 def _exprs(children: list[Any]) -> list[ast.Expr]:
     return [c for c in children if isinstance(c, ast.Expr)]
 
@@ -225,11 +253,7 @@ class _Builder(Transformer[Token, Any]):
         name = str(name_tok).upper()
         arity = ast.FUNCTIONS.get(name) or ast.STAGE_FUNCTIONS.get(name)
         if arity is None:
-            raise _SemanticError(
-                f"unknown function '{name_tok}'",
-                _pos(name_tok),
-                expected=sorted(ast.FUNCTIONS),
-            )
+            raise _unknown_function(name_tok)
         low, high = arity
         if len(args) < low or (high is not None and len(args) > high):
             wanted = f"{low}" if low == high else f"at least {low}"
@@ -239,6 +263,42 @@ class _Builder(Transformer[Token, Any]):
                 _pos(name_tok),
             )
         return ast.Func(name, args, pos=_pos(name_tok))
+
+    def extra_args(self, c: list[Any]) -> tuple[Any, ...]:
+        # Arguments after an aggregate's first, with the commas before them (all an error).
+        return (*(c[0] if isinstance(c[0], tuple) else (c[0],)), *c[1:])
+
+    def aggregate(self, c: list[Any]) -> ast.Aggregate:
+        # Children: the name, '(', the argument, then any extra_args, ')'.
+        name_tok, open_tok, *inside, close_tok = c
+        if inside and isinstance(inside[-1], tuple):
+            inside = [*inside[:-1], *inside[-1]]
+        name = str(name_tok).upper()
+        projection = _PROJECTION.get()
+        if projection is None or name not in projection.aggregates:
+            raise _unknown_function(name_tok)
+        at = _pos(name_tok)
+        args = _exprs(inside)
+        for inner in (n for arg in args for n in ast.walk(arg)):
+            if isinstance(inner, ast.Aggregate):
+                raise _SemanticError(
+                    f"aggregate {inner.name} is nested inside {name} (at position "
+                    f"{at}): aggregate functions cannot be nested",
+                    inner.pos,
+                )
+        commas = [t for t in inside if isinstance(t, Token)]
+        if commas:
+            raise _SemanticError(f"{name} takes exactly one argument", _pos(commas[0]))
+        if not args:
+            raise _SemanticError(f"{name} needs an argument, like {name}(/field)", _pos(open_tok))
+        try:
+            _check_mode(args[0], projection.stage, projection.functions)
+        except _SemanticError as exc:
+            raise _SemanticError(
+                f"{exc.message} (in the argument of {name})", exc.position
+            ) from None
+        end = close_tok.end_pos if close_tok.end_pos is not None else -1
+        return ast.Aggregate(name, args[0], pos=at, end=end)
 
     def neg(self, c: list[Any]) -> ast.Expr:
         minus, operand = c
@@ -333,7 +393,7 @@ def _lark() -> Lark:
         grammar,
         parser="lalr",
         lexer="contextual",
-        start=["filter", "order_by"],
+        start=["filter", "order_by", "projection"],
         transformer=_Builder(),
         maybe_placeholders=False,
     )
@@ -440,47 +500,194 @@ def parse_filter(text: str, *, stage: bool = False, functions: Collection[str] =
     tree = _parse(text, "filter", stage)
     if not isinstance(tree, ast.Expr):  # pragma: no cover - the grammar only yields nodes
         raise FilterError("internal error: no expression", text=text, position=0)
-    _check_depth(tree, text)
-    if not stage:
-        _refuse_stage_only(tree, text, functions)
+    try:
+        _check_mode(tree, stage, functions)
+    except _SemanticError as exc:
+        raise FilterError(exc.message, text=text, position=exc.position) from None
     return tree
 
 
-def _refuse_stage_only(tree: ast.Expr, text: str, allowed: Collection[str]) -> None:
-    for node in ast.walk(tree):
+def _check_mode(tree: ast.Expr, stage: bool, functions: Collection[str]) -> None:
+    """Refuse a tree nested too deeply or, outside a stage, using what only stages may use.
+
+    Aggregate calls in ``tree`` count as leaves: the parser checked their arguments already.
+    """
+    _check_depth(tree)
+    if not stage:
+        _refuse_stage_only(tree, functions)
+
+
+def _refuse_stage_only(tree: ast.Expr, allowed: Collection[str]) -> None:
+    for node in ast.walk_outside_aggregates(tree):
         if isinstance(node, ast.Previous):
-            raise FilterError(
+            raise _SemanticError(
                 "OF PREVIOUS is only available in the Enrichment fields of a SOW topic",
-                text=text,
-                position=max(node.pos, 0),
+                max(node.pos, 0),
             )
         if (
             isinstance(node, ast.Func)
             and node.name in ast.STAGE_FUNCTIONS
             and node.name not in allowed
         ):
-            raise FilterError(
+            raise _SemanticError(
                 f"{node.name} is only available in the Preprocessing and Enrichment fields of "
                 "a SOW topic",
-                text=text,
-                position=max(node.pos, 0),
+                max(node.pos, 0),
             )
 
 
-def _check_depth(tree: ast.Expr, text: str) -> None:
+def _check_depth(tree: ast.Expr) -> None:
     stack = [(tree, 1)]
     while stack:
         node, level = stack.pop()
         if level > MAX_DEPTH:
-            raise FilterError(
-                f"filter is nested too deeply (more than {MAX_DEPTH} levels)",
-                text=text,
-                position=max(node.pos, 0),
+            raise _SemanticError(
+                f"filter is nested too deeply (more than {MAX_DEPTH} levels)", max(node.pos, 0)
             )
-        stack.extend((child, level + 1) for child in ast.children(node))
+        if not isinstance(node, ast.Aggregate):
+            stack.extend((child, level + 1) for child in ast.children(node))
 
 
 def parse_order_by_fields(text: str) -> Sequence[tuple[str, bool, int]]:
     """The raw (path, descending, position) triples of an OrderBy header; see order_by.py."""
     result: Sequence[tuple[str, bool, int]] = _parse(text, "order_by")
     return result
+
+
+# ---------------------------------------------------------------------------- projection fields
+
+# The AS keyword (case-insensitive, as in AMPS's `SUM(/qty) as /quantity`).
+_AS = re.compile(r"(?<![\w.$@/-])as(?![\w.$@-])", re.I)
+
+
+def mask_strings(text: str) -> tuple[str, int | None]:
+    """``text`` with the inside of every string literal blanked, and where an unclosed one starts.
+
+    Commas, parentheses, brackets and words inside quotes are data, not structure; blanking them
+    lets a scanner work on plain text while positions stay those of ``text``. Escapes follow the
+    grammar's STRING.
+    """
+    out = list(text)
+    i, n = 0, len(text)
+    while i < n:
+        quote = text[i]
+        if quote not in "'\"":
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < n:
+            ch = text[i]
+            # A backslash escapes the next character; a doubled quote stands for one quote.
+            if i + 1 < n and (ch == "\\" or (ch == quote and text[i + 1] == quote)):
+                out[i] = out[i + 1] = " "
+                i += 2
+            elif ch == quote:
+                break
+            else:
+                out[i] = " "
+                i += 1
+        if i >= n:
+            return "".join(out), start
+        i += 1
+    return "".join(out), None
+
+
+def _depths(masked: str, start: int, end: int) -> Iterator[int]:
+    """The parenthesis depth at each position of ``masked[start:end]``."""
+    depth = 0
+    for i in range(start, end):
+        ch = masked[i]
+        if ch == ")":
+            depth = max(0, depth - 1)  # a stray ')' is left for the parser to point at
+        yield depth
+        if ch == "(":
+            depth += 1
+
+
+def _fragment(text: str, start: int, end: int) -> str:
+    piece = text[start:end].strip()
+    return piece if len(piece) <= 40 else piece[:37] + "..."
+
+
+def parse_projection_field(
+    text: str,
+    *,
+    aggregates: Sequence[str] = ast.AGGREGATES,
+    stage: bool = False,
+    functions: Collection[str] = (),
+) -> ast.ProjectionField:
+    """Parse one projection field, ``expr AS /output`` or a lone path, into its AST.
+
+    ``expr`` is a filter expression in which calls of ``aggregates`` (some of ast.AGGREGATES,
+    named in that order in errors) may stand; ``stage`` and ``functions`` are parse_filter's.
+    Positions, in the result and in the FilterError raised for any problem, are offsets in
+    ``text``; a caller that cut the field out of a longer text can pad it with spaces to keep
+    that text's positions. The ``AS`` that splits off the output is found at parenthesis depth 0
+    outside strings, before the expression is parsed, so its problems are reported first.
+    """
+    unknown = [name for name in aggregates if name not in ast.AGGREGATES]
+    if unknown:
+        raise ValueError(f"not aggregate functions of the grammar: {', '.join(unknown)}")
+
+    def error(position: int, problem: str) -> FilterError:
+        return FilterError(problem, text=text, position=position)
+
+    masked, unclosed = mask_strings(text)
+    if unclosed is not None:
+        raise error(unclosed, "unterminated string literal")
+    start = len(masked) - len(masked.lstrip())
+    end = len(masked.rstrip())
+    if start >= end:
+        raise error(0, "the projection field is empty")
+    depths = list(_depths(masked, start, end))
+    hits = [m for m in _AS.finditer(masked, start, end) if depths[m.start() - start] == 0]
+    if len(hits) > 1:
+        raise error(hits[1].start(), "a projection entry takes one AS")
+    expr_end = end
+    output: ast.Path | None = None
+    if hits:
+        expr_end = hits[0].start()
+        target_start = hits[0].end()
+        target_start += len(masked[target_start:end]) - len(masked[target_start:end].lstrip())
+        if target_start >= end:
+            raise error(hits[0].start(), "AS needs an output path, like AS /total")
+        if not masked[start:expr_end].strip():
+            raise error(start, "nothing to project before AS")
+        try:
+            target: ast.Expr | None = parse_filter(
+                " " * target_start + text[target_start:end], stage=stage, functions=functions
+            )
+        except FilterError:
+            target = None
+        if not isinstance(target, ast.Path):
+            raise error(
+                target_start,
+                "AS must be followed by a field path such as /total, not "
+                f"{_fragment(text, target_start, end)!r}",
+            )
+        output = target
+        expr_end = len(masked[:expr_end].rstrip())
+
+    # Padded, so that positions (and an error at the end of input) are those of ``text``.
+    expr_text = " " * start + text[start:expr_end]
+    mode = _Projection(tuple(aggregates), stage, frozenset(functions))
+    reset = _PROJECTION.set(mode)
+    try:
+        expr = _parse(expr_text, "projection", stage)
+    finally:
+        _PROJECTION.reset(reset)
+    try:
+        _check_mode(expr, stage, functions)
+    except _SemanticError as exc:
+        raise error(exc.position, exc.message) from None
+
+    if output is None:
+        if not isinstance(expr, ast.Path):
+            raise error(
+                start,
+                f"{_fragment(text, start, expr_end)!r} is computed and needs an output path: "
+                "add AS /name",
+            )
+        return ast.ProjectionField(expr, expr.text, start, text)
+    return ast.ProjectionField(expr, output.text, output.pos, text)

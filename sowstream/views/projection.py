@@ -7,8 +7,9 @@ as ``[ORDERS]./Tick``, ``[ORDERS].[/Tick]``, ``[json].[ORDERS]./Tick`` or ``ORDE
 rewritten to plain paths into that row before the filter parser sees the text; the rewrite keeps
 every other character where it was, so parser positions still point into the configured text.
 
-The expression language, the aggregate-call parsing and the value rules (what is NULL, how group
-values compare and are spelled) are those of aggregated queries (``sowstream.sow.aggregate``).
+The expression language, the aggregate-call parsing, the slots that feed each output and the
+value rules (what is NULL, how group values compare and are spelled) are those of aggregated
+queries (``sowstream.sow.aggregate``).
 """
 
 from __future__ import annotations
@@ -21,17 +22,16 @@ from typing import Any
 import orjson
 
 from sowstream.filters import FilterError, ast, compile_predicate, compile_value, parse_filter
+from sowstream.filters.parser import mask_strings
 from sowstream.filters.values import get_path, is_null, path_steps
 from sowstream.sow.aggregate import (
     AGGREGATE_FUNCTIONS,
     AggregationError,
+    ProjectionLayout,
     field_value,
     group_component,
-    mask_strings,
     parse_grouping_field,
     parse_projection_field,
-    rewrite_expr,
-    set_output_path,
 )
 
 __all__ = [
@@ -229,18 +229,12 @@ class _Resolver:
                 replace(m.start(), m.end(), TopicRef(m["topic"]), m["path"])
         return _Rewritten("".join(out), frozenset(qualified), bare)
 
-    def check_unqualified(
-        self, tree: ast.Expr, rewritten: _Rewritten, element: str, calls: Mapping[int, Any] = {}
-    ) -> None:
-        """Refuse, in a join view, a path that names no topic (``calls`` stand for aggregates)."""
+    def check_unqualified(self, tree: ast.Expr, rewritten: _Rewritten, element: str) -> None:
+        """Refuse, in a join view, a path that names no topic (aggregate arguments excluded)."""
         if not self.joined:
             return
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Path)
-                and node.pos not in rewritten.qualified
-                and node.pos not in calls
-            ):
+        for node in ast.walk_outside_aggregates(tree):
+            if isinstance(node, ast.Path) and node.pos not in rewritten.qualified:
                 names = ", ".join(str(t) for t in self.topics)
                 raise ViewDefinitionError(
                     f"{element}, position {node.pos}",
@@ -261,15 +255,6 @@ class Aggregate:
     arg: ValueFn
 
 
-@dataclass(frozen=True, slots=True)
-class _Output:
-    path: str
-    steps: tuple[str, ...]
-    kind: str  # "aggregate", "group", "loose" (index into that list) or "expr" (fn)
-    index: int
-    fn: ValueFn | None
-
-
 class ViewProjection:
     """A view's compiled Projection, Grouping and Filter (immutable, safe to share).
 
@@ -282,7 +267,7 @@ class ViewProjection:
         self,
         topics: Sequence[TopicRef],
         grouping: Sequence[str],
-        entries: Sequence[tuple[str, Any]],
+        entries: Sequence[tuple[str, ast.ProjectionField]],
         filter_fn: Callable[[Row], bool] | None,
     ) -> None:
         self.topics = tuple(topics)
@@ -290,48 +275,17 @@ class ViewProjection:
         self.grouping = tuple(grouping)
         self._group_steps = tuple(path_steps(p) for p in self.grouping)
         self._filter = filter_fn
-        group_index = {p: i for i, p in enumerate(self.grouping)}
-        calls: list[tuple[str, ast.Expr]] = []
-        texts: list[str] = []
-        loose: list[str] = []
-        outputs: list[_Output] = []
-        for output, entry in entries:
-            slot_of: dict[int, int] = {}
-            for pos, call in entry.calls.items():
-                if (call.name, call.arg) not in calls:
-                    calls.append((call.name, call.arg))
-                    texts.append(" ".join(call.text.split()))
-                slot_of[pos] = calls.index((call.name, call.arg))
-
-            def synthetic(node: ast.Expr, slot_of: dict[int, int] = slot_of) -> ast.Expr | None:
-                # The output expression reads a flat record of the group's values.
-                if not isinstance(node, ast.Path):
-                    return None
-                if node.pos in slot_of:
-                    return ast.Path(f"/a{slot_of[node.pos]}")
-                if node.text in group_index:
-                    return ast.Path(f"/g{group_index[node.text]}")
-                if node.text not in loose:
-                    loose.append(node.text)
-                return ast.Path(f"/r{loose.index(node.text)}")
-
-            flat = rewrite_expr(entry.expr, synthetic)
-            steps = path_steps(output)
-            if isinstance(flat, ast.Path):
-                kind = {"a": "aggregate", "g": "group", "r": "loose"}[flat.text[1]]
-                outputs.append(_Output(output, steps, kind, int(flat.text[2:]), None))
-            else:
-                outputs.append(_Output(output, steps, "expr", -1, compile_value(flat)))
+        layout = ProjectionLayout(self.grouping, entries)
+        self._layout = layout
         self.aggregates: tuple[Aggregate, ...] = tuple(
-            Aggregate(name, text, compile_value(arg))
-            for (name, arg), text in zip(calls, texts, strict=True)
+            Aggregate(call.name, text, compile_value(call.arg))
+            for call, text in zip(layout.calls, layout.call_texts, strict=True)
         )
-        self.loose: tuple[str, ...] = tuple(loose)
-        self._loose_steps = tuple(path_steps(p) for p in loose)
-        self._outputs = tuple(outputs)
-        self.outputs: tuple[str, ...] = tuple(o.path for o in outputs)
+        self.loose: tuple[str, ...] = layout.loose
+        self._loose_steps = tuple(path_steps(p) for p in layout.loose)
+        self.outputs: tuple[str, ...] = tuple(o.path for o in layout.outputs)
         # The view fields that show the grouping fields (the automatic hash index), if all do.
-        shown = {o.index: o.path for o in outputs if o.kind == "group"}
+        shown = {o.index: o.path for o in layout.outputs if o.kind == "group"}
         self.grouping_outputs: tuple[str, ...] | None = (
             tuple(shown[i] for i in range(len(self.grouping)))
             if len(shown) == len(self.grouping)
@@ -372,27 +326,7 @@ class ViewProjection:
         self, group_values: Sequence[Any], results: Sequence[Any], loose: Sequence[Any]
     ) -> dict[str, Any]:
         """The view record: each output in projection order; NULL values are left out."""
-        record: dict[str, Any] = {}
-        flat: dict[str, Any] | None = None
-        for out in self._outputs:
-            if out.kind == "aggregate":
-                value = results[out.index]
-            elif out.kind == "group":
-                value = group_values[out.index]
-            elif out.kind == "loose":
-                value = loose[out.index]
-            else:
-                if flat is None:
-                    flat = {f"a{i}": v for i, v in enumerate(results)}
-                    flat.update((f"g{i}", v) for i, v in enumerate(group_values))
-                    flat.update((f"r{i}", v) for i, v in enumerate(loose))
-                assert out.fn is not None
-                value = out.fn(flat)
-                if isinstance(value, tuple):
-                    value = [v for v in value if not is_null(v)] or None
-            if not is_null(value):
-                set_output_path(record, out.steps, value)
-        return record
+        return self._layout.record(group_values, results, loose)
 
 
 def group_key(values: Sequence[Any]) -> str:
@@ -443,7 +377,7 @@ def compile_projection(
             raise ViewDefinitionError(element, f"{text.strip()} is already a Grouping Field")
         paths.append(path)
 
-    entries: list[tuple[str, Any]] = []
+    entries: list[tuple[str, ast.ProjectionField]] = []
     for number, text in enumerate(projection, 1):
         element = f"Projection/Field[{number}]"
         rewritten = resolver.rewrite(text, element)
@@ -453,7 +387,7 @@ def compile_projection(
             )
         except AggregationError as exc:
             raise ViewDefinitionError(f"{element}, position {exc.position}", exc.problem) from None
-        resolver.check_unqualified(entry.expr, rewritten, element, entry.calls)
+        resolver.check_unqualified(entry.expr, rewritten, element)
         for call in entry.calls.values():
             resolver.check_unqualified(call.arg, rewritten, element)
         output = entry.output

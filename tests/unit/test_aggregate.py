@@ -200,6 +200,15 @@ def test_error_positions_can_be_relative_to_a_longer_option_string() -> None:
     assert exc.position == 12
 
 
+def test_positions_written_inside_messages_count_the_offset_too() -> None:
+    exc = error("[/a]", "[/a, SUM(MAX(/x)) AS /s]", projection_at=10)
+    assert exc.position == 19
+    assert "MAX is nested inside SUM (at position 15)" in str(exc)
+    exc = error("[/a]", "[/a, /b AS /a]", projection_at=10)
+    assert exc.position == 21
+    assert "/a is already produced (at position 11)" in str(exc)
+
+
 # ----------------------------------------------------------------------------- aggregates
 
 
