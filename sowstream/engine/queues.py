@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -62,6 +62,14 @@ DONE_RESULTS = ("removed", "returned", "expired", "freed", "acked")
 StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[bool]]
 # Reads one key of a log partition's store (None when absent or the partition is not held).
 StoreRead = Callable[[str, int, bytes], bytes | None]
+
+
+class AckAnswer(NamedTuple):
+    """What a ``queue_ack`` did: how many messages it removed or returned, and a count per
+    result (its answer's ``count`` and ``message``)."""
+
+    done: int
+    results: dict[str, int]
 
 
 def _now_ms() -> int:
@@ -239,9 +247,7 @@ class QueueRuntime:
 
     # -- acknowledgements -----------------------------------------------------------------------
 
-    async def acknowledge(
-        self, cmd: Command, topic: str, partition: int
-    ) -> tuple[int, dict[str, int]] | None:
+    async def acknowledge(self, cmd: Command, topic: str, partition: int) -> AckAnswer | None:
         """Apply a ``queue_ack`` command sent to ``topic``'s control partition ``partition``;
         returns how many messages it removed or returned and a count per result (None when its
         removals could not be stored). Raises InvalidCommandError naming a malformed bookmark or
@@ -253,7 +259,7 @@ class QueueRuntime:
 
     async def acknowledge_all(
         self, commands: Sequence[tuple[Command, int]], topic: str
-    ) -> list[tuple[int, dict[str, int]] | InvalidCommandError | None]:
+    ) -> list[AckAnswer | InvalidCommandError | None]:
         """Apply ``queue_ack`` commands ``(command, control partition)`` of ``topic`` in order,
         and store what they removed in one write per log partition; returns per command what
         :meth:`acknowledge` returns, or the InvalidCommandError refusing it.
@@ -264,7 +270,7 @@ class QueueRuntime:
         now = _now_ms()
         removed: list[Removed] = []
         acked_by: dict[Bookmark, str] = {}
-        outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError | None] = []
+        outcomes: list[AckAnswer | InvalidCommandError | None] = []
         touched: list[set[tuple[str, int]]] = []  # per command, the partitions it removed from
         for cmd, partition in commands:
             try:
@@ -281,7 +287,7 @@ class QueueRuntime:
                 {(r.message.bookmark.topic, r.message.bookmark.partition) for r in outcome.removed}
             )
             results = Counter(str(r) for r in outcome.results.values())
-            outcomes.append((sum(results[r] for r in DONE_RESULTS), dict(results)))
+            outcomes.append(AckAnswer(sum(results[r] for r in DONE_RESULTS), dict(results)))
         unstored = await self._removed(removed, acked_by, now)
         self.kick()
         return [
