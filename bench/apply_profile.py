@@ -32,7 +32,7 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from bench.sow_bench import make_updates
 from sowstream.config import load_config_text
-from sowstream.engine.partition import PartitionState, Sender
+from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import RocksPartition
 from sowstream.sow.keys import generated_sow_key
@@ -103,12 +103,13 @@ def log_records(bodies: Sequence[bytes], first_offset: list[int]) -> list[RawRec
 
 
 def processor(table: BenchTable, memo: Sequence[str]) -> TopicProcessor:
-    proc = TopicProcessor(TOPIC, TopicNames("bench"), NullSender())
+    proc = TopicProcessor(
+        TOPIC, TopicNames("bench"), NullSender(), new_store=lambda p: RocksPartition(table, p)
+    )
     for p in range(PARTITIONS):
-        ps = PartitionState(RocksPartition(table, p))
+        ps = proc.table.open(p)  # not loaded: nothing to read back from an empty store
         ps.ready = True
         ps.memo.update(memo)
-        proc._parts[p] = ps
     return proc
 
 
@@ -137,11 +138,11 @@ def steps(proc: TopicProcessor, table: BenchTable, records: Sequence[RawRecord])
         decode_log_record(TOPIC, r.key, r.value, r.headers, r.offset, r.timestamp) for r in records
     ]
     keys = [op.sow_key.encode() for op in ops if op.sow_key is not None]
-    stores = [proc._parts[r.partition].store for r in records]
+    stores = [proc.table.open(r.partition).store for r in records]
     raws = [s.get(k) for s, k in zip(stores, keys, strict=True)]
     olds = [SowRecord.from_bytes(raw) if raw is not None else None for raw in raws]
     news = [apply_keyed(TOPIC, old, op) for old, op in zip(olds, ops, strict=True)]
-    memo = sorted(proc._parts[0].memo)
+    memo = sorted(proc.table.open(0).memo)
     encoded = [new.to_bytes() for new in news if new is not None]
     headers = [[("sow.command", b"publish")] if i % 1000 == 0 else None for i in range(n)]
     trio = list(zip(keys, olds, news, strict=True))
@@ -166,16 +167,16 @@ def steps(proc: TopicProcessor, table: BenchTable, records: Sequence[RawRecord])
             lambda: [apply_keyed(TOPIC, o, op) for o, op in zip(olds, ops, strict=True)],
         ),
         (
-            "index maintenance (_index_changes)",
-            lambda: [proc._index_changes({}, k, o, nw, memo) for k, o, nw in trio],
+            "index maintenance (PartitionTable.index_changes)",
+            lambda: [proc.table.index_changes({}, k, o, nw, memo) for k, o, nw in trio],
         ),
     ]
-    if "new_body" in inspect.signature(proc._index_changes).parameters:
+    if "new_body" in inspect.signature(proc.table.index_changes).parameters:
         rows.append(
             (
                 "  the same, given the body the fold parsed",
                 lambda: [
-                    proc._index_changes({}, k, o, nw, memo, op.body)  # type: ignore[call-arg]
+                    proc.table.index_changes({}, k, o, nw, memo, op.body)  # type: ignore[call-arg]
                     for (k, o, nw), op in zip(trio, ops, strict=True)
                 ],
             )

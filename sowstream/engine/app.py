@@ -55,8 +55,9 @@ from sowstream.views.conflation import ConflatedFeed
 from sowstream.views.projection import TopicRef
 from sowstream.views.routing import ViewFeed, input_partitions
 from sowstream.wire import headers as h
-from sowstream.wire.avro import decode, encode
+from sowstream.wire.avro import encode
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
+from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames, kafka_topic_part, topic_ident
 
 log = logging.getLogger("sowstream.engine")
@@ -203,10 +204,10 @@ def _event_record(msg: Any) -> RawRecord:
     return RawRecord(msg.partition, msg.offset, int(msg.timestamp * 1000), msg.key, msg.value, {})
 
 
-def _decode_command(msg: Any) -> dict[str, Any] | None:
+def _decode_command(msg: Any) -> Command | None:
     """A control-topic record as a Command, or None (logged) when it is not one."""
     try:
-        return decode("Command", msg.value)
+        return Command.decode(msg.value)
     except Exception as exc:  # anything a foreign producer may send
         log.warning(
             "ignored undecodable command on %s[%d]@%d: %s",
@@ -682,7 +683,7 @@ class Engine:
             return
         await self._answer(proc, cmd, msg.partition)
 
-    async def _declare(self, cmd: dict[str, Any], partition: int) -> None:
+    async def _declare(self, cmd: Command, partition: int) -> None:
         """Create a topic on first use (or refuse to), then acknowledge: its definition is on the
         meta topic by then, so the client can read it at once."""
         name = cmd["topic"]
@@ -816,7 +817,7 @@ class Engine:
 
     async def _commands(self, proc: TopicProcessor, messages: list[Any]) -> None:
         """Handle control-topic records in order; consecutive queue acknowledgements together."""
-        commands: list[tuple[dict[str, Any], int]] = []
+        commands: list[tuple[Command, int]] = []
         for msg in messages:
             cmd = _decode_command(msg)
             if cmd is not None:
@@ -832,11 +833,11 @@ class Engine:
                     "topic %s: command %s failed", proc.topic.name, run.items[0][0]["command_id"]
                 )
 
-    def _is_queue_ack(self, item: tuple[dict[str, Any], int]) -> bool:
+    def _is_queue_ack(self, item: tuple[Command, int]) -> bool:
         cmd = item[0]
         return cmd["command"] == "queue_ack" and cmd["topic"] in self.queues
 
-    async def _answer(self, proc: TopicProcessor, cmd: dict[str, Any], partition: int) -> None:
+    async def _answer(self, proc: TopicProcessor, cmd: Command, partition: int) -> None:
         """Answer one partition's share of a command about ``proc``'s topic."""
         queue = self.queues.get(cmd["topic"]) if proc.topic.ident in self._fed else None
         if cmd["command"] == "status":
@@ -869,12 +870,10 @@ class Engine:
                 },
             )
 
-    async def _queue_acks(
-        self, proc: TopicProcessor, commands: list[tuple[dict[str, Any], int]]
-    ) -> None:
+    async def _queue_acks(self, proc: TopicProcessor, commands: list[tuple[Command, int]]) -> None:
         """Apply ``queue_ack`` commands together: per queue one pass and one store write per log
         partition; then each command is answered (unless it asked for no answer)."""
-        by_queue: dict[str, list[tuple[dict[str, Any], int]]] = {}
+        by_queue: dict[str, list[tuple[Command, int]]] = {}
         for cmd, partition in await self._held_acks(proc, commands):
             by_queue.setdefault(cmd["topic"], []).append((cmd, partition))
         for name, acks in by_queue.items():
@@ -919,8 +918,8 @@ class Engine:
                 await proc.reply(cmd["reply_to"], answer)
 
     async def _held_acks(
-        self, proc: TopicProcessor, commands: list[tuple[dict[str, Any], int]]
-    ) -> list[tuple[dict[str, Any], int]]:
+        self, proc: TopicProcessor, commands: list[tuple[Command, int]]
+    ) -> list[tuple[Command, int]]:
         """The acknowledgements this worker applies: those of log partitions it holds, once each
         is loaded and has applied the messages they name (``caught_up``). An ack applied
         earlier would be taken for one sent ahead of its message: deferred, answered 0, and the
@@ -972,7 +971,7 @@ class Engine:
         )
 
     async def _queue_command(
-        self, proc: TopicProcessor, queue: QueueRuntime, cmd: dict[str, Any], partition: int
+        self, proc: TopicProcessor, queue: QueueRuntime, cmd: Command, partition: int
     ) -> None:
         """A command on a queue, answered for the queue messages of one log partition."""
         base = {

@@ -8,24 +8,30 @@ writes), and replies, subscription messages and queue hand-offs go out after it.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import delivered
+from sowstream.engine.outbox import Outbox
 from sowstream.engine.partition import (
     MAX_IN_FLIGHT,
+    Ack,
+    AppliedPublish,
     InFlight,
     Outcome,
     PartitionState,
-    ProcessorBase,
-    wall_clock_ms,
+    Rejected,
+    Rekey,
 )
+from sowstream.engine.ports import Sender, wall_clock_ms
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import APPLIED_RECORD_KEY, WATERMARK_KEY
+from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidMessageError
-from sowstream.sow.history import Version, version_changes
+from sowstream.sow.history import Version
 from sowstream.sow.logcheck import fingerprint
 from sowstream.sow.ops import (
     LogOp,
@@ -35,26 +41,53 @@ from sowstream.sow.ops import (
     decode_log_record,
     deleted_by_filter,
     parse_body,
+    resolve_sow_key,
 )
 from sowstream.sow.patterns import name_regex
 from sowstream.sow.planner import plan
 from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import OOF_DELETED, Change
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
+from sowstream.wire.protocol import ACK, FAILURE, SUCCESS, Reply
+from sowstream.wire.topics import TopicNames
 
 log = logging.getLogger("sowstream.engine")
 
 
-class Applier(ProcessorBase):
+class Applier:
     """The apply stage: log records in, store changes, replies and subscription messages out."""
+
+    def __init__(
+        self,
+        table: PartitionTable,
+        names: TopicNames,
+        sender: Sender,
+        subs: TopicSubscriptions,
+        outbox: Outbox,
+        queues: list[QueueRuntime],
+    ) -> None:
+        """``queues``: the queues fed by this topic (the engine adds to the list as it wires
+        them); the views reading it are the ``outbox``'s."""
+        self.topic: TopicConfig = table.topic
+        self.names = names
+        self.log_topic = names.log(self.topic.name, self.topic.message_type)
+        # Set when this topic is a view or conflated topic: only its maintainer writes the log.
+        self.view_name: str | None = None
+        self._table = table
+        self._sender = sender
+        self._subs = subs
+        self._outbox = outbox
+        self._queues = queues
 
     async def process(self, records: Sequence[RawRecord]) -> None:
         """Fold a batch of log records (any mix of partitions, each in log order) and send its
         subscription messages; the state is stored once Kafka has acknowledged them.
 
-        Only partitions loaded by :meth:`ready` take records: a partition dropped by a rebalance
-        must be read again from its stored watermark, never continued from where this batch is.
+        Only partitions loaded by :meth:`Ownership.ready` take records: a partition dropped by
+        a rebalance must be read again from its stored watermark, never continued from where
+        this batch is.
 
         Subscribers' messages must reach Kafka before the state that produced them is stored
         (a crash in between replays the batch, so delivery is at-least-once), but waiting for
@@ -66,30 +99,33 @@ class Applier(ProcessorBase):
         by_partition: dict[int, list[RawRecord]] = {}
         for rec in records:
             by_partition.setdefault(rec.partition, []).append(rec)
+        table = self._table
+        subs = self._subs
+        outbox = self._outbox
         for partition, recs in by_partition.items():
-            ps = self._parts.get(partition)
+            ps = table.get(partition)
             if ps is None or not ps.ready:
                 continue  # not held (any more): whoever loads it next reads from its watermark
             async with ps.lock:
-                if self._parts.get(partition) is not ps:
+                if not table.holds(partition, ps):
                     continue  # revoked while waiting: the new owner reads these records again
-                await self._settle(ps, keep=MAX_IN_FLIGHT - 1)
+                await table.settle(ps, keep=MAX_IN_FLIGHT - 1)
                 outcome = self._fold(ps, recs, replay=False)
                 sent: list[asyncio.Future[Any]] = []
                 required: list[asyncio.Future[Any]] = []
                 if outcome.events:
-                    sent = await self.deliver(self.subs.dispatch(outcome.events, wall_clock_ms()))
-                    outcome.journal = self.subs.take_journal(partition)
-                    if self.views:
-                        required = await self.feed_views(outcome.events)
-                for queue in self.queues if outcome.enqueued else ():
+                    sent = await outbox.deliver(subs.dispatch(outcome.events, wall_clock_ms()))
+                    outcome.journal = subs.take_journal(partition)
+                    if outbox.views:
+                        required = await outbox.feed_views(outcome.events)
+                for queue in self._queues if outcome.enqueued else ():
                     outcome.journal.update(
                         queue.append(self.topic.name, partition, outcome.enqueued)
                     )
                 ps.folded = max(ps.folded, outcome.last)
-                self._enqueue(partition, ps, outcome, sent, required)
+                self.enqueue(partition, ps, outcome, sent, required)
 
-    def _enqueue(
+    def enqueue(
         self,
         partition: int,
         ps: PartitionState,
@@ -105,15 +141,16 @@ class Applier(ProcessorBase):
 
     async def _commit_in_order(self, partition: int, ps: PartitionState) -> None:
         """Store the partition's in-flight batches, oldest first, once their messages are in."""
+        table = self._table
         try:
             while ps.in_flight:
                 head = ps.in_flight[0]
                 if head.sent:
-                    await self._acknowledged(head.sent)
+                    await self._outbox.acknowledged(head.sent)
                 # Refused: the batch is not stored, the partition is loaded again and its log
                 # replayed (below), and the events go out again.
                 await delivered(head.required, f"change events of topic {self.topic.name!r}")
-                if self._parts.get(partition) is not ps:
+                if not table.holds(partition, ps):
                     # Revoked: nothing of these batches is stored, so the new owner replays them.
                     ps.in_flight.clear()
                 else:
@@ -137,8 +174,7 @@ class Applier(ProcessorBase):
             # that were in flight are read from the log again.
             ps.failure = exc
             ps.in_flight.clear()
-            if self._parts.get(partition) is ps:
-                del self._parts[partition]
+            table.remove(partition, ps)
             await ps.wake()
         finally:
             # No await between the loop's last check and here: a batch appended after it finds
@@ -148,11 +184,11 @@ class Applier(ProcessorBase):
 
     async def drain(self) -> None:
         """Wait until every batch folded so far is stored (before reading the stores directly)."""
-        for ps in list(self._parts.values()):
+        for _, ps in self._table.states():
             async with ps.lock:
-                await self._settle(ps)
+                await self._table.settle(ps)
 
-    def _apply(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
+    def apply(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
         """Fold ``recs`` into the partition and write the result as one batch."""
         outcome = self._fold(ps, recs, replay=replay)
         self._commit(ps, outcome)
@@ -160,7 +196,7 @@ class Applier(ProcessorBase):
 
     def _commit(self, ps: PartitionState, outcome: Outcome) -> None:
         if not self.topic.sow:
-            if self._table is not None and (outcome.last > ps.watermark or outcome.journal):
+            if self._table.backed and (outcome.last > ps.watermark or outcome.journal):
                 # A plain topic stores only what its queues hold, and its position.
                 changes = dict(outcome.journal)
                 if outcome.last > ps.watermark:
@@ -170,7 +206,7 @@ class Applier(ProcessorBase):
             ps.watermark = max(ps.watermark, outcome.last)
             return
         if outcome.last > ps.watermark or outcome.journal:
-            outcome.changes = self._write(
+            outcome.changes = self._table.write(
                 ps,
                 outcome.overlay,
                 outcome.before,
@@ -190,12 +226,15 @@ class Applier(ProcessorBase):
         """
         if not self.topic.sow:
             return self._fold_plain(ps, recs, replay=replay)
+        topic = self.topic
+        load = self._table.load_record
+        parse = self._table.parse
         outcome = Outcome()
         overlay = outcome.overlay
         before = outcome.before
         bodies = outcome.bodies
-        events = outcome.events if ((self.subs or self.views) and not replay) else None
-        versions = outcome.versions if self._history is not None else None
+        events = outcome.events if ((self._subs or self._outbox.views) and not replay) else None
+        versions = outcome.versions if self._table.history is not None else None
         last = ps.folded
         applied = 0
         for rec in recs:
@@ -206,37 +245,37 @@ class Applier(ProcessorBase):
             try:
                 if self.view_name is not None and rec.headers.get(h.VIEW) != self.view_name:
                     raise InvalidMessageError(
-                        f"topic {self.topic.name!r} is computed by the engine (a view or a "
+                        f"topic {topic.name!r} is computed by the engine (a view or a "
                         "conflated topic): only the engine writes it; "
                         "publish to its underlying topics instead",
-                        topic=self.topic.name,
+                        topic=topic.name,
                         reason="view",
                     )
                 op = decode_log_record(
-                    self.topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
+                    topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
                 )
             except InvalidMessageError as exc:
                 if not replay:
-                    outcome.dead.append((rec, exc))
-                    outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                    outcome.dead.append(Rejected(rec, exc))
+                    outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
                 continue
             if op.rekey:
                 if not replay and op.kafka_key is not None:
-                    outcome.rekeys.append((op.kafka_key, rec))
+                    outcome.rekeys.append(Rekey(op.kafka_key, rec))
                 continue
             if op.sow_key is None:
                 count = self._delete_by_filter(ps, overlay, before, op, events, rec, versions)
             else:
                 key = op.sow_key.encode()
-                stored = self._load_record(ps, overlay, key)
+                stored = load(ps, overlay, key)
                 if key not in before:
                     before[key] = stored
                 try:
-                    new = apply_keyed(self.topic, stored, op)
+                    new = apply_keyed(topic, stored, op)
                 except InvalidMessageError as exc:
                     if not replay:
-                        outcome.dead.append((rec, exc))
-                        outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                        outcome.dead.append(Rejected(rec, exc))
+                        outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
                     continue
                 overlay[key] = new
                 if new is not None and new.data is rec.value and op.command == h.PUBLISH:
@@ -245,20 +284,20 @@ class Applier(ProcessorBase):
                     bodies[key] = op.body  # type: ignore[assignment]
                 else:
                     bodies.pop(key, None)
-                if self.queues and new is not None and op.command != h.SOW_DELETE:
-                    outcome.enqueued.append(self._queued(rec, new.data, self._parse(new.data)))
+                if self._queues and new is not None and op.command != h.SOW_DELETE:
+                    outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
                 if events is not None:
-                    self._note(events, op.sow_key, stored, new, rec, body=bodies.get(key))
+                    _note(events, op.sow_key, stored, new, rec, body=bodies.get(key))
             applied += 1
             if not replay and op.reply_to:
-                outcome.acks.append((rec, count, "success", "", ""))
+                outcome.acks.append(Ack(rec, count, SUCCESS))
         outcome.last = last
-        metrics.UPDATES.labels(self.topic.name).inc(applied)
+        metrics.UPDATES.labels(topic.name).inc(applied)
         if outcome.dead:
-            metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
+            metrics.REJECTED.labels(topic.name).inc(len(outcome.dead))
         return outcome
 
     def _fold_plain(
@@ -269,8 +308,9 @@ class Applier(ProcessorBase):
         With no stored state a delta_publish cannot be merged, so it is passed on as published
         (as AMPS does); a sow_delete has nothing to delete.
         """
+        topic = self.topic
         outcome = Outcome()
-        events = outcome.events if (self.subs and not replay) else None
+        events = outcome.events if (self._subs and not replay) else None
         last = ps.folded
         for rec in recs:
             if rec.offset <= ps.folded:
@@ -279,19 +319,19 @@ class Applier(ProcessorBase):
             outcome.last_record = rec
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
             try:
-                sow_key = self._plain_key(rec, command)
-                if self.topic.publish_filters and command != h.SOW_DELETE:
+                sow_key = plain_key(topic, rec, command)
+                if topic.publish_filters and command != h.SOW_DELETE:
                     delta = command == h.DELTA_PUBLISH
-                    body = parse_body(self.topic, rec.value, delta=delta)
-                    check_publish_entitlement(self.topic, rec.headers, body)
+                    body = parse_body(topic, rec.value, delta=delta)
+                    check_publish_entitlement(topic, rec.headers, body)
             except InvalidMessageError as exc:
                 if not replay:
-                    outcome.dead.append((rec, exc))
-                    outcome.acks.append((rec, 0, "failure", exc.reason, str(exc)))
+                    outcome.dead.append(Rejected(rec, exc))
+                    outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
                 continue
-            if self.queues and command != h.SOW_DELETE and rec.value is not None:
-                body = parse_body(self.topic, rec.value)
-                outcome.enqueued.append(self._queued(rec, rec.value, body))
+            if self._queues and command != h.SOW_DELETE and rec.value is not None:
+                body = parse_body(topic, rec.value)
+                outcome.enqueued.append(queued(rec, rec.value, body))
             if sow_key is not None and events is not None:
                 assert rec.value is not None
                 after = SowRecord(sow_key, rec.value, rec.offset, rec.timestamp)
@@ -299,76 +339,32 @@ class Applier(ProcessorBase):
                     Change(sow_key, None, after, rec.partition, rec.offset, rec.timestamp)
                 )
             if not replay and rec.headers.get(h.REPLY_TO):
-                outcome.acks.append((rec, int(sow_key is not None), "success", "", ""))
+                outcome.acks.append(Ack(rec, int(sow_key is not None), SUCCESS))
         outcome.last = last
         return outcome
-
-    @staticmethod
-    def _queued(
-        rec: RawRecord, data: bytes, body: dict[str, Any]
-    ) -> tuple[int, int, bytes, dict[str, Any], int | None]:
-        """An applied publish as a queue takes it (a delta_publish as the merged record)."""
-        raw = rec.headers.get(h.EXPIRATION)
-        expiration = int(float(raw) * 1000) if raw else None
-        return rec.offset, rec.timestamp, data, body, expiration
 
     def stored(self, partition: int, key: bytes) -> bytes | None:
         """``key``'s value in ``partition``'s store; None when absent or the partition is not
         held (a partition being loaded is not held yet)."""
-        ps = self._parts.get(partition)
+        ps = self._table.get(partition)
         return ps.store.get(key) if ps is not None and ps.ready else None
 
     async def store_changes(self, partition: int, changes: Mapping[bytes, bytes | None]) -> bool:
         """Write ``changes`` (queue entries) into ``partition``'s store after the batches before
         them; returns once they are stored, True, or False when they are not: the partition is
         not held here, or was revoked before they were stored (its next owner has none)."""
-        ps = self._parts.get(partition)
+        ps = self._table.get(partition)
         if not changes:
             return True
         if ps is None or not ps.ready:
             return False
         async with ps.lock:
-            if self._parts.get(partition) is not ps:
+            if not self._table.holds(partition, ps):
                 return False
             outcome = Outcome(journal=dict(changes))
-            self._enqueue(partition, ps, outcome, [])
-            await self._settle(ps)
+            self.enqueue(partition, ps, outcome, [])
+            await self._table.settle(ps)
         return outcome.stored
-
-    @staticmethod
-    def _note(
-        events: list[Change],
-        sow_key: str,
-        stored: SowRecord | None,
-        new: SowRecord | None,
-        rec: RawRecord,
-        seq: int = 0,
-        body: dict[str, Any] | None = None,
-    ) -> None:
-        """Record an op's effect for subscribers (``body``: ``new`` parsed, if known)."""
-        if new is stored:
-            # Already applied before a crash: re-announce the stored result of exactly this op
-            # (its message may not have gone out); subscribers drop it if they have it.
-            if stored is not None and stored.log_offset == rec.offset:
-                events.append(
-                    Change(
-                        sow_key, None, stored, rec.partition, rec.offset, rec.timestamp, resent=True
-                    )
-                )
-            return
-        events.append(
-            Change(
-                sow_key,
-                stored,
-                new,
-                rec.partition,
-                rec.offset,
-                rec.timestamp,
-                OOF_DELETED,
-                seq=seq,
-                _after_body=body,
-            )
-        )
 
     def _delete_by_filter(
         self,
@@ -380,17 +376,18 @@ class Applier(ProcessorBase):
         rec: RawRecord | None = None,
         versions: list[Version] | None = None,
     ) -> int:
+        table = self._table
         count = 0
         # On a Pattern topic a delete by filter takes the records of its own topic name only.
-        scope = self.scope(name_regex(op.name)) if op.name is not None else None
+        scope = table.scope(name_regex(op.name)) if op.name is not None else None
         how = plan(self.topic, op.filter, memo_ready=ps.memo, scope=scope)
-        candidates = dict.fromkeys(self._candidate_keys(ps, how, scope))
+        candidates = dict.fromkeys(table.candidate_keys(ps, how, scope))
         for flight in ps.in_flight:
             candidates.update(dict.fromkeys(flight.outcome.overlay))
         candidates.update(dict.fromkeys(overlay))
         # Sorted: each removed record's message sequence must come out the same on a replay.
         for key in sorted(candidates) if events is not None else candidates:
-            stored = self._load_record(ps, overlay, key)
+            stored = table.load_record(ps, overlay, key)
             if stored is None or not deleted_by_filter(self.topic, stored, op):
                 continue
             if key not in before:
@@ -400,54 +397,11 @@ class Applier(ProcessorBase):
             if versions is not None:
                 versions.append(Version(stored.sow_key, stored, None, op.offset, op.timestamp))
             if events is not None and rec is not None:
-                self._note(events, stored.sow_key, stored, None, rec, seq=count)
+                _note(events, stored.sow_key, stored, None, rec, seq=count)
         return count
 
-    def _write(
-        self,
-        ps: PartitionState,
-        overlay: dict[bytes, SowRecord | None],
-        before: dict[bytes, SowRecord | None],
-        watermark: int | None = None,
-        versions: Sequence[Version] = (),
-        journal: Mapping[bytes, bytes | None] | None = None,
-        position: Mapping[bytes, bytes | None] | None = None,
-        bodies: Mapping[bytes, dict[str, Any]] | None = None,
-    ) -> dict[bytes, bytes | None]:
-        """Write the batch's final records (and index entries) as one store batch.
-
-        A log batch passes its highest offset: it is written last, so a changelog prefix that
-        holds the watermark holds the whole batch. Expiry deletes change no watermark.
-        """
-        changes: dict[bytes, bytes | None] = {}
-        indexed = bool(self._index_fields or ps.memo)
-        for key, new in overlay.items():
-            if indexed:
-                body = bodies.get(key) if bodies else None
-                self._index_changes(changes, key, before.get(key), new, ps.memo, body)
-            changes[key] = new.to_bytes() if new is not None else None
-            if new is not None and new.expiration is not None and self._expires:
-                heapq.heappush(ps.expiry, (new.expiration, key))
-        if versions and self._history is not None:
-            for key, value in version_changes(self._history, versions).items():
-                # A version is only ever written by its own log operation, so one that exists
-                # came from the first application; an operation replayed after a crash may see
-                # a different state before it (its record was deleted since) and must not
-                # rewrite history.
-                if value is not None and ps.store.get(key) is not None:
-                    continue
-                changes[key] = value
-        if journal:
-            changes.update(journal)
-        if watermark is not None:
-            # The watermark goes last; its record's fingerprint with it (see sow.logcheck).
-            changes.update(position or {WATERMARK_KEY: str(watermark).encode()})
-        ps.store.write(changes)
-        if watermark is not None:
-            ps.watermark = watermark
-        return changes
-
     async def _perform(self, outcome: Outcome) -> None:
+        """What a stored batch still owes: re-keyed copies, dead letters, publishers' acks."""
         for sow_key, rec in outcome.rekeys:
             hdrs = {**rec.headers, h.ORIGIN: f"{rec.partition}:{rec.offset}"}
             await self._sender.send(
@@ -476,29 +430,84 @@ class Applier(ProcessorBase):
             await self._sender.send(
                 self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
             )
-        for rec, count, status, reason, message in outcome.acks:
+        for ack in outcome.acks:
+            rec = ack.record
             reply_to = rec.headers.get(h.REPLY_TO)
             if not reply_to:
                 continue
-            await self.reply(
-                reply_to,
-                {
-                    "command": "ack",
-                    "command_id": rec.headers.get(h.COMMAND_ID, ""),
-                    "topic": self.topic.name,
-                    "partition": rec.partition,
-                    "log_offset": rec.offset,
-                    "status": status,
-                    "reason": reason,
-                    "message": message,
-                    "count": count,
-                },
+            reply = Reply(
+                command=ACK,
+                command_id=rec.headers.get(h.COMMAND_ID, ""),
+                topic=self.topic.name,
+                partition=rec.partition,
+                log_offset=rec.offset,
+                status=ack.status,
+                reason=ack.reason,
+                message=ack.message,
+                count=ack.changed,
             )
+            await self._sender.send_reply(reply_to, reply.encode())
+
+
+def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:
+    """An applied publish as a queue takes it (a delta_publish as the merged record)."""
+    raw = rec.headers.get(h.EXPIRATION)
+    expiration = int(float(raw) * 1000) if raw else None
+    return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration)
+
+
+def plain_key(topic: TopicConfig, rec: RawRecord, command: str) -> str | None:
+    """The message's key on a plain topic (None for a delete, which does nothing here)."""
+    if command not in h.LOG_COMMANDS:
+        raise InvalidMessageError(
+            f"topic {topic.name!r}: unknown command {command!r} in header {h.COMMAND}",
+            topic=topic.name,
+            reason="unknown_command",
+        )
+    if command == h.SOW_DELETE:
+        return None
+    body = parse_body(topic, rec.value, delta=command == h.DELTA_PUBLISH)
+    if not topic.user_supplied_keys:
+        return resolve_sow_key(topic, body, None)
+    return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"
+
+
+def _note(
+    events: list[Change],
+    sow_key: str,
+    stored: SowRecord | None,
+    new: SowRecord | None,
+    rec: RawRecord,
+    seq: int = 0,
+    body: dict[str, Any] | None = None,
+) -> None:
+    """Record an op's effect for subscribers (``body``: ``new`` parsed, if known)."""
+    if new is stored:
+        # Already applied before a crash: re-announce the stored result of exactly this op
+        # (its message may not have gone out); subscribers drop it if they have it.
+        if stored is not None and stored.log_offset == rec.offset:
+            events.append(
+                Change(sow_key, None, stored, rec.partition, rec.offset, rec.timestamp, resent=True)
+            )
+        return
+    events.append(
+        Change(
+            sow_key,
+            stored,
+            new,
+            rec.partition,
+            rec.offset,
+            rec.timestamp,
+            OOF_DELETED,
+            seq=seq,
+            _after_body=body,
+        )
+    )
 
 
 def _position(outcome: Outcome) -> dict[bytes, bytes | None]:
     """The store entries that record how far a batch applied the log: the fingerprint of its
-    last record, then the watermark (last, see ``_write``)."""
+    last record, then the watermark (last, see ``PartitionTable.write``)."""
     rec = outcome.last_record
     mark = str(outcome.last).encode()
     if rec is None or rec.offset != outcome.last:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from sowstream.engine.partition import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import heapq
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 import orjson
 
+from sowstream.config.models import TopicConfig
 from sowstream.config.queues import QueueConfig
 from sowstream.engine import memo, metrics
-from sowstream.engine.apply import Applier
-from sowstream.engine.partition import PartitionMoved, PartitionState, wall_clock_ms
+from sowstream.engine.apply import Applier, queued
+from sowstream.engine.partition import AppliedPublish, PartitionMoved, PartitionState
+from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import (
     APPLIED_RECORD_KEY,
     RECORDS_START,
@@ -19,43 +23,75 @@ from sowstream.engine.store import (
     WATERMARK_KEY,
     is_record_key,
 )
+from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidMessageError
 from sowstream.queues.store import queue_prefix, start_key
 from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
 from sowstream.sow.ops import RawRecord, parse_body
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.journal import JOURNAL_PREFIX
+from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import LOG_RESET
 from sowstream.wire import headers as h
-
-if TYPE_CHECKING:
-    from sowstream.engine.queues import QueueRuntime
 
 log = logging.getLogger("sowstream.engine")
 
 
-class Ownership(Applier):
-    """The ownership stage: a partition's state made ready when the worker is assigned it."""
+class Ownership:
+    """The ownership stage: a partition's state made ready when the worker is assigned it, and
+    forgotten when it is revoked."""
+
+    def __init__(
+        self,
+        table: PartitionTable,
+        sender: Sender,
+        log_reader: LogReader | None,
+        subs: TopicSubscriptions,
+        queues: list[QueueRuntime],
+        applier: Applier,
+    ) -> None:
+        """``log_reader`` rebuilds and checks partitions from the log (None: tests without
+        Kafka); ``applier`` folds the log into a transient topic's partition as it loads."""
+        self.topic: TopicConfig = table.topic
+        self._table = table
+        self._sender = sender
+        self._log_reader = log_reader
+        self._subs = subs
+        self._queues = queues
+        self._applier = applier
 
     async def ready(self, partition: int) -> PartitionState:
         """The partition's state, loading it on first use after an assignment."""
-        ps = self._parts.get(partition)
-        if ps is None:
-            ps = self._parts[partition] = PartitionState(self._new_store(partition))
+        table = self._table
+        ps = table.open(partition)
         if not ps.ready:
             async with ps.lock:
                 if not ps.ready:
                     await self._load(partition, ps)
                     ps.folded = ps.watermark
-                    if self._parts.get(partition) is not ps:
+                    if not table.holds(partition, ps):
                         # Revoked while loading: what the load handed the queues and the
                         # subscriptions is not this worker's (unless a newer load of the
                         # partition has started since: that one owns them now).
-                        if partition not in self._parts:
+                        if table.get(partition) is None:
                             self._forget(partition)
                         return ps
                     ps.ready = True
         return ps
+
+    async def drop(self, partitions: Iterable[int]) -> None:
+        """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
+        for p in partitions:
+            self._forget(p)
+            ps = self._table.remove(p)
+            if ps is not None:
+                await ps.wake()  # queries waiting on it give up
+
+    def _forget(self, partition: int) -> None:
+        """Drop what the subscriptions and queues hold of ``partition``."""
+        self._subs.drop_partition(partition)
+        for queue in self._queues:
+            queue.drop(self.topic.name, partition)
 
     async def caught_up(self, partition: int, offset: int) -> PartitionState:
         """The partition's state, loaded and, when its log already holds ``offset``, applied up
@@ -67,7 +103,7 @@ class Ownership(Applier):
         loaded or read again from the log; applied then it would look like an ack sent ahead of
         its message (deferred), and swallow the message when it arrives."""
         ps = await self.ready(partition)
-        if self._parts.get(partition) is not ps:
+        if not self._table.holds(partition, ps):
             raise PartitionMoved
         # Fast path: a message delivered from this state was folded into it already.
         if (
@@ -75,7 +111,7 @@ class Ownership(Applier):
             and self._log_reader is not None
             and offset <= await self._log_reader.end_offset(partition)
         ):
-            await self._wait_applied(partition, ps, offset)
+            await self._table.wait_applied(partition, ps, offset)
         return ps
 
     async def _load(self, partition: int, ps: PartitionState) -> None:
@@ -83,7 +119,7 @@ class Ownership(Applier):
             # Before the state: a transient topic's rebuild from the log keeps them current.
             await self._load_memo(partition, ps)
         await self._load_state(partition, ps)
-        for queue in self.queues:
+        for queue in self._queues:
             await self._load_queue(partition, ps, queue)
 
     async def _load_queue(self, partition: int, ps: PartitionState, queue: QueueRuntime) -> None:
@@ -97,7 +133,7 @@ class Ownership(Applier):
             queue.load(self.topic.name, partition, entries, ps.watermark, start=int(raw or 0))
             return
         start = await self._queue_start(partition, queue.config)
-        backfill: list[tuple[int, int, bytes, dict[str, Any], int | None] | None] = []
+        backfill: list[AppliedPublish | None] = []
         if start <= ps.watermark:
             async for batch in self._log_reader.batches(partition, ps.watermark, start):
                 backfill.extend(self._as_published(r) for r in batch if r.offset >= start)
@@ -132,9 +168,7 @@ class Ownership(Applier):
             return await self._log_reader.start_offset(partition)
         return await self._log_reader.offset_for_time(partition, at_ms)
 
-    def _as_published(
-        self, rec: RawRecord
-    ) -> tuple[int, int, bytes, dict[str, Any], int | None] | None:
+    def _as_published(self, rec: RawRecord) -> AppliedPublish | None:
         """A logged publish as a queue takes it when the queue starts behind the partition: the
         message as published (the log does not keep merged or enriched records); None for
         deletes and records that do not decode (they were dead-lettered when applied)."""
@@ -145,16 +179,16 @@ class Ownership(Applier):
             body = parse_body(self.topic, rec.value, delta=command == h.DELTA_PUBLISH)
         except InvalidMessageError:
             return None
-        return self._queued(rec, rec.value, body)
+        return queued(rec, rec.value, body)
 
     async def _load_state(self, partition: int, ps: PartitionState) -> None:
         if not self.topic.sow:
-            raw = ps.store.get(WATERMARK_KEY) if self._table is not None else None
+            raw = ps.store.get(WATERMARK_KEY) if self._table.backed else None
             if raw is not None:
                 ps.watermark = int(raw)  # a plain topic feeding queues goes on where it was
                 await self._check_log(partition, ps)
             elif self._log_reader is not None and (
-                self._table is None or self.topic.recovery_point == "now"
+                not self._table.backed or self.topic.recovery_point == "now"
             ):
                 # Nothing is stored, so nothing to rebuild: serve what is published from now on.
                 ps.watermark = await self._log_reader.end_offset(partition)
@@ -164,10 +198,10 @@ class Ownership(Applier):
         if raw is not None and not transient:
             ps.watermark = int(raw)
             await self._check_log(partition, ps)
-            self.subs.restore(partition, ps.store.scan(prefix=JOURNAL_PREFIX), wall_clock_ms())
+            self._subs.restore(partition, ps.store.scan(prefix=JOURNAL_PREFIX), wall_clock_ms())
         elif self._log_reader is not None:
             await self._recover(partition, ps, transient)
-        if self._expires:
+        if self._table.expires:
             for key, value in ps.store.scan():
                 if is_record_key(key):
                     rec = SowRecord.from_bytes(value)
@@ -188,7 +222,7 @@ class Ownership(Applier):
         if transient:
             if start <= end:
                 async for batch in self._log_reader.batches(partition, end, start):
-                    self._apply(ps, [r for r in batch if r.offset >= start], replay=True)
+                    self._applier.apply(ps, [r for r in batch if r.offset >= start], replay=True)
             ps.watermark = max(ps.watermark, end)
         elif start == 0:
             return
@@ -223,13 +257,13 @@ class Ownership(Applier):
 
         Raises what the log reader raises while the log topic does not exist again yet.
         """
-        ps = self._parts.get(partition)
+        ps = self._table.get(partition)
         if ps is None or not ps.ready:
             return False
         async with ps.lock:
-            if self._parts.get(partition) is not ps:
+            if not self._table.holds(partition, ps):
                 return False
-            await self._settle(ps)
+            await self._table.settle(ps)
             return await self._check_log(partition, ps)
 
     async def _check_log(self, partition: int, ps: PartitionState) -> bool:
@@ -278,7 +312,7 @@ class Ownership(Applier):
         # Subscribers drop messages at or below the last offset they saw: tell them the
         # partition's offsets start over, or the new log's first messages would look like repeats.
         reset = str(ps.watermark).encode()
-        for spec in self.subs.specs():
+        for spec in self._subs.specs():
             await self._sender.send_reply(
                 spec.reply_to,
                 b"",
@@ -321,11 +355,11 @@ class Ownership(Applier):
         ps.memo = set(found.ready)
         for path in sorted(found.partial):
             if path in self.topic.indexes:
-                await self._build_memo(partition, ps, path)
+                await self._table.build_memo(partition, ps, path)
             else:
                 # Built on demand and never finished (a crash, a lost assignment): drop it, the
                 # next query that needs it builds it again.
-                await memo.drop(ps.store, path, self._sender, self._holds(partition, ps))
+                await self._table.drop_memo(partition, ps, path)
         for path in self.topic.indexes:
             if path not in ps.memo:
-                await self._build_memo(partition, ps, path)
+                await self._table.build_memo(partition, ps, path)

@@ -1,73 +1,25 @@
-"""A topic processor's partitions: their state, how it is read, and what every stage shares.
+"""One held partition's state, and what the processor's stages hand each other about it.
 
-The stages of the processor (apply, ownership, queries, placement, maintenance) are layers of
-one class, each in its own module; this base holds the per-partition state, the store reads and
-index planning they all use, and the way replies and messages leave the worker.
+:class:`PartitionState` is one partition's store, lock, watermarks, expiry schedule and the
+batches in flight; :class:`~sowstream.engine.table.PartitionTable` holds them. An
+:class:`Outcome` is what folding a batch produced, carried from the fold to the committer; its
+parts are named tuples so every stage reads them by name.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
-import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
-from sowstream.config.models import TopicConfig
-from sowstream.engine import memo, metrics
-from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
-from sowstream.engine.store import (
-    MemoryPartition,
-    PartitionStore,
-    RocksPartition,
-    is_record_key,
-)
-from sowstream.errors import (
-    InvalidCommandError,
-    InvalidMessageError,
-    SowstreamError,
-    StateStoreError,
-)
-from sowstream.filters import Filter
-from sowstream.sow.expiration import processes_expiration
+from sowstream.engine.store import PartitionStore
+from sowstream.errors import InvalidMessageError
 from sowstream.sow.history import Version
-from sowstream.sow.keys import same_values
-from sowstream.sow.layout import index_entries
-from sowstream.sow.memo import memo_entries
-from sowstream.sow.ops import RawRecord, parse_body, resolve_sow_key
-from sowstream.sow.patterns import NameScope
-from sowstream.sow.planner import (
-    FullScan,
-    IndexLookup,
-    KeyLookup,
-    MemoLookup,
-    Plan,
-    UnionLookup,
-    describe,
-    memo_paths,
-    plan,
-    plan_name,
-)
-from sowstream.sow.query import QueryOptions
+from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
-from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
-from sowstream.subscriptions.model import Change, Delivery
-from sowstream.wire import headers as h
-from sowstream.wire.avro import encode
-from sowstream.wire.topics import TopicNames
+from sowstream.subscriptions.model import Change
 
-if TYPE_CHECKING:
-    from sowstream.engine.queues import QueueRuntime
-    from sowstream.views.conflation import ConflatedFeed
-    from sowstream.views.routing import ViewFeed
-
-log = logging.getLogger("sowstream.engine")
-
-# Kafka's default max message size is 1 MB; stay well under it when packing a reply batch.
-MAX_REPLY_BYTES = 900_000
 SCAN_YIELD_EVERY = 5_000
 APPLIED_WAIT_SECONDS = 30.0
 DELIVERY_WAIT_SECONDS = 10.0
@@ -76,6 +28,41 @@ HISTORY_PRUNE_SECONDS = 60.0
 MAX_IN_FLIGHT = 4
 # Entries counted at most per memo lookup when choosing the most selective conjunct of an AND.
 ESTIMATE_CAP = 10_000
+
+
+class AppliedPublish(NamedTuple):
+    """An applied publish as a queue takes it (a delta_publish as the merged record)."""
+
+    offset: int
+    timestamp: int
+    data: bytes
+    body: dict[str, Any]
+    expiration_ms: int | None
+
+
+class Ack(NamedTuple):
+    """The answer a publisher asked for (``sow.reply_to``): how many records its message
+    changed, or why it was refused."""
+
+    record: RawRecord
+    changed: int  # records the message changed (the reply's count)
+    status: str
+    reason: str = ""
+    message: str = ""
+
+
+class Rejected(NamedTuple):
+    """A log record that could not be applied: it goes to the dead-letter topic."""
+
+    record: RawRecord
+    error: InvalidMessageError
+
+
+class Rekey(NamedTuple):
+    """A record published without the right Kafka key: a keyed copy goes to the log again."""
+
+    sow_key: str
+    record: RawRecord
 
 
 @dataclass
@@ -91,13 +78,12 @@ class Outcome:
     last: int = -1
     last_record: RawRecord | None = None  # the record at ``last``: its fingerprint is stored
     events: list[Change] = field(default_factory=list)
-    rekeys: list[tuple[str, RawRecord]] = field(default_factory=list)
-    dead: list[tuple[RawRecord, InvalidMessageError]] = field(default_factory=list)
-    acks: list[tuple[RawRecord, int, str, str, str]] = field(default_factory=list)
+    rekeys: list[Rekey] = field(default_factory=list)
+    dead: list[Rejected] = field(default_factory=list)
+    acks: list[Ack] = field(default_factory=list)
     versions: list[Version] = field(default_factory=list)
     journal: dict[bytes, bytes | None] = field(default_factory=dict)  # conflation journal, queues
-    # Applied publishes for queues: (offset, timestamp, data, body, expiration ms or None).
-    enqueued: list[tuple[int, int, bytes, dict[str, Any], int | None]] = field(default_factory=list)
+    enqueued: list[AppliedPublish] = field(default_factory=list)  # for the topic's queues
     stored: bool = False  # set once the batch is stored and its changelog records are in Kafka
 
 
@@ -143,431 +129,3 @@ class PartitionState:
 
 class PartitionMoved(Exception):
     """The partition was revoked while a command waited for it."""
-
-
-class ProcessorBase:
-    """The state and shared reads of one topic's processor; see :class:`TopicProcessor`."""
-
-    def __init__(
-        self,
-        topic: TopicConfig,
-        names: TopicNames,
-        sender: Sender,
-        *,
-        table: Any | None = None,
-        log_reader: LogReader | None = None,
-        entitlement: EntitlementLookup | None = None,
-    ) -> None:
-        self.topic = topic
-        self.codec = topic.codec
-        self._parse = self.codec.parse  # bound once: the scan and match loops call it per record
-        self.subs = TopicSubscriptions(
-            topic, entitlement, current=self._current_record if topic.sow else None
-        )
-        # Queues whose underlying topics include this one (set up by the engine).
-        self.queues: list[QueueRuntime] = []
-        # Views and conflated topics reading this topic (set up by the engine): each applied
-        # change goes to them.
-        self.views: list[ViewFeed | ConflatedFeed] = []
-        # Set when this topic is a view or conflated topic: only its maintainer writes the log.
-        self.view_name: str | None = None
-        self.names = names
-        self.log_topic = names.log(topic.name, topic.message_type)
-        self._sender = sender
-        self._table = table
-        self._log_reader = log_reader
-        self._parts: dict[int, PartitionState] = {}
-        self._expires = processes_expiration(topic.expiration)
-        self._index_fields = [tuple(f) for f in topic.hash_indexes]
-        self._index_paths = tuple(dict.fromkeys(p for f in self._index_fields for p in f))
-        self._history = topic.history if topic.sow else None
-        self._pruned_at = 0.0
-
-    def scope(
-        self, topic_regex: str | None, sow_keys: Iterable[str] | None = None
-    ) -> NameScope | None:
-        """Which records a command reads, on a Pattern topic (None elsewhere: every record, the
-        SowKeys being looked up directly). InvalidCommandError for a regex that does not compile.
-        """
-        if self.topic.pattern is None:
-            return None
-        try:
-            return NameScope(topic_regex, frozenset(sow_keys) if sow_keys is not None else None)
-        except re.error as exc:
-            raise InvalidCommandError(
-                f"topic pattern {topic_regex!r} is not a valid regular expression: {exc}"
-            ) from None
-
-    def _new_store(self, partition: int) -> PartitionStore:
-        if self.topic.durability == "transient" or self._table is None:
-            return MemoryPartition()
-        return RocksPartition(self._table, partition)
-
-    async def drop(self, partitions: Iterable[int]) -> None:
-        """Forget partitions taken away by a rebalance (their state stays in Kafka/RocksDB)."""
-        for p in partitions:
-            self._forget(p)
-            ps = self._parts.pop(p, None)
-            if ps is not None:
-                await ps.wake()  # queries waiting on it give up
-
-    def _forget(self, partition: int) -> None:
-        """Drop what the subscriptions and queues hold of ``partition``."""
-        self.subs.drop_partition(partition)
-        for queue in self.queues:
-            queue.drop(self.topic.name, partition)
-
-    def state(self, partition: int) -> PartitionState | None:
-        """The partition's current state, None when it is not held."""
-        return self._parts.get(partition)
-
-    @property
-    def partitions(self) -> list[int]:
-        """Partitions this worker currently holds state for."""
-        return sorted(self._parts)
-
-    async def _settle(self, ps: PartitionState, keep: int = 0) -> None:
-        """Wait until at most ``keep`` batches are in flight (by default: all stored).
-
-        Readers of the store (queries, placements, expiry) call it under the partition lock, so
-        what they read is complete and nothing new is folded meanwhile.
-        """
-        async with ps.applied:
-            while True:
-                if ps.failure is not None:
-                    raise StateStoreError(
-                        f"topic {self.topic.name!r}: storing a batch failed: {ps.failure}"
-                    ) from ps.failure
-                if len(ps.in_flight) <= keep:
-                    return
-                await ps.applied.wait()
-
-    def _load_record(
-        self, ps: PartitionState, overlay: dict[bytes, SowRecord | None], key: bytes
-    ) -> SowRecord | None:
-        if key in overlay:
-            return overlay[key]
-        for flight in reversed(ps.in_flight):
-            if key in flight.outcome.overlay:
-                return flight.outcome.overlay[key]
-        raw = ps.store.get(key)
-        return SowRecord.from_bytes(raw) if raw is not None else None
-
-    def _plain_key(self, rec: RawRecord, command: str) -> str | None:
-        """The message's key on a plain topic (None for a delete, which does nothing here)."""
-        if command not in h.LOG_COMMANDS:
-            raise InvalidMessageError(
-                f"topic {self.topic.name!r}: unknown command {command!r} in header {h.COMMAND}",
-                topic=self.topic.name,
-                reason="unknown_command",
-            )
-        if command == h.SOW_DELETE:
-            return None
-        body = parse_body(self.topic, rec.value, delta=command == h.DELTA_PUBLISH)
-        if not self.topic.user_supplied_keys:
-            return resolve_sow_key(self.topic, body, None)
-        return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"
-
-    def _index_entries(
-        self, key: bytes, body: dict[str, Any] | None, memo_fields: Iterable[str] = ()
-    ) -> set[bytes]:
-        """Hash-index and memo-index entries of a record's body (None: no record)."""
-        entries = index_entries(self._index_fields, key, body)
-        if memo_fields:
-            entries |= memo_entries(memo_fields, key, body)
-        return entries
-
-    def _index_changes(
-        self,
-        changes: dict[bytes, bytes | None],
-        key: bytes,
-        old: SowRecord | None,
-        new: SowRecord | None,
-        memo_fields: Iterable[str] = (),
-        new_body: dict[str, Any] | None = None,
-    ) -> None:
-        """Add the index entries to delete and to write when ``old`` becomes ``new`` (each
-        record parsed once for both kinds of index; ``new_body`` is ``new`` already parsed)."""
-        old_body = self._parse(old.data) if old is not None else None
-        if new is None:
-            new_body = None
-        elif new_body is None:
-            new_body = self._parse(new.data)
-        if (
-            old_body is not None
-            and new_body is not None
-            and same_values(self._index_paths, old_body, new_body)
-            and same_values(memo_fields, old_body, new_body)
-        ):
-            return  # the usual update: no indexed value changed, so neither did an entry
-        old_entries = self._index_entries(key, old_body, memo_fields)
-        new_entries = self._index_entries(key, new_body, memo_fields)
-        for entry in old_entries - new_entries:
-            changes[entry] = None
-        for entry in new_entries - old_entries:
-            changes[entry] = b""
-
-    async def reply(self, reply_to: str, body: dict[str, Any]) -> None:
-        """Send one Reply message to a client's reply topic (dropped if the client is gone)."""
-        await self._sender.send_reply(reply_to, encode("Reply", body))
-
-    async def deliver(
-        self, deliveries: Sequence[Delivery], *, wait: bool = False
-    ) -> list[asyncio.Future[Any]]:
-        """Send subscription messages; with ``wait``, until Kafka has them all.
-
-        Returns the delivery futures of the messages sent.
-        """
-        futures: list[asyncio.Future[Any]] = []
-        if not deliveries:
-            return futures
-        for d in deliveries:
-            fut = await self._sender.send_reply(d.spec.reply_to, d.data, live_headers(d))
-            if fut is not None:
-                futures.append(fut)
-        metrics.DELIVERED.labels(self.topic.name).inc(len(deliveries))
-        if wait:
-            await self._acknowledged(futures)
-        return futures
-
-    async def feed_views(self, changes: Sequence[Change]) -> list[asyncio.Future[Any]]:
-        """Send the change events of ``changes`` to the input topics of the views reading this
-        topic; returns their delivery futures (the batch is stored once Kafka has them).
-
-        Events go out per input partition in Kafka batches (``send_many``), in the order the
-        changes were applied: a send per event cost several times more event-loop time.
-        A change re-announced after a crash (``resent``) sends nothing: its events were
-        acknowledged before its result was stored, which is how it came to be stored.
-        """
-        pending: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
-        codec = self.codec
-        for change in changes:
-            if change.resent:
-                continue
-            before = change.before_body(codec)
-            after = change.after_body(codec)
-            source = (self.topic.ident, change.partition, change.offset, change.seq)
-            for feed in self.views:
-                for event in feed.events(change.sow_key, before, after, source):
-                    pending.setdefault((feed.input_topic, event.partition), []).append(
-                        (event.key, event.value)
-                    )
-        futures: list[asyncio.Future[Any]] = []
-        for (topic, partition), events in pending.items():
-            futures.extend(fut for fut, _ in await self._sender.send_many(topic, partition, events))
-            metrics.VIEW_EVENTS.labels(self.topic.name).inc(len(events))
-        return futures
-
-    async def _acknowledged(self, futures: list[asyncio.Future[Any]]) -> None:
-        """Wait until Kafka has acknowledged ``futures``, for a bounded time."""
-        if futures:
-            # Bounded: a reply topic deleted under us must not hold the partition for the
-            # producer's whole delivery timeout (its client is gone anyway).
-            _, late = await asyncio.wait(futures, timeout=DELIVERY_WAIT_SECONDS)
-            if late:
-                log.warning(
-                    "topic %s: %d subscription messages not acknowledged by Kafka within %.0fs",
-                    self.topic.name,
-                    len(late),
-                    DELIVERY_WAIT_SECONDS,
-                )
-
-    def _current_record(self, partition: int, sow_key: str) -> SowRecord | None:
-        """The record ``partition`` holds under ``sow_key`` now, batches in flight included."""
-        ps = self._parts.get(partition)
-        return self._load_record(ps, {}, sow_key.encode()) if ps is not None else None
-
-    def _holds(self, partition: int, ps: PartitionState) -> Callable[[], bool]:
-        """Whether ``ps`` is still this worker's state of ``partition`` (not revoked)."""
-        return lambda: self._parts.get(partition) is ps
-
-    async def _build_memo(self, partition: int, ps: PartitionState, path: str) -> None:
-        """Build the memo index on ``path`` (under the partition lock, nothing in flight)."""
-        started = time.perf_counter()
-        try:
-            built = await memo.build(
-                ps.store, path, self._sender, self._holds(partition, ps), self.topic.codec
-            )
-        except SowstreamError as exc:
-            # The store refused the writes (disk full, ...): queries scan instead, and the index
-            # (still marked as building) is built again by the next query that needs it.
-            log.error(
-                "topic %s partition %d: building the memo index on %s failed, scanning instead: %s",
-                self.topic.name,
-                partition,
-                path,
-                exc,
-            )
-            return
-        if built:
-            ps.memo.add(path)
-            metrics.MEMO_BUILDS.labels(self.topic.name).inc()
-            log.info(
-                "topic %s partition %d: memo index on %s built in %.3fs",
-                self.topic.name,
-                partition,
-                path,
-                time.perf_counter() - started,
-            )
-
-    async def _query_plan(
-        self,
-        partition: int,
-        ps: PartitionState,
-        flt: Filter | None,
-        sow_keys: Sequence[str] | None = None,
-        scope: NameScope | None = None,
-    ) -> Plan:
-        """Plan a query under the partition lock, building the memo indexes it needs first.
-
-        A range, BEGINS WITH, ENDS WITH or LIKE on a field without a memo index builds one
-        here, on the query that first needs it; afterwards every write keeps it current.
-        """
-
-        def estimate(lookup: MemoLookup) -> int:
-            return memo.count(ps.store, lookup, ESTIMATE_CAP)
-
-        how = plan(
-            self.topic,
-            flt,
-            sow_keys,
-            memo_ready=ps.memo,
-            memo_auto=True,
-            estimate=estimate,
-            scope=scope,
-        )
-        for path in sorted(memo_paths(how) - ps.memo):
-            await self._build_memo(partition, ps, path)
-        if not memo_paths(how) <= ps.memo:
-            how = FullScan()  # a build gave up (the partition moved): the scan is always right
-        metrics.QUERY_PLANS.labels(self.topic.name, plan_name(how)).inc()
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "topic %s partition %d: filter %r answered by %s",
-                self.topic.name,
-                partition,
-                flt.text if flt is not None else None,
-                describe(how),
-            )
-        return how
-
-    def _candidate_keys(
-        self, ps: PartitionState, how: Plan, scope: NameScope | None = None
-    ) -> Iterator[bytes]:
-        """Store keys of the records ``how`` reads; on a Pattern topic only those in ``scope``."""
-        keys = self._lookup_keys(ps, how, scope.prefix if scope is not None else b"")
-        if scope is None:
-            yield from keys
-        else:
-            yield from (key for key in keys if scope.admits_stored(key))
-
-    def _lookup_keys(self, ps: PartitionState, how: Plan, prefix: bytes) -> Iterator[bytes]:
-        if isinstance(how, KeyLookup):
-            yield from (k.encode() for k in how.sow_keys)
-        elif isinstance(how, IndexLookup):
-            for prefix in how.prefixes:
-                for entry, _ in ps.store.scan(prefix=prefix):
-                    yield entry[len(prefix) :]
-        elif isinstance(how, MemoLookup):
-            # Key order, repeats dropped: the records come out as a scan would give them.
-            yield from sorted(set(memo.candidates(ps.store, how)))
-        elif isinstance(how, UnionLookup):
-            keys: set[bytes] = set()
-            for part in how.parts:
-                keys.update(self._lookup_keys(ps, part, prefix))
-            yield from sorted(keys)
-        else:
-            # One name of a Pattern topic: its records lie together, under the name's prefix.
-            for key, _ in ps.store.scan(prefix=prefix) if prefix else ps.store.scan():
-                if is_record_key(key):
-                    yield key
-
-    async def _matching(
-        self,
-        ps: PartitionState,
-        how: Plan,
-        opts: QueryOptions,
-        visible: Filter | None = None,
-        records: Iterable[SowRecord] | None = None,
-        scope: NameScope | None = None,
-    ) -> list[tuple[SowRecord, dict[str, Any] | None]]:
-        """Records of the partition that match (and ``visible`` allows), read under its lock.
-
-        ``records`` replaces the stored state (a historical query passes the state as of then);
-        on a Pattern topic only the records in ``scope`` are read.
-        """
-        if records is not None and scope is not None:
-            records = [r for r in records if scope.admits(r.sow_key)]
-        out: list[tuple[SowRecord, dict[str, Any] | None]] = []
-        flt = opts.filter
-        need_parsed = flt is not None or visible is not None or bool(opts.order_by)
-        # An expired record may still wait for the next expiry sweep; never show it.
-        now = wall_clock_ms() if self._expires else None
-        seen = 0
-        for rec in records if records is not None else self._stored(ps, how, scope):
-            seen += 1
-            if seen % SCAN_YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            if now is not None and rec.expiration is not None and rec.expiration <= now:
-                continue
-            parsed = self._parse(rec.data) if need_parsed else None
-            if flt is not None and not flt.matches(parsed):  # type: ignore[arg-type]
-                continue
-            if visible is not None and not visible.matches(parsed):  # type: ignore[arg-type]
-                continue
-            out.append((rec, parsed))
-        return out
-
-    def _stored(
-        self, ps: PartitionState, how: Plan, scope: NameScope | None = None
-    ) -> Iterator[SowRecord]:
-        if isinstance(how, FullScan):
-            prefix = scope.prefix if scope is not None else b""
-            for key, raw in ps.store.scan(prefix=prefix) if prefix else ps.store.scan():
-                if is_record_key(key) and (scope is None or scope.admits_stored(key)):
-                    yield SowRecord.from_bytes(raw)
-            return
-        for key in self._candidate_keys(ps, how, scope):
-            value = ps.store.get(key)
-            if value is not None:
-                yield SowRecord.from_bytes(value)
-
-    async def _wait_applied(self, partition: int, ps: PartitionState, offset: int) -> None:
-        if offset < 0 or ps.watermark >= offset:
-            return
-        deadline = time.monotonic() + APPLIED_WAIT_SECONDS
-        async with ps.applied:
-            while ps.watermark < offset:
-                if self._parts.get(partition) is not ps:
-                    raise PartitionMoved
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SowstreamError(
-                        f"topic {self.topic.name!r}: the log was not applied up to offset "
-                        f"{offset} within {APPLIED_WAIT_SECONDS:.0f}s"
-                    )
-                try:
-                    await asyncio.wait_for(ps.applied.wait(), remaining)
-                except TimeoutError:
-                    continue
-
-
-def live_headers(d: Delivery) -> list[tuple[str, bytes]]:
-    """Kafka headers of a live subscription message (documented in docs/protocol.md)."""
-    pairs = [
-        (h.COMMAND, d.command.encode()),
-        (h.SUB_ID, d.spec.sub_id.encode()),
-        (h.TOPIC, (d.topic or d.spec.topic).encode()),
-        (h.PARTITION, str(d.partition).encode()),
-        (h.OFFSET, str(d.offset).encode()),
-        (h.TIMESTAMP, str(d.timestamp).encode()),
-    ]
-    if not d.spec.options.no_sowkey:
-        pairs.append((h.SOW_KEY, d.sow_key.encode()))
-    if d.reason:
-        pairs.append((h.REASON, d.reason.encode()))
-    if d.is_delta:
-        pairs.append((h.DELTA, b"1"))
-    if d.seq:
-        pairs.append((h.SEQ, str(d.seq).encode()))
-    return pairs

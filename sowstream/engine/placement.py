@@ -5,11 +5,17 @@ sending what conflation buffered.
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
-from sowstream.engine.partition import Outcome, PartitionMoved, PartitionState, wall_clock_ms
-from sowstream.engine.queries import Queries
+from sowstream.config.models import TopicConfig
+from sowstream.engine.apply import Applier, plain_key
+from sowstream.engine.outbox import Outbox
+from sowstream.engine.ownership import Ownership
+from sowstream.engine.partition import Outcome, PartitionMoved, PartitionState
+from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
+from sowstream.engine.queries import TIMEOUT, Queries, refusal
+from sowstream.engine.replies import ReplyWriter
+from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
 from sowstream.filters import FilterError, compile_filter
 from sowstream.sow.bookmarks import Bookmark
@@ -19,8 +25,8 @@ from sowstream.sow.ops import RawRecord
 from sowstream.sow.planner import FullScan
 from sowstream.sow.query import QueryOptions, validate_query
 from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import (
-    FAILURE,
     OOF,
     OOF_DELETED,
     OOF_MATCH,
@@ -30,12 +36,37 @@ from sowstream.subscriptions.model import (
 )
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
+from sowstream.wire.protocol import Command
 
 log = logging.getLogger("sowstream.engine")
 
 
-class Placement(Queries):
+class Placement:
     """The placement stage: subscriptions start on a partition under its lock."""
+
+    def __init__(
+        self,
+        table: PartitionTable,
+        sender: Sender,
+        log_reader: LogReader | None,
+        subs: TopicSubscriptions,
+        outbox: Outbox,
+        applier: Applier,
+        ownership: Ownership,
+        queries: Queries,
+    ) -> None:
+        """``log_reader`` replays the log for a bookmark; ``applier`` stores what a conflation
+        flush cleared, in order with the batches; ``queries`` reads History and shapes the
+        records of a SOW part as a query's."""
+        self.topic: TopicConfig = table.topic
+        self._table = table
+        self._sender = sender
+        self._log_reader = log_reader
+        self._subs = subs
+        self._outbox = outbox
+        self._applier = applier
+        self._ownership = ownership
+        self._queries = queries
 
     async def flush_conflated(self, now_ms: int | None = None) -> None:
         """Send the messages of conflation intervals that have ended.
@@ -44,23 +75,23 @@ class Placement(Queries):
         of the sent records' journal entries is stored after every batch that wrote them and
         before any that starts a new interval.
         """
-        if not self.subs:
+        if not self._subs:
             return
-        keys = self.subs.due(now_ms if now_ms is not None else wall_clock_ms())
-        for partition in sorted(self.subs.partitions_of(keys)):
-            ps = self._parts.get(partition)
+        keys = self._subs.due(now_ms if now_ms is not None else wall_clock_ms())
+        for partition in sorted(self._subs.partitions_of(keys)):
+            ps = self._table.get(partition)
             if ps is None:
-                self.subs.drop_partition(partition)  # its next owner finishes these intervals
+                self._subs.drop_partition(partition)  # its next owner finishes these intervals
                 continue
             async with ps.lock:
                 await self._flush_partition(keys, partition, ps)
 
     async def _flush_partition(self, keys: list[str], partition: int, ps: PartitionState) -> None:
         """Send ``keys``' buffered changes of ``partition`` (caller holds ps.lock)."""
-        sent = await self.deliver(self.subs.flush_due(keys, partition))
-        cleared = self.subs.take_cleared(partition)
-        if cleared and self._parts.get(partition) is ps:
-            self._enqueue(partition, ps, Outcome(journal=cleared), sent)
+        sent = await self._outbox.deliver(self._subs.flush_due(keys, partition))
+        cleared = self._subs.take_cleared(partition)
+        if cleared and self._table.holds(partition, ps):
+            self._applier.enqueue(partition, ps, Outcome(journal=cleared), sent)
 
     def _replay_base(
         self, ps: PartitionState, bookmark: Bookmark
@@ -69,13 +100,14 @@ class Placement(Queries):
         bookmark (as of the bookmark rounded down to the Granularity), else empty and None (the
         replay starts at the bookmark and each record's first message comes whole)."""
         assert bookmark.at_ms is not None
+        history = self._table.history
         if (
-            self._history is None
+            history is None
             or bookmark.at_ms < 0
-            or not covers(self._history, bookmark.at_ms, wall_clock_ms())
+            or not covers(history, bookmark.at_ms, wall_clock_ms())
         ):
             return {}, None
-        return self._as_of(ps, bookmark), as_of_bound(self._history, bookmark.at_ms)
+        return self._queries.as_of(ps, bookmark), as_of_bound(history, bookmark.at_ms)
 
     async def _replay(
         self,
@@ -127,55 +159,49 @@ class Placement(Queries):
 
     def _replay_plain_key(self, rec: RawRecord) -> str | None:
         try:
-            return self._plain_key(rec, rec.headers.get(h.COMMAND) or h.PUBLISH)
+            return plain_key(self.topic, rec, rec.headers.get(h.COMMAND) or h.PUBLISH)
         except InvalidMessageError:
             return None
 
-    async def subscribe(self, cmd: dict[str, Any], partition: int) -> None:
+    async def subscribe(self, cmd: Command, partition: int) -> None:
         """Place (or replace) a subscription on one partition, with its SOW part if asked.
 
         Under the partition lock the subscription starts (or switches filter) and the snapshot is
         read, so on this partition every change is either in the snapshot or after its watermark,
         which ``part_end`` reports for the client to cut live messages at.
         """
-        reply_to = cmd["reply_to"]
-        base = {
-            "answer_id": uuid.uuid4().hex[:12],
-            "command_id": cmd["command_id"],
-            "query_id": cmd.get("query_id") or "",
-            "topic": self.topic.name,
-            "partition": partition,
-        }
+        table = self._table
+        writer = ReplyWriter.for_command(self._sender, cmd, self.topic.name, partition)
         try:
             spec = spec_from_command(cmd)
-            view = self.subs.view(spec)
-            opts = validate_query(batch_size=cmd.get("batch_size") or 1)
+            view = self._subs.view(spec)
+            opts = validate_query(batch_size=cmd.batch_size or 1)
             replace = spec.options.replace
-            previous = cmd.get("previous_filter")
+            previous = cmd.previous_filter
             old = compile_filter(previous) if replace and previous and previous.strip() else None
-            bookmark = None if replace else self._bookmark(cmd)
+            bookmark = None if replace else self._queries.bookmark(cmd)
             if bookmark is not None and self._log_reader is None:
                 raise InvalidCommandError("a bookmark replay needs the transaction log")
         except (FilterError, InvalidCommandError) as exc:
-            await self._fail(reply_to, base, exc)
+            await writer.failure(refusal(exc), str(exc))
             return
-        ps = await self.ready(partition)
+        ps = await self._ownership.ready(partition)
         try:
-            await self._wait_applied(partition, ps, cmd.get("after_offset", -1))
+            await table.wait_applied(partition, ps, cmd.after_offset)
         except PartitionMoved:
             return
         except SowstreamError as exc:
-            await self._fail(reply_to, base, exc, "timeout")
+            await writer.failure(TIMEOUT, str(exc))
             return
         matched: list[tuple[SowRecord, dict[str, Any] | None]] = []
         leaving: list[SowRecord] = []
         async with ps.lock:
-            if self._parts.get(partition) is not ps:
+            if not table.holds(partition, ps):
                 return
-            await self._settle(ps)
-            self.subs.upsert(spec, held=self.partitions)
+            await table.settle(ps)
+            self._subs.upsert(spec, held=table.partitions)
             await self._flush_partition([spec.key], partition, ps)
-            self.subs.pin(spec, partition)
+            self._subs.pin(spec, partition)
             watermark = ps.watermark
             if bookmark is not None:
                 # History: the SOW part as it was at the bookmark, then the log from there, so
@@ -183,7 +209,7 @@ class Placement(Queries):
                 past, past_ms = self._replay_base(ps, bookmark)
                 if spec.command in WITH_SOW:
                     scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
-                    matched = await self._matching(
+                    matched = await table.matching(
                         ps,
                         FullScan(),
                         scope,
@@ -191,22 +217,22 @@ class Placement(Queries):
                         [r for r in past.values() if view.covers(r.sow_key)],
                     )
                 start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
-                await self.deliver(self.subs.replay(spec.key, replayed), wait=True)
+                await self._outbox.deliver(self._subs.replay(spec.key, replayed), wait=True)
                 watermark = start - 1  # the client keeps messages after this: the replay on
             elif replace or spec.command in WITH_SOW:
                 scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
                 everything = QueryOptions(None, (), None, 0, opts.batch_size)
                 if not replace:
                     keys = sorted(spec.sow_keys) if spec.sow_keys is not None else None
-                    how = await self._query_plan(partition, ps, view.filter, keys, view.scope)
-                    matched = await self._matching(ps, how, scope, view.entitled, scope=view.scope)
+                    how = await table.query_plan(partition, ps, view.filter, keys, view.scope)
+                    matched = await table.matching(ps, how, scope, view.entitled, scope=view.scope)
                 else:
                     # Entering scope: the new SOW part; leaving scope: out of focus.
-                    for rec, body in await self._matching(
+                    for rec, body in await table.matching(
                         ps, FullScan(), everything, view.entitled, scope=view.scope
                     ):
                         assert body is None
-                        parsed = self._parse(rec.data)
+                        parsed = table.parse(rec.data)
                         was = old is None or old.matches(parsed)
                         now = view.filter is None or view.filter.matches(parsed)
                         if now and not was:
@@ -214,57 +240,34 @@ class Placement(Queries):
                         elif was and not now:
                             leaving.append(rec)
         # select shapes the SOW part as it shapes live messages (a window shapes its own).
-        await self._send_batches(
-            reply_to, base, matched, opts.batch_size, select=spec.options.select
-        )
+        records = self._queries.reply_records(matched, spec.options.select)
+        await writer.records(records, opts.batch_size)
         if leaving and spec.options.oof:
             # Part of the replace's answer (not live traffic): the client shows them after the
             # records that entered.
-            await self._send_batches(
-                reply_to,
-                {**base, "reason": OOF_MATCH},
-                [(r, None) for r in leaving],
-                opts.batch_size,
-                command=OOF,
-            )
-        await self.reply(
-            reply_to,
-            {**base, "command": "part_end", "count": len(matched), "log_offset": watermark},
-        )
-
-    async def send_failure(self, spec: SubscriptionSpec, reason: str, text: str) -> None:
-        """Tell a subscriber the engine ended its subscription, and why."""
-        await self._sender.send_reply(spec.reply_to, text.encode(), failure_headers(spec, reason))
+            leavers = self._queries.reply_records((r, None) for r in leaving)
+            await writer.with_(reason=OOF_MATCH).records(leavers, opts.batch_size, command=OOF)
+        await writer.end(len(matched), log_offset=watermark)
 
     def unsubscribe(self, key: str) -> SubscriptionSpec | None:
         """Forget a subscription (its registry tombstone arrived)."""
-        return self.subs.remove(key)
+        return self._subs.remove(key)
 
 
-def spec_from_command(cmd: dict[str, Any]) -> SubscriptionSpec:
+def spec_from_command(cmd: Command) -> SubscriptionSpec:
     """The subscription a control-topic command asks for (InvalidCommandError if malformed)."""
-    if not cmd.get("sub_id"):
-        raise InvalidCommandError(f"{cmd['command']} needs a subscription id (SubId)")
+    if not cmd.sub_id:
+        raise InvalidCommandError(f"{cmd.command} needs a subscription id (SubId)")
     return SubscriptionSpec(
-        sub_id=cmd["sub_id"],
-        reply_to=cmd["reply_to"],
-        topic=cmd["topic"],
-        command=cmd["command"],
-        filter=cmd.get("filter"),
-        options=parse_options(cmd.get("sub_options") or ""),
-        identity=cmd.get("identity") or "",
-        order_by=cmd.get("order_by"),
-        sow_keys=frozenset(cmd["sow_keys"]) if cmd.get("sow_keys") is not None else None,
-        message_type=cmd.get("message_type") or "json",
-        topic_regex=cmd.get("topic_regex"),
+        sub_id=cmd.sub_id,
+        reply_to=cmd.reply_to,
+        topic=cmd.topic,
+        command=cmd.command,
+        filter=cmd.filter,
+        options=parse_options(cmd.sub_options),
+        identity=cmd.identity,
+        order_by=cmd.order_by,
+        sow_keys=frozenset(cmd.sow_keys) if cmd.sow_keys is not None else None,
+        message_type=cmd.message_type or "json",
+        topic_regex=cmd.topic_regex,
     )
-
-
-def failure_headers(spec: SubscriptionSpec, reason: str) -> list[tuple[str, bytes]]:
-    """Headers of the message that tells a client the engine ended its subscription."""
-    return [
-        (h.COMMAND, FAILURE.encode()),
-        (h.SUB_ID, spec.sub_id.encode()),
-        (h.TOPIC, spec.topic.encode()),
-        (h.REASON, reason.encode()),
-    ]

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sowstream.engine.derived import ACK_WAIT_SECONDS, delivered
-from sowstream.engine.partition import Sender
+from sowstream.engine.ports import Sender
 from sowstream.queues.machine import Bookmark, QueueMachine
 from sowstream.wire import headers as h
 

@@ -17,13 +17,14 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
 from sowstream.config.queues import QueueConfig
 from sowstream.engine import metrics
-from sowstream.engine.processor import Sender
+from sowstream.engine.partition import AppliedPublish
+from sowstream.engine.ports import Sender
 from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
@@ -38,6 +39,7 @@ from sowstream.queues.store import (
 )
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
+from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
 
 log = logging.getLogger("sowstream.engine.queues")
@@ -60,6 +62,14 @@ DONE_RESULTS = ("removed", "returned", "expired", "freed", "acked")
 StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[bool]]
 # Reads one key of a log partition's store (None when absent or the partition is not held).
 StoreRead = Callable[[str, int, bytes], bytes | None]
+
+
+class AckAnswer(NamedTuple):
+    """What a ``queue_ack`` did: how many messages it removed or returned, and a count per
+    result (its answer's ``count`` and ``message``)."""
+
+    done: int
+    results: dict[str, int]
 
 
 def _now_ms() -> int:
@@ -122,7 +132,7 @@ class QueueRuntime:
         watermark: int,
         *,
         start: int = 0,
-        backfill: Iterable[tuple[int, int, bytes, dict[str, Any], int | None]] = (),
+        backfill: Iterable[AppliedPublish] = (),
     ) -> dict[bytes, bytes | None]:
         """Take a partition's stored queue messages; the log after ``watermark`` follows, but
         nothing before ``start`` (the resolved RecoveryPoint) enters the queue. ``backfill``
@@ -168,10 +178,10 @@ class QueueRuntime:
         self,
         topic: str,
         partition: int,
-        records: Iterable[tuple[int, int, bytes, dict[str, Any], int | None]],
+        records: Iterable[AppliedPublish],
     ) -> dict[bytes, bytes | None]:
-        """Offer applied publishes ``(offset, timestamp, data, body, expiration_ms)``; returns the
-        store entries of those that became queue messages (written with their batch)."""
+        """Offer applied publishes; returns the store entries of those that became queue
+        messages (written with their batch)."""
         changes: dict[bytes, bytes | None] = {}
         for offset, timestamp, data, body, expiration in records:
             if self.machine.append(
@@ -237,9 +247,7 @@ class QueueRuntime:
 
     # -- acknowledgements -----------------------------------------------------------------------
 
-    async def acknowledge(
-        self, cmd: dict[str, Any], topic: str, partition: int
-    ) -> tuple[int, dict[str, int]] | None:
+    async def acknowledge(self, cmd: Command, topic: str, partition: int) -> AckAnswer | None:
         """Apply a ``queue_ack`` command sent to ``topic``'s control partition ``partition``;
         returns how many messages it removed or returned and a count per result (None when its
         removals could not be stored). Raises InvalidCommandError naming a malformed bookmark or
@@ -250,8 +258,8 @@ class QueueRuntime:
         return outcome
 
     async def acknowledge_all(
-        self, commands: Sequence[tuple[dict[str, Any], int]], topic: str
-    ) -> list[tuple[int, dict[str, int]] | InvalidCommandError | None]:
+        self, commands: Sequence[tuple[Command, int]], topic: str
+    ) -> list[AckAnswer | InvalidCommandError | None]:
         """Apply ``queue_ack`` commands ``(command, control partition)`` of ``topic`` in order,
         and store what they removed in one write per log partition; returns per command what
         :meth:`acknowledge` returns, or the InvalidCommandError refusing it.
@@ -262,7 +270,7 @@ class QueueRuntime:
         now = _now_ms()
         removed: list[Removed] = []
         acked_by: dict[Bookmark, str] = {}
-        outcomes: list[tuple[int, dict[str, int]] | InvalidCommandError | None] = []
+        outcomes: list[AckAnswer | InvalidCommandError | None] = []
         touched: list[set[tuple[str, int]]] = []  # per command, the partitions it removed from
         for cmd, partition in commands:
             try:
@@ -274,12 +282,12 @@ class QueueRuntime:
             removed.extend(outcome.removed)
             for item in outcome.removed:
                 if item.reason == "":
-                    acked_by[item.message.bookmark] = cmd["reply_to"]
+                    acked_by[item.message.bookmark] = cmd.reply_to
             touched.append(
                 {(r.message.bookmark.topic, r.message.bookmark.partition) for r in outcome.removed}
             )
             results = Counter(str(r) for r in outcome.results.values())
-            outcomes.append((sum(results[r] for r in DONE_RESULTS), dict(results)))
+            outcomes.append(AckAnswer(sum(results[r] for r in DONE_RESULTS), dict(results)))
         unstored = await self._removed(removed, acked_by, now)
         self.kick()
         return [
@@ -287,16 +295,15 @@ class QueueRuntime:
             for outcome, where in zip(outcomes, touched, strict=True)
         ]
 
-    def _ack(self, cmd: dict[str, Any], topic: str, partition: int, now: int) -> AckOutcome:
+    def _ack(self, cmd: Command, topic: str, partition: int, now: int) -> AckOutcome:
         """One ``queue_ack`` applied to the machine (nothing stored yet)."""
-        options = cmd.get("options") or {}
-        action = (options.get("action") or "").strip().lower()
-        client = cmd["reply_to"]
+        action = (cmd.option("action") or "").strip().lower()
+        client = cmd.reply_to
         try:
-            if cmd.get("filter"):
+            if cmd.filter:
                 # Every matching message of the partition the command went to, leased or not
                 # (the command goes to every partition; each answers for its own).
-                matching = compile_filter(cmd["filter"])
+                matching = compile_filter(cmd.filter)
                 bookmarks = [
                     m.bookmark
                     for m in self.machine.browse() + self.machine.leases()
@@ -304,7 +311,7 @@ class QueueRuntime:
                     and matching.matches(m.body)
                 ]
             else:
-                bookmarks = [Bookmark.parse(b) for b in _split(options.get("bookmarks") or "")]
+                bookmarks = [Bookmark.parse(b) for b in _split(cmd.option("bookmarks") or "")]
                 if not bookmarks:
                     raise InvalidCommandError(
                         f"queue {self.name!r}: an acknowledgement needs bookmarks or a filter"

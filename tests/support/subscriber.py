@@ -15,17 +15,20 @@ import orjson
 from sowstream.client.messages import Message
 from sowstream.client.subscription import Subscription, _Live
 from sowstream.config.models import TopicConfig
-from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.ports import Sender
+from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.filters import compile_filter
 from sowstream.filters.order_by import parse_order_by
 from sowstream.sow.merge import merge_delta
+from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.model import DELTA_SUBSCRIBE, WITH_SOW, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
 from sowstream.subscriptions.window import PageWindow, ResultSet
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode
+from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
 
 
@@ -93,15 +96,15 @@ class Cache:
         return {k: without_nulls(v) for k, v in self.records.items()}
 
 
-class _KeptStores(TopicProcessor):
+def _kept_stores(
+    stores: dict[int, MemoryPartition], topic: TopicConfig, sender: Sender
+) -> TopicProcessor:
     """A processor whose partition stores outlive it, as RocksDB does a worker's crash."""
 
-    def __init__(self, stores: dict[int, MemoryPartition], *args: Any) -> None:
-        super().__init__(*args)
-        self._kept = stores
+    def new_store(partition: int) -> PartitionStore:
+        return stores.setdefault(partition, MemoryPartition())
 
-    def _new_store(self, partition: int) -> PartitionStore:
-        return self._kept.setdefault(partition, MemoryPartition())
+    return TopicProcessor(topic, TopicNames("p"), sender, new_store=new_store)
 
 
 class Harness:
@@ -119,7 +122,7 @@ class Harness:
         self.topic = topic
         self.sender = RecordingSender()
         self.stores: dict[int, MemoryPartition] = {}
-        self.proc: TopicProcessor = _KeptStores(self.stores, topic, TopicNames("p"), self.sender)
+        self.proc = _kept_stores(self.stores, topic, self.sender)
         self.log: list[RawRecord] = []
         self.user = user
         self.command = command
@@ -157,25 +160,18 @@ class Harness:
     async def place(self, partition: int) -> None:
         """The placement command runs on ``partition``."""
         await self.proc.subscribe(
-            {
-                "command": self.command,
-                "command_id": "c",
-                "query_id": "q",
-                "reply_to": "r",
-                "topic": self.topic.name,
-                "filter": self.filter,
-                "sow_keys": None,
-                "order_by": self.order_by,
-                "top_n": None,
-                "skip_n": None,
-                "batch_size": 10,
-                "after_offset": -1,
-                "options": {},
-                "sub_id": "s",
-                "identity": "",
-                "sub_options": self.spec.options.to_text(),
-                "previous_filter": None,
-            },
+            Command(
+                command=self.command,
+                command_id="c",
+                query_id="q",
+                reply_to="r",
+                topic=self.topic.name,
+                filter=self.filter,
+                order_by=self.order_by,
+                batch_size=10,
+                sub_id="s",
+                sub_options=self.spec.options.to_text(),
+            ),
             partition,
         )
         self.pump()
@@ -189,13 +185,13 @@ class Harness:
         """The worker dies (what it sent is out, what it had not stored is lost) and a new one
         takes every partition: it loads what the stores hold, learns the subscription from the
         registry and reads the log on from each partition's stored watermark."""
-        for task in [ps.committer for ps in self.proc._parts.values() if ps.committer]:
+        for task in [ps.committer for _, ps in self.proc.table.states() if ps.committer]:
             task.cancel()
         self.pump()
-        self.proc = _KeptStores(self.stores, self.topic, TopicNames("p"), self.sender)
+        self.proc = _kept_stores(self.stores, self.topic, self.sender)
         await self.start()  # before the registry is read, as a worker's timer may do
         self.register()
-        marks = {p: self.proc._parts[p].watermark for p in self.proc._parts}
+        marks = {p: ps.watermark for p, ps in self.proc.table.states()}
         await self.proc.process([r for r in self.log if r.offset > marks[r.partition]])
         self.pump()
 

@@ -20,12 +20,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
-from sowstream.engine.processor import RawRecord, TopicProcessor
+from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import INDEX_PREFIX, is_record_key
 from sowstream.filters.values import canonical_text, is_null
 from sowstream.sow.keys import field_values, key_values, same_values, sow_key_from_values
 from sowstream.sow.layout import index_entries
 from sowstream.sow.memo import MEMO_PREFIX, memo_entries
+from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
@@ -183,7 +184,7 @@ def test_index_entries_match_the_stored_records(
         for key, raw in ps.store.scan():
             if is_record_key(key):
                 parsed = orjson.loads(SowRecord.from_bytes(raw).data)
-                expected |= index_entries(proc._index_fields, key, parsed)
+                expected |= index_entries(proc.table.index_fields, key, parsed)
                 expected |= memo_entries(MEMO, key, parsed)
         held = {
             k

@@ -13,7 +13,9 @@ from typing import Any
 import orjson
 import pytest
 
-from sowstream.engine.processor import PartitionState, Sender, TopicProcessor
+from sowstream.engine.partition import PartitionState
+from sowstream.engine.ports import Sender
+from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import WATERMARK_KEY, is_record_key
 from sowstream.errors import StateStoreError
 from sowstream.sow.record import SowRecord
@@ -50,7 +52,9 @@ class HeldAcks(Sender):
 def stored(proc: TopicProcessor) -> dict[int, int]:
     """Record id → stored value ``v``, read straight from partition 0's store."""
     out = {}
-    for key, raw in proc._parts[0].store.scan():
+    ps = proc.state(0)
+    assert ps is not None
+    for key, raw in ps.store.scan():
         if is_record_key(key):
             body = orjson.loads(SowRecord.from_bytes(raw).data)
             out[body["id"]] = body.get("v", body.get("x", {}).get("v"))
@@ -154,7 +158,7 @@ def test_a_failed_store_write_drops_the_partition_for_a_reload() -> None:
         # Readers waiting on it learn why; the pump finds the partition gone and loads it again.
         assert proc.state(0) is None and isinstance(ps.failure, StateStoreError)
         with pytest.raises(StateStoreError, match="disk full"):
-            await proc._settle(ps)
+            await proc.table.settle(ps)
         fresh = await proc.ready(0)
         assert fresh is not ps and fresh.failure is None and not fresh.in_flight
 

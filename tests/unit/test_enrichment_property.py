@@ -15,9 +15,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
-from sowstream.engine.processor import RawRecord
 from sowstream.sow.fold import FilterDeletes, apply_record, fold_sorted, is_filter_delete
 from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from tests.unit.test_processor_model import run

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
 from sowstream.config.models import HistoryConfig
-from sowstream.engine.processor import RawRecord, TopicProcessor
+from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import InvalidCommandError
 from sowstream.sow.bookmarks import Bookmark, message_bookmark, parse_bookmark
 from sowstream.sow.history import (
@@ -33,6 +33,7 @@ from sowstream.sow.history import (
     version_changes,
     version_key,
 )
+from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.sow.timestamps import format_timestamp, parse_timestamp
 from sowstream.wire import headers as h

@@ -23,17 +23,21 @@ from sowstream.config import load_config_text
 from sowstream.config.models import TopicConfig
 from sowstream.engine import memo
 from sowstream.engine.metrics import QUERY_PLANS
-from sowstream.engine.processor import PartitionState, RawRecord, Sender, TopicProcessor
+from sowstream.engine.partition import PartitionState
+from sowstream.engine.ports import Sender
+from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.errors import StateStoreError
 from sowstream.filters import ast, compile_filter
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.layout import store_entries
 from sowstream.sow.memo import BUILDING, MEMO_PREFIX, READY, marker_key, memo_entries
+from sowstream.sow.ops import RawRecord
 from sowstream.sow.planner import MemoLookup, UnionLookup, plan
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode
+from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
 
 
@@ -67,7 +71,7 @@ def publish(offset: int, body: dict[str, Any]) -> RawRecord:
 
 async def query(proc: TopicProcessor, sender: Capture, flt: str) -> list[str]:
     sender.replies.clear()
-    await proc.query({"reply_to": "r", "command_id": "c", "filter": flt, "batch_size": 1000}, 0)
+    await proc.query(Command("sow", "c", "", "r", "t", filter=flt, batch_size=1000), 0)
     (end,) = [r for r in sender.replies if r["command"] == "part_end"]
     assert end["status"] == "success", end
     return [
@@ -313,10 +317,12 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
         )
         # A persistent topic keeps the store it finds (a transient one starts empty).
         proc = TopicProcessor(
-            topic().model_copy(update={"durability": "persistent"}), TopicNames("p"), Capture()
+            topic().model_copy(update={"durability": "persistent"}),
+            TopicNames("p"),
+            Capture(),
+            new_store=lambda partition: store,
         )
-        proc._parts[0] = ps = PartitionState(store)
-        await proc.ready(0)
+        ps = await proc.ready(0)
         assert ps.memo == {"/a"}
         assert store.get(marker_key("/a")) == READY and store.get(marker_key("/b")) is None
         assert stored_memo_entries(ps) == memo_entries(
@@ -389,9 +395,10 @@ def test_a_failed_build_is_logged_and_the_query_scans(caplog: pytest.LogCaptureF
         sender = Capture()
         # persistent: the processor keeps the store it is given (a transient one starts empty)
         config = topic().model_copy(update={"indexes": (), "durability": "persistent"})
-        proc = TopicProcessor(config, TopicNames("p"), sender)
-        proc._parts[0] = ps = PartitionState(NoRoomForIndexes())
-        await proc.ready(0)
+        proc = TopicProcessor(
+            config, TopicNames("p"), sender, new_store=lambda partition: NoRoomForIndexes()
+        )
+        ps = await proc.ready(0)
         bodies = {key_of(i): {"id": i, "qty": i} for i in range(10)}
         await proc.process([publish(i, b) for i, b in enumerate(bodies.values())])
         await proc.drain()

@@ -16,12 +16,13 @@ from sowstream.client.subscription import Subscription, _Live
 from sowstream.config import load_config_text
 from sowstream.config.errors import ConfigError
 from sowstream.engine.app import topic_info
-from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.ports import Sender
+from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import InvalidCommandError, InvalidMessageError
 from sowstream.filters import compile_filter
 from sowstream.pipeline.rebuild import PipelineError, require_supported
 from sowstream.sow.keys import generated_sow_key
-from sowstream.sow.ops import decode_log_record, deleted_by_filter
+from sowstream.sow.ops import RawRecord, decode_log_record, deleted_by_filter
 from sowstream.sow.patterns import (
     NameScope,
     literal_name,
@@ -36,6 +37,7 @@ from sowstream.subscriptions.model import Change, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode
+from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
 
 YAML = """
@@ -299,19 +301,20 @@ class Replies(Sender):
         self.replies.append(decode("Reply", value))
 
 
-def command(filter: str | None = None, regex: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {
-        "command": "sow",
-        "command_id": "c",
-        "reply_to": "r",
-        "topic": "orders",
-        "filter": filter,
-        "topic_regex": regex,
+def command(filter: str | None = None, regex: str | None = None, **extra: Any) -> Command:
+    return Command(
+        command="sow",
+        command_id="c",
+        query_id="",
+        reply_to="r",
+        topic="orders",
+        filter=filter,
+        topic_regex=regex,
         **extra,
-    }
+    )
 
 
-async def ask(sender: Replies, proc: TopicProcessor, cmd: dict[str, Any]) -> list[Any]:
+async def ask(sender: Replies, proc: TopicProcessor, cmd: Command) -> list[Any]:
     """(topic, SowKey, /id) of every record one partition answers ``cmd`` with."""
     sender.replies.clear()
     await proc.query(cmd, 0)
@@ -348,7 +351,7 @@ def test_the_processor_keeps_and_answers_each_name_apart() -> None:
             "eu by hash index": command("/g = 1", name_regex("orders.eu")),
             "all by range (memo)": command("/px >= 20", "orders\\..*"),
             "eu by SowKeys": command(
-                regex=name_regex("orders.eu"), sow_keys=[key("orders.eu", 2), key("orders.us", 1)]
+                regex=name_regex("orders.eu"), sow_keys=(key("orders.eu", 2), key("orders.us", 1))
             ),
         }
         for label, cmd in list(queries.items()):

@@ -16,9 +16,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import TopicConfig, load_config_text
-from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
+from sowstream.engine.ports import Sender
+from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import is_record_key
 from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sowstream.config.queues import QueueConfig
-from sowstream.engine.partition import Sender
+from sowstream.engine.ports import Sender
 from sowstream.engine.queue_views import QueueViewFeed, available_records, available_sow_key
 from sowstream.queues import Bookmark, QueueMachine
 from sowstream.wire import headers as h

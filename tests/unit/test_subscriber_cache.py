@@ -17,8 +17,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import TopicConfig, load_config_text
-from sowstream.engine.processor import RawRecord
 from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.model import (
     DELTA_SUBSCRIBE,
     SOW_AND_DELTA_SUBSCRIBE,

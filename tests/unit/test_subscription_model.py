@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sowstream.client.subscription import Subscription, _Live
-from sowstream.engine.processor import Sender, TopicProcessor
+from sowstream.engine.ports import Sender
+from sowstream.engine.processor import TopicProcessor
 from sowstream.filters import compile_filter
 from sowstream.sow.merge import merge_delta
 from sowstream.subscriptions.model import SubscriptionSpec

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
 from sowstream.config.views import ViewConfig
-from sowstream.engine.processor import Sender, TopicProcessor
+from sowstream.engine.ports import Sender
+from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.engine.views import ViewRunner
 from sowstream.errors import StateStoreError
