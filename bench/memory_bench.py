@@ -104,7 +104,7 @@ def main() -> None:
         writer.join()
         stop.set()
         sampler.join()
-        pending = len(client._pending)
+        pending = client._connection.pending_replies()
         rocks = dir_size(work / "data" / prefix / "bench")
         sub.close()
 

@@ -19,18 +19,19 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from sowstream.client.connection import Connection
+from sowstream.client.querying import Querying
+from sowstream.client.topics import TopicInfo
 from sowstream.errors import CommandTimeoutError, SowstreamError
 from sowstream.queues.machine import EXPIRY_REASONS
-from sowstream.wire.avro import decode, encode
-
-if TYPE_CHECKING:
-    from sowstream.client.client import Client
+from sowstream.wire import protocol
+from sowstream.wire.avro import decode
 
 WORKER_STALE_SECONDS = 10.0  # five announcements missed (engine.app.ANNOUNCE_SECONDS)
 WORKER_FORGET_SECONDS = 3600.0  # workers silent for longer are left out (gone for good)
@@ -53,18 +54,22 @@ def queue_row(queue: str, raw: dict[str, int]) -> dict[str, Any]:
 
 
 def cluster_status(
-    client: Client, answer_seconds: float = 5.0, topic: str | None = None
+    connection: Connection,
+    querying: Querying,
+    answer_seconds: float = 5.0,
+    topic: str | None = None,
 ) -> dict[str, Any]:
     """Workers, partitions, topics, queues and dead letters of the cluster (stable keys,
     docs/deploy.md *Status*); waits at most ``answer_seconds`` for the workers' answers.
-    ``topic`` (a name or regular expression) limits partitions, topics and queues to it."""
-    infos = list(client.refresh_topics().values())
+    ``topic`` (a name or regular expression) limits partitions, topics and queues to it.
+    ``querying`` sends the ``status`` command and reads the queues' counters."""
+    infos = list(connection.refresh_topics().values())
     if topic is not None:
-        names = {i.name for i in client._resolve_topics(topic)}
+        names = {i.name for i in connection.resolve_topics(topic)}
         infos = [i for i in infos if i.name in names]
     now = time.time()
-    workers = _read_workers(client, now)
-    answers = _partition_answers(client, infos, answer_seconds)
+    workers = _read_workers(connection, now)
+    answers = _partition_answers(connection, querying, infos, answer_seconds)
     topics = [i for i in infos if not i.queue or i.name in i.queue_of]
     shown = {i.name for i in topics}
     # The freshest announcement naming a partition tells who owns it (a rebalance may leave an
@@ -77,7 +82,7 @@ def cluster_status(
                 continue
             if key not in claimed or claimed[key][0] < worker["announced_at"]:
                 claimed[key] = (worker["announced_at"], worker, part)
-    ends = _log_ends(client, [(i.log_topic, i.partitions) for i in topics])
+    ends = _log_ends(connection, [(i.log_topic, i.partitions) for i in topics])
     partitions: list[dict[str, Any]] = []
     for info in sorted(topics, key=lambda i: i.name):
         for p in range(info.partitions):
@@ -134,15 +139,15 @@ def cluster_status(
         "workers": workers,
         "partitions": partitions,
         "topics": topic_rows,
-        "queues": _queues(client, infos),
-        "dead_letters": _dead_letters(client),
+        "queues": _queues(querying, infos),
+        "dead_letters": _dead_letters(connection),
     }
 
 
-def _read_workers(client: Client, now: float) -> list[dict[str, Any]]:
+def _read_workers(connection: Connection, now: float) -> list[dict[str, Any]]:
     """The last announcement of every worker on the workers topic, with its age."""
     latest: dict[bytes, dict[str, Any]] = {}
-    for key, value in _read_all(client, client.names.workers):
+    for key, value in _read_all(connection, connection.names.workers):
         if value is None:
             latest.pop(key, None)
         else:
@@ -201,73 +206,69 @@ def _subscriptions(workers: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def _partition_answers(
-    client: Client, infos: Iterable[Any], answer_seconds: float
+    connection: Connection, querying: Querying, infos: Iterable[TopicInfo], answer_seconds: float
 ) -> dict[tuple[str, int], dict[str, Any]]:
     """The ``status`` answers that arrive within ``answer_seconds`` (one per partition)."""
     infos = [i for i in infos if not i.queue or i.name in i.queue_of]
     command_id = uuid.uuid4().hex
     query_id = uuid.uuid4().hex[:16]
-    producer, _ = client._require()
-    expected = 0
-    for info in infos:
-        for partition in range(info.partitions):
-            body = client._command_body("status", command_id, info.name, query_id=query_id)
-            producer.produce(info.control_topic, value=encode("Command", body), partition=partition)
-            expected += 1
-    producer.flush(client.timeout)
+    expected = querying.send_status(infos, command_id, query_id)
     answers: dict[tuple[str, int], dict[str, Any]] = {}
     done: set[tuple[str, int]] = set()
     deadline = time.monotonic() + answer_seconds
     while len(done) < expected:
         try:
-            reply = client._next_reply(command_id, deadline)
+            reply = connection.next_reply(command_id, deadline)
         except CommandTimeoutError:
             break  # the rest show what their owners last announced
-        part = (reply["topic"], reply["partition"])
-        if reply["status"] != "success":
+        part = (reply.topic, reply.partition)
+        if reply.status != protocol.SUCCESS:
             done.add(part)  # e.g. a topic that disappeared meanwhile: its row shows no answer
-        elif reply["command"] == "sow":
-            for rec in reply["records"]:
-                answers.setdefault(part, orjson.loads(rec["data"]))
-        elif reply["command"] == "part_end":
+        elif reply.command == protocol.SOW:
+            for rec in reply.records:
+                answers.setdefault(part, orjson.loads(rec.data))
+        elif reply.command == protocol.PART_END:
             done.add(part)
     return answers
 
 
-def _log_ends(client: Client, topics: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+def _log_ends(
+    connection: Connection, topics: list[tuple[str, int]]
+) -> dict[tuple[str, int], int | None]:
     """Each log partition's end offset (the next offset to be written)."""
     if not topics:
         return {}
-    admin = AdminClient({"bootstrap.servers": client.bootstrap, **client._extra})
+    admin = AdminClient({"bootstrap.servers": connection.bootstrap, **connection.kafka_config})
     request = {TopicPartition(t, p): OffsetSpec.latest() for t, n in topics for p in range(n)}
     ends: dict[tuple[str, int], int | None] = {}
-    for tp, future in admin.list_offsets(request, request_timeout=client.timeout).items():
+    timeout = connection.timeout
+    for tp, future in admin.list_offsets(request, request_timeout=timeout).items():
         try:
-            ends[(tp.topic, tp.partition)] = future.result(client.timeout).offset
+            ends[(tp.topic, tp.partition)] = future.result(timeout).offset
         except KafkaException:
             ends[(tp.topic, tp.partition)] = None  # e.g. a log deleted meanwhile
     return ends
 
 
-def _queues(client: Client, infos: Iterable[Any]) -> list[dict[str, Any]]:
+def _queues(querying: Querying, infos: Iterable[TopicInfo]) -> list[dict[str, Any]]:
     """Every queue's counters, as ``sowstream queue status`` shows them."""
     rows = []
     for name in sorted({i.name for i in infos if i.queue}):
         try:
-            rows.append(queue_row(name, client.queue_status(name)))
+            rows.append(queue_row(name, querying.queue_status(name)))
         except SowstreamError as exc:  # a partition's owner did not answer in time
             rows.append({"queue": name, "error": str(exc)})
     return rows
 
 
-def _dead_letters(client: Client) -> dict[str, Any]:
+def _dead_letters(connection: Connection) -> dict[str, Any]:
     """How many records the dead-letter topic holds, by topic and reason when there are at
     most ``DEAD_LETTER_READ_MAX`` of them (reading more would make status slow)."""
-    consumer = client._consumer()
+    consumer = connection.consumer()
     try:
-        tp = TopicPartition(client.names.dead_letter, 0)
+        tp = TopicPartition(connection.names.dead_letter, 0)
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=client.timeout)
+            low, high = consumer.get_watermark_offsets(tp, timeout=connection.timeout)
         except KafkaException:
             return {"count": 0, "by_reason": {}, "by_topic": {}}
         count = max(0, high - low)
@@ -277,7 +278,7 @@ def _dead_letters(client: Client) -> dict[str, Any]:
         consumer.close()
     reasons: Counter[str] = Counter()
     topics: Counter[str] = Counter()
-    for _, value in _read_all(client, client.names.dead_letter):
+    for _, value in _read_all(connection, connection.names.dead_letter):
         if value is not None:
             letter = decode("DeadLetter", value)
             reasons[letter["reason"]] += 1
@@ -285,20 +286,20 @@ def _dead_letters(client: Client) -> dict[str, Any]:
     return {"count": count, "by_reason": dict(reasons), "by_topic": dict(topics)}
 
 
-def _read_all(client: Client, topic: str) -> list[tuple[bytes, bytes | None]]:
+def _read_all(connection: Connection, topic: str) -> list[tuple[bytes, bytes | None]]:
     """Every (key, value) of partition 0 of ``topic`` up to its end now; [] when it is missing."""
-    consumer = client._consumer()
+    consumer = connection.consumer()
     try:
         tp = TopicPartition(topic, 0)
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=client.timeout)
+            low, high = consumer.get_watermark_offsets(tp, timeout=connection.timeout)
         except KafkaException:
             return []
         if high <= low:
             return []
         consumer.assign([TopicPartition(topic, 0, low)])
         found: list[tuple[bytes, bytes | None]] = []
-        deadline = time.monotonic() + client.timeout
+        deadline = time.monotonic() + connection.timeout
         position = low
         while position < high and time.monotonic() < deadline:
             for msg in consumer.consume(1000, 0.5):

@@ -1,8 +1,10 @@
-"""A client's connection: its producer, its reply topic and reader, topic definitions, and
-commands sent and answered.
+"""A client's connection: the state every part of :class:`~sowstream.client.Client` shares.
 
-The stages of the client (queries, queues, publishing, subscriptions) are layers of one class,
-each in its own module; this base holds what they all use.
+The :class:`Connection` owns the Kafka clients (the publish producer, the acknowledgement
+producer, the reply-topic consumer and its reader thread), the topic definitions read from the
+meta topic, the replies parked for their commands, the offsets of this client's own publishes,
+and the live subscriptions the reader routes messages to. The parts (querying, queueing,
+publishing, subscribing) receive it and use its public methods only.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import re
 import threading
 import time
 import uuid
-import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Self, cast
 
@@ -43,6 +44,7 @@ from sowstream.subscriptions.model import (
     SubscriptionSpec,
 )
 from sowstream.wire import headers as h
+from sowstream.wire import protocol
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import (
     TopicSpec,
@@ -61,9 +63,14 @@ PATTERN_ONLY = re.compile(r"[\\^$|?*+()\[\]{}]")
 HEARTBEAT_SECONDS = 2.0
 CONNECT_SECONDS = 10.0  # how long connect() waits for the cluster to answer at all
 
+# Where one command goes: (control topic, partition, command).
+Send = tuple[str, int, protocol.Command]
+LiveSubscription = Subscription | QueueSubscription
 
-class ClientBase:
-    """The connection every stage of :class:`~sowstream.client.Client` shares."""
+
+class Connection:
+    """One client's link to the engine: Kafka clients, topic definitions, replies and the
+    subscriptions live messages are routed to."""
 
     def __init__(
         self,
@@ -81,13 +88,13 @@ class ClientBase:
         self.name = name or f"client-{uuid.uuid4().hex[:12]}"
         self.names = TopicNames(prefix)
         self.timeout = timeout
-        self._extra = dict(config or {})
+        self.identity = identity
+        # Passed to every confluent-kafka client as-is (TLS, SASL, ...).
+        self.kafka_config: Mapping[str, str] = dict(config or {})
         self.reply_topic = self.names.reply(self.name)
-        # hashed once: every publish to a plain topic routes by it (_plain_partition)
-        self._name_hash = zlib.crc32(self.name.encode())
         self._producer: Producer | None = None
         # Acknowledgements sent as a queue subscription goes: each one holds back the next
-        # lease, so they skip the publish producer's linger (see _ack_sender).
+        # lease, so they skip the publish producer's linger (see _ack_producer).
         self._acks: Producer | None = None
         self._acks_lock = threading.Lock()  # acks come from reader, timer and app threads
         self._replies: Consumer | None = None
@@ -96,13 +103,14 @@ class ClientBase:
         self._pending = ReplyBox(keep_s=max(60.0, 2 * timeout))
         self._written: dict[tuple[str, int], int] = {}
         self._delivery_errors: list[str] = []
-        self.identity = identity
         self._cond = threading.Condition()
         self._waiting = 0
         self._reader: threading.Thread | None = None
         self._stop = threading.Event()
-        self._subscriptions: dict[str, Subscription | QueueSubscription] = {}
+        self._subscriptions: dict[str, LiveSubscription] = {}
         self._bookmarks: dict[str, str] = {}  # sub_id -> last delivered, for MOST_RECENT
+
+    # -- lifecycle ---------------------------------------------------------------------------------
 
     def connect(self) -> Self:
         """Create the reply topic and read the SOW topic definitions; idempotent."""
@@ -111,14 +119,14 @@ class ClientBase:
         ensure_topics(
             self.bootstrap,
             [TopicSpec(self.reply_topic, 1, {"retention.ms": "3600000"})],
-            extra=self._extra,
+            extra=self.kafka_config,
             # An unreachable cluster fails here, before any other Kafka client of ours exists.
             timeout=min(self.timeout, CONNECT_SECONDS),
         )
-        self._producer = Producer(producer_config(self.bootstrap, self._extra))
+        self._producer = Producer(producer_config(self.bootstrap, self.kafka_config))
         # The group id is the reply topic: the engine reads this group's committed offset to see
         # how far behind the client is (slow-consumer policy).
-        self._replies = self._consumer(group=self.reply_topic)
+        self._replies = self.consumer(group=self.reply_topic)
         self._replies.assign([TopicPartition(self.reply_topic, 0, 0)])
         self._stop.clear()
         self._reader = threading.Thread(
@@ -129,7 +137,8 @@ class ClientBase:
         return self
 
     def close(self) -> None:
-        """Flush pending publishes, close the Kafka clients and delete the reply topic."""
+        """End the subscriptions, flush pending publishes, close the Kafka clients and delete
+        the reply topic."""
         if self._producer is None:
             return
         for sub in list(self._subscriptions.values()):
@@ -144,17 +153,12 @@ class ClientBase:
             self._reader = None
         if self._replies is not None:
             self._replies.close()
-        delete_topics(self.bootstrap, [self.reply_topic], extra=self._extra)
+        delete_topics(self.bootstrap, [self.reply_topic], extra=self.kafka_config)
         self._producer = None
         self._replies = None
 
-    def __enter__(self) -> Self:
-        return self.connect()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _consumer(self, group: str | None = None) -> Consumer:
+    def consumer(self, group: str | None = None) -> Consumer:
+        """A new Kafka consumer with this client's settings (the caller closes it)."""
         return Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -163,13 +167,22 @@ class ClientBase:
                 "enable.partition.eof": True,
                 "fetch.wait.max.ms": 10,
                 "log_level": 4,
-                **self._extra,
+                **self.kafka_config,
             }
         )
 
+    def _require(self) -> Producer:
+        """The publish producer, connecting first if need be."""
+        if self._producer is None or self._replies is None:
+            self.connect()
+        assert self._producer is not None and self._replies is not None
+        return self._producer
+
+    # -- topic definitions -------------------------------------------------------------------------
+
     def refresh_topics(self) -> dict[str, TopicInfo]:
         """Re-read the meta topic (the engine republishes it whenever a worker starts)."""
-        consumer = self._consumer()
+        consumer = self.consumer()
         try:
             tp = TopicPartition(self.names.meta, 0)
             try:
@@ -208,13 +221,7 @@ class ClientBase:
         message types other than json)."""
         return dict(self._topics)
 
-    def _require(self) -> tuple[Producer, Consumer]:
-        if self._producer is None or self._replies is None:
-            self.connect()
-        assert self._producer is not None and self._replies is not None
-        return self._producer, self._replies
-
-    def _type(self, message_type: str | None) -> str:
+    def type_of(self, message_type: str | None) -> str:
         """The message type a command targets: its own, else the client's."""
         return self.message_type if message_type is None else type_name(message_type)
 
@@ -226,21 +233,21 @@ class ClientBase:
         created first, as a publish to it would (``engine.auto_create_topics``)."""
         if declare:
             return self._topic_or_declare(topic, message_type)
-        ident = topic_ident(topic, self._type(message_type))
-        info = self._known(topic, message_type)
+        ident = topic_ident(topic, self.type_of(message_type))
+        info = self.known(topic, message_type)
         if info is None:
             if ident != topic:
-                raise UnknownTopicError(f"{topic} ({self._type(message_type)})")
+                raise UnknownTopicError(f"{topic} ({self.type_of(message_type)})")
             raise UnknownTopicError(topic)
         return info
 
-    def _known(self, topic: str, message_type: str | None = None) -> TopicInfo | None:
+    def known(self, topic: str, message_type: str | None = None) -> TopicInfo | None:
         """The definition of ``topic`` if the engine has one (refreshing once), else None.
 
         A name in no definition that a Pattern topic's Pattern matches is that topic, addressed
         by the name (:meth:`TopicInfo.addressed_as`); a topic declared with the name wins.
         """
-        kind = self._type(message_type)
+        kind = self.type_of(message_type)
         ident = topic_ident(topic, kind)
         for refresh in (False, True):
             topics = self.refresh_topics() if refresh else self._topics
@@ -272,27 +279,53 @@ class ClientBase:
     def _topic_or_declare(self, topic: str, message_type: str | None = None) -> TopicInfo:
         """The definition of ``topic``; a json topic in no configuration is created first, as a
         plain topic, if the engine allows it (``engine.auto_create_topics``)."""
-        info = self._known(topic, message_type)
+        info = self.known(topic, message_type)
         if info is not None:
             return info
-        if self._type(message_type) != JSON:
+        if self.type_of(message_type) != JSON:
             return self.topic_info(topic, message_type)  # raises UnknownTopicError
-        return self._declare(topic)
+        return self.declare(topic)
 
-    def _declare(self, topic: str) -> TopicInfo:
+    def declare(self, topic: str) -> TopicInfo:
         """Ask the engine to create ``topic`` (CommandFailedError says why when it refuses)."""
-        command_id = uuid.uuid4().hex
-        producer, _ = self._require()
-        body = self._command_body(h.DECLARE_TOPIC, command_id, topic)
-        producer.produce(self.names.auto_control, value=encode("Command", body), partition=0)
-        producer.flush(self.timeout)
-        self._await_acks(command_id, 1)
+        command = self.command(h.DECLARE_TOPIC, uuid.uuid4().hex, topic)
+        self.send([(self.names.auto_control, 0, command)])
+        self.await_acks(command.command_id, 1)
         info = self.refresh_topics().get(topic)
         if info is None:
             raise SowstreamError(
                 f"topic {topic!r} was created but its definition is not on {self.names.meta!r}"
             )
         return info
+
+    def resolve_topics(
+        self, topic: str, message_type: str | None = None, *, declare: bool = False
+    ) -> list[TopicInfo]:
+        """The topics of ``message_type`` that ``topic`` names, or whose names it matches; with
+        ``declare`` a json name no topic matches is created (a plain topic) if the engine
+        allows it."""
+        kind = self.type_of(message_type)
+        known = self.known(topic, message_type)
+        if known is not None:
+            return [known]
+        if REGEX_CHARS.search(topic):
+            of_type = {i.name: i for i in self._topics.values() if i.message_type == kind}
+            matched = match_topic_names(topic, sorted(of_type))
+            # A regular expression (not a name) may match names of every Pattern topic: each
+            # reads those of its records.
+            scoped = [
+                replace(i, topic_regex=topic)
+                for i in of_type.values()
+                if i.pattern and PATTERN_ONLY.search(topic)
+            ]
+            plain = [of_type[name] for name in matched if not of_type[name].pattern]
+            if plain or scoped:
+                return [*plain, *sorted(scoped, key=lambda i: i.name)]
+        if declare and kind == JSON and not PATTERN_ONLY.search(topic):
+            return [self.declare(topic)]
+        raise UnknownTopicError(topic if kind == JSON else f"{topic} ({kind})")
+
+    # -- publishes ---------------------------------------------------------------------------------
 
     def _on_delivery(self, err: KafkaError | None, msg: KafkaMessage) -> None:
         if err is not None:
@@ -302,9 +335,14 @@ class ClientBase:
         # the log was recreated, where it must replace the old log's higher offsets.
         self._written[(msg.topic() or "", msg.partition() or 0)] = msg.offset() or 0
 
+    def written(self, log_topic: str, partition: int) -> int:
+        """The offset of this client's last delivered publish to a log partition (-1: none):
+        a query waits until the engine has applied it (read-your-writes)."""
+        return self._written.get((log_topic, partition), -1)
+
     def flush(self) -> None:
         """Wait until every publish is acknowledged by Kafka; raise if any failed."""
-        producer, _ = self._require()
+        producer = self._require()
         remaining = producer.flush(self.timeout)
         if remaining:
             raise CommandTimeoutError(f"{remaining} messages were not delivered to Kafka in time")
@@ -312,7 +350,7 @@ class ClientBase:
             errors, self._delivery_errors = self._delivery_errors, []
             raise SowstreamError(f"publish failed: {'; '.join(errors[:5])}")
 
-    def _produce(
+    def produce(
         self,
         topic: str,
         value: bytes | None,
@@ -321,7 +359,8 @@ class ClientBase:
         partition: int | None = None,
         headers: dict[str, str | None],
     ) -> None:
-        producer, _ = self._require()
+        """Write one record to a log topic, its delivery tracked for :meth:`written`."""
+        producer = self._require()
         kwargs: dict[str, Any] = {
             "key": key.encode() if key is not None else None,
             "value": value,
@@ -337,6 +376,105 @@ class ClientBase:
             except BufferError:
                 producer.poll(0.05)  # local queue full: let deliveries drain
         producer.poll(0)
+
+    # -- commands and their replies ----------------------------------------------------------------
+
+    def command(
+        self, name: str, command_id: str, topic: str, *, query_id: str = "", **fields: Any
+    ) -> protocol.Command:
+        """A command about ``topic`` from this client (its answers come to its reply topic);
+        ``fields`` are :class:`~sowstream.wire.protocol.Command` fields over their defaults."""
+        return protocol.Command(
+            command=name,
+            command_id=command_id,
+            query_id=query_id,
+            reply_to=self.reply_topic,
+            topic=topic,
+            identity=self.identity,
+            **fields,
+        )
+
+    def send(self, commands: Iterable[Send]) -> None:
+        """Write each command to its control-topic partition and wait until Kafka has them."""
+        producer = self._require()
+        for topic, partition, command in commands:
+            producer.produce(topic, value=command.encode(), partition=partition)
+        producer.flush(self.timeout)
+
+    def send_now(self, commands: Iterable[Send]) -> None:
+        """Write commands nobody waits for on the producer that does not linger (acks)."""
+        producer = self._ack_producer()
+        for topic, partition, command in commands:
+            producer.produce(topic, value=command.encode(), partition=partition)
+        producer.poll(0)
+
+    def prepare_acks(self, control_topics: Iterable[str]) -> None:
+        """Connect the ack producer and fetch these control topics' metadata now: the first
+        acknowledgement would otherwise wait for both while a queue's backlog stays full."""
+        producer = self._ack_producer()
+        for topic in control_topics:
+            producer.list_topics(topic, timeout=self.timeout)
+
+    def _ack_producer(self) -> Producer:
+        """The producer of acknowledgements nobody waits for, created on first use.
+
+        The publish producer lingers 5 ms to batch publishes; an acknowledgement that lingers
+        holds a backlog unit that long, which at backlog 1 tripled the time per message
+        (docs/benchmarks.md). Commands that wait for their answer flush instead.
+        """
+        self._require()
+        with self._acks_lock:
+            if self._acks is None:
+                config = {**producer_config(self.bootstrap, self.kafka_config), "linger.ms": 0}
+                self._acks = Producer(config)
+            return self._acks
+
+    def next_reply(self, command_id: str, deadline: float) -> protocol.Reply:
+        """The next reply for ``command_id`` (the reader thread parks replies per command);
+        CommandTimeoutError once ``deadline`` (monotonic) has passed."""
+        self._require()
+        with self._cond:
+            self._waiting += 1
+            try:
+                while (reply := self._pending.take(command_id, time.monotonic())) is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise CommandTimeoutError(
+                            f"no complete answer to command {command_id} within "
+                            f"{self.timeout:.0f}s: is a worker running for every partition?"
+                        )
+                    self._cond.wait(min(remaining, 0.5))
+                return reply
+            finally:
+                self._waiting -= 1
+
+    def await_acks(self, command_id: str, expected: int) -> int:
+        """Wait for ``expected`` acknowledgements of ``command_id``; the sum of their counts.
+        A failed one raises CommandFailedError."""
+        deadline = time.monotonic() + self.timeout
+        total = 0
+        answered: set[tuple[str, int, int]] = set()
+        while len(answered) < expected:
+            reply = self.next_reply(command_id, deadline)
+            # a log record (or a command) replayed after a rebalance is acked twice: count it once
+            origin = (reply.topic, reply.partition, reply.log_offset)
+            if origin[2] >= 0 and origin in answered:
+                continue
+            answered.add(origin if origin[2] >= 0 else ("", -1, len(answered)))
+            if reply.status != protocol.SUCCESS:
+                raise CommandFailedError(
+                    reply.message or reply.reason,
+                    reason=reply.reason,
+                    command_id=command_id,
+                )
+            total += reply.count
+        return total
+
+    def pending_replies(self) -> int:
+        """How many commands have replies parked, unread (a long-lived client keeps few)."""
+        return len(self._pending)
+
+    # -- the reply reader --------------------------------------------------------------------------
 
     def _read_replies(self) -> None:
         """The reply reader thread: routes engine replies to commands, live messages to
@@ -405,117 +543,28 @@ class ClientBase:
             return
         if value is None:
             return
-        reply = decode("Reply", value)
+        reply = protocol.Reply.decode(value)
         with self._cond:
             self._pending.park(reply, time.monotonic())
             self._cond.notify_all()
 
-    def _next_reply(self, command_id: str, deadline: float) -> dict[str, Any]:
-        """The next reply for ``command_id`` (the reader thread parks replies per command)."""
-        self._require()
-        with self._cond:
-            self._waiting += 1
-            try:
-                while (reply := self._pending.take(command_id, time.monotonic())) is None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise CommandTimeoutError(
-                            f"no complete answer to command {command_id} within "
-                            f"{self.timeout:.0f}s: is a worker running for every partition?"
-                        )
-                    self._cond.wait(min(remaining, 0.5))
-                return reply
-            finally:
-                self._waiting -= 1
+    # -- subscriptions -----------------------------------------------------------------------------
 
-    def _await_acks(self, command_id: str, expected: int) -> int:
-        deadline = time.monotonic() + self.timeout
-        total = 0
-        answered: set[tuple[str, int, int]] = set()
-        while len(answered) < expected:
-            reply = self._next_reply(command_id, deadline)
-            # a log record (or a command) replayed after a rebalance is acked twice: count it once
-            origin = (reply["topic"], reply["partition"], reply["log_offset"])
-            if origin[2] >= 0 and origin in answered:
-                continue
-            answered.add(origin if origin[2] >= 0 else ("", -1, len(answered)))
-            if reply["status"] != "success":
-                raise CommandFailedError(
-                    reply["message"] or reply["reason"],
-                    reason=reply["reason"],
-                    command_id=command_id,
-                )
-            total += reply["count"]
-        return total
+    def subscription(self, sub_id: str) -> LiveSubscription | None:
+        """The live subscription with ``sub_id``, if any."""
+        return self._subscriptions.get(sub_id)
 
-    def _resolve_topics(
-        self, topic: str, message_type: str | None = None, *, declare: bool = False
-    ) -> list[TopicInfo]:
-        """The topics of ``message_type`` that ``topic`` names, or whose names it matches; with
-        ``declare`` a json name no topic matches is created (a plain topic) if the engine
-        allows it."""
-        kind = self._type(message_type)
-        known = self._known(topic, message_type)
-        if known is not None:
-            return [known]
-        if REGEX_CHARS.search(topic):
-            of_type = {i.name: i for i in self._topics.values() if i.message_type == kind}
-            matched = match_topic_names(topic, sorted(of_type))
-            # A regular expression (not a name) may match names of every Pattern topic: each
-            # reads those of its records.
-            scoped = [
-                replace(i, topic_regex=topic)
-                for i in of_type.values()
-                if i.pattern and PATTERN_ONLY.search(topic)
-            ]
-            plain = [of_type[name] for name in matched if not of_type[name].pattern]
-            if plain or scoped:
-                return [*plain, *sorted(scoped, key=lambda i: i.name)]
-        if declare and kind == JSON and not PATTERN_ONLY.search(topic):
-            return [self._declare(topic)]
-        raise UnknownTopicError(topic if kind == JSON else f"{topic} ({kind})")
+    def add_subscription(self, sub: LiveSubscription) -> None:
+        """Route live messages for ``sub.sub_id`` to ``sub`` from now on."""
+        self._subscriptions[sub.sub_id] = sub
 
-    def _drop_subscription(self, sub: Subscription | QueueSubscription) -> None:
-        if sub.last_bookmark:
-            self._bookmarks[sub.sub_id] = sub.last_bookmark
-        self._subscriptions.pop(sub.sub_id, None)
-        if self._producer is None:
-            return
-        for spec in sub.specs:
-            self._producer.produce(self.names.subscriptions, key=spec.key.encode(), value=None)
-        self._producer.flush(self.timeout)
+    def last_bookmark(self, sub_id: str) -> str | None:
+        """The bookmark of the last message delivered to an ended subscription (MOST_RECENT)."""
+        return self._bookmarks.get(sub_id)
 
-    def _command_body(
-        self, command: str, command_id: str, topic: str, **fields: Any
-    ) -> dict[str, Any]:
-        """A Command record for ``topic`` from this client, ``fields`` over the defaults."""
-        body: dict[str, Any] = {
-            "command": command,
-            "command_id": command_id,
-            "query_id": "",
-            "reply_to": self.reply_topic,
-            "topic": topic,
-            "filter": None,
-            "sow_keys": None,
-            "order_by": None,
-            "top_n": None,
-            "skip_n": None,
-            "batch_size": 1,
-            "after_offset": -1,
-            "options": {},
-            "sub_id": "",
-            "identity": self.identity,
-            "sub_options": "",
-            "previous_filter": None,
-            "message_type": JSON,
-            "topic_regex": None,
-        }
-        body.update(fields)
-        return body
-
-    def _register(self, specs: list[SubscriptionSpec]) -> None:
+    def register(self, specs: list[SubscriptionSpec]) -> None:
         """Write the registrations to the registry topic (so any worker can serve them)."""
-        producer, _ = self._require()
+        producer = self._require()
         for spec in specs:
             producer.produce(
                 self.names.subscriptions,
@@ -524,3 +573,14 @@ class ClientBase:
             )
         if producer.flush(self.timeout):
             raise CommandTimeoutError("could not register the subscription in time")
+
+    def drop_subscription(self, sub: LiveSubscription) -> None:
+        """Stop routing to ``sub`` and tombstone its registrations (it remembers its bookmark)."""
+        if sub.last_bookmark:
+            self._bookmarks[sub.sub_id] = sub.last_bookmark
+        self._subscriptions.pop(sub.sub_id, None)
+        if self._producer is None:
+            return
+        for spec in sub.specs:
+            self._producer.produce(self.names.subscriptions, key=spec.key.encode(), value=None)
+        self._producer.flush(self.timeout)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 import uuid
+import zlib
 from typing import Any
 
 import orjson
 
+from sowstream.client.connection import Connection
 from sowstream.client.queueing import Queueing
 from sowstream.client.topics import TopicInfo
 from sowstream.errors import (
@@ -37,8 +39,15 @@ def preprocess_body(info: TopicInfo, stage: Stage, parsed: dict[str, Any]) -> di
         ) from exc
 
 
-class Publishing(Queueing):
-    """The publish stage: every update of a record goes to the partition that owns it."""
+class Publishing:
+    """The publish part: every update of a record goes to the partition that owns it. A
+    ``sow_delete`` with bookmarks acknowledges queue messages, through ``queueing``."""
+
+    def __init__(self, connection: Connection, queueing: Queueing) -> None:
+        self._conn = connection
+        self._queueing = queueing
+        # hashed once: every publish to a plain topic routes by it (plain_partition)
+        self._name_hash = zlib.crc32(connection.name.encode())
 
     @staticmethod
     def _body(
@@ -117,7 +126,7 @@ class Publishing(Queueing):
             return generated_sow_key(name, info.key_domain or name, info.keys, parsed)
         return generated_sow_key(info.name, info.key_domain, info.keys, parsed)
 
-    def _plain_partition(self, info: TopicInfo) -> int:
+    def plain_partition(self, info: TopicInfo) -> int:
         """The one partition this client publishes an unkeyed plain topic's messages to.
 
         A keyless record would land on a random partition and overtake its predecessors; one
@@ -135,13 +144,8 @@ class Publishing(Queueing):
         ack: bool = False,
         message_type: str | None = None,
     ) -> str | None:
-        """Insert or fully replace a record; returns its SowKey (None on an unkeyed plain topic).
-
-        ``expiration`` (seconds, ``0`` = never) overrides the topic's default. With ``ack`` the
-        call waits until the engine applied the publish and raises if it was rejected. ``data``
-        is the body in the topic's message type (bytes or text), or a dict of its fields.
-        """
-        return self._publish(h.PUBLISH, topic, data, sow_key, expiration, ack, message_type)
+        """A ``publish`` routed by SowKey (:meth:`Client.publish`)."""
+        return self.publish_command(h.PUBLISH, topic, data, sow_key, expiration, ack, message_type)
 
     def delta_publish(
         self,
@@ -153,10 +157,12 @@ class Publishing(Queueing):
         ack: bool = False,
         message_type: str | None = None,
     ) -> str | None:
-        """Merge ``data`` into the stored record (insert if absent); returns its SowKey."""
-        return self._publish(h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack, message_type)
+        """A ``delta_publish`` routed by SowKey (:meth:`Client.delta_publish`)."""
+        return self.publish_command(
+            h.DELTA_PUBLISH, topic, data, sow_key, expiration, ack, message_type
+        )
 
-    def _publish(
+    def publish_command(
         self,
         command: str,
         topic: str,
@@ -166,29 +172,31 @@ class Publishing(Queueing):
         ack: bool,
         message_type: str | None = None,
     ) -> str | None:
-        info = self._topic_or_declare(topic, message_type)
+        """A ``publish`` or ``delta_publish`` (``command``); the record's SowKey."""
+        conn = self._conn
+        info = conn.topic_info(topic, message_type, declare=True)
         info.refuse_writes()
         name = self._published_name(info)
         raw, parsed = self._body(info, data, delta=command == h.DELTA_PUBLISH)
         key = self._sow_key(info, parsed, sow_key, name)
         command_id = uuid.uuid4().hex if ack else None
-        self._produce(
+        conn.produce(
             info.log_topic,
             raw,
             key=key,
-            partition=self._plain_partition(info) if key is None else None,
+            partition=self.plain_partition(info) if key is None else None,
             headers={
                 h.COMMAND: command if command != h.PUBLISH else None,
                 h.EXPIRATION: str(expiration) if expiration is not None else None,
-                h.REPLY_TO: self.reply_topic if ack else None,
+                h.REPLY_TO: conn.reply_topic if ack else None,
                 h.COMMAND_ID: command_id,
                 h.TOPIC: name,
-                h.IDENTITY: self.identity or None,
+                h.IDENTITY: conn.identity or None,
             },
         )
         if command_id is not None:
-            self.flush()
-            self._await_acks(command_id, 1)
+            conn.flush()
+            conn.await_acks(command_id, 1)
         return key
 
     def sow_delete(
@@ -202,18 +210,14 @@ class Publishing(Queueing):
         options: str | None = None,
         message_type: str | None = None,
     ) -> int:
-        """Delete records by content filter (``1=1`` = all), by SowKeys, or by message data.
-
-        Returns how many records were deleted, once every partition has answered. On a queue,
-        ``bookmarks`` acknowledges messages as AMPS does (``options`` ``cancel`` or ``expire``
-        return or expire them instead): the same as :meth:`ack`.
-        """
+        """A ``sow_delete`` by filter, SowKeys, data or bookmarks (:meth:`Client.sow_delete`)."""
         if bookmarks is not None:
-            return self.ack(topic, bookmarks, action=options or "")
+            return self._queueing.ack(topic, bookmarks, action=options or "")
         given = [x is not None for x in (filter, sow_keys, data)]
         if sum(given) != 1:
             raise InvalidCommandError("sow_delete takes exactly one of filter=, sow_keys= or data=")
-        info = self._known(topic, message_type)
+        conn = self._conn
+        info = conn.known(topic, message_type)
         if info is None:
             return 0  # a topic in no configuration keeps no SOW: nothing to delete
         info.refuse_writes()
@@ -222,26 +226,26 @@ class Publishing(Queueing):
         command_id = uuid.uuid4().hex
         base: dict[str, str | None] = {
             h.COMMAND: h.SOW_DELETE,
-            h.REPLY_TO: self.reply_topic,
+            h.REPLY_TO: conn.reply_topic,
             h.COMMAND_ID: command_id,
             h.TOPIC: name,  # a Pattern topic: only this name's records
-            h.IDENTITY: self.identity or None,
+            h.IDENTITY: conn.identity or None,
         }
         if filter is not None:
             compile_filter(filter)  # a bad filter fails here, with its position
             for partition in range(info.partitions):
-                self._produce(
+                conn.produce(
                     info.log_topic, None, partition=partition, headers={**base, h.FILTER: filter}
                 )
             expected = info.partitions
         elif sow_keys is not None:
             for sow_key in sow_keys:
-                self._produce(info.log_topic, None, key=sow_key, headers=base)
+                conn.produce(info.log_topic, None, key=sow_key, headers=base)
             expected = len(sow_keys)
         else:
             raw, parsed = self._body(info, data)
             key = self._sow_key(info, parsed, None, name)
-            self._produce(info.log_topic, raw, key=key, headers=base)
+            conn.produce(info.log_topic, raw, key=key, headers=base)
             expected = 1
-        self.flush()
-        return self._await_acks(command_id, expected) if expected else 0
+        conn.flush()
+        return conn.await_acks(command_id, expected) if expected else 0

@@ -7,13 +7,13 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import orjson
 
-from sowstream.client.connection import PATTERN_ONLY, ClientBase
+from sowstream.client.connection import PATTERN_ONLY, Connection
 from sowstream.client.messages import Message
-from sowstream.client.topics import codec_of
+from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.errors import (
     CommandFailedError,
     InvalidCommandError,
@@ -30,15 +30,16 @@ from sowstream.sow.query import (
     result_order,
     validate_query,
 )
-from sowstream.wire.avro import encode
+from sowstream.wire import protocol
 from sowstream.wire.topics import JSON
 
-if TYPE_CHECKING:
-    from sowstream.client.client import Client
 
+class Querying:
+    """The query part: ``sow``, ``sow_records``, ``status``, queue browsing, and the reading
+    of a command's answers as one group (which subscription placement shares)."""
 
-class Querying(ClientBase):
-    """The query stage: ``sow``, ``sow_records``, ``status`` and queue browsing."""
+    def __init__(self, connection: Connection) -> None:
+        self._conn = connection
 
     def sow(
         self,
@@ -56,16 +57,7 @@ class Querying(ClientBase):
         projection: str | None = None,
         message_type: str | None = None,
     ) -> Iterator[Message]:
-        """Query the SOW: ``group_begin``, one ``sow`` message per matching record, ``group_end``.
-
-        ``topic`` is a SOW topic name or a regular expression over them. Results are complete
-        across all partitions; each partition's part is a consistent snapshot that includes this
-        client's own earlier publishes. With ``bookmark`` (a timestamp such as
-        ``20261123T080000``) the answer is the SOW as it was then (topics with History).
-        With ``grouping='[/f]'`` and ``projection='[/f, COUNT(/id) AS /n, ...]'`` the answer is
-        one record per group, aggregated over every partition (OrderBy and top_n apply to it).
-        Records come in the topic's message type (``message_type``, default the client's).
-        """
+        """The ``sow`` query (:meth:`Client.sow`): one command per partition, the answers merged."""
         opts = validate_query(
             filter=filter, order_by=order_by, top_n=top_n, skip_n=skip_n, batch_size=batch_size
         )
@@ -77,9 +69,9 @@ class Querying(ClientBase):
             aggregation = parse_aggregation(grouping, projection)
             options.update(grouping=grouping or "", projection=projection or "")
         try:
-            resolved = self._resolve_topics(topic, message_type)
+            resolved = self._conn.resolve_topics(topic, message_type)
         except UnknownTopicError:
-            if PATTERN_ONLY.search(topic) or self._type(message_type) != JSON:
+            if PATTERN_ONLY.search(topic) or self._conn.type_of(message_type) != JSON:
                 raise
             resolved = []  # a topic in no configuration: a plain topic, so no SOW
         if len(resolved) == 1 and resolved[0].queue:
@@ -96,36 +88,38 @@ class Querying(ClientBase):
             )
         query_id = query_id or uuid.uuid4().hex[:16]
         command_id = uuid.uuid4().hex
-        self.flush()  # read-your-writes: know the offsets of our own publishes first
-        producer, _ = self._require()
-        for info in infos:
-            for partition in range(info.partitions):
-                command = self._command_body(
+        conn = self._conn
+        conn.flush()  # read-your-writes: know the offsets of our own publishes first
+        conn.send(
+            (
+                info.control_topic,
+                partition,
+                conn.command(
                     "sow",
                     command_id,
                     info.name,
                     message_type=info.message_type,
                     query_id=query_id,
                     filter=filter,
-                    sow_keys=list(sow_keys) if sow_keys is not None else None,
+                    sow_keys=tuple(sow_keys) if sow_keys is not None else None,
                     order_by=order_by,
                     top_n=top_n,
                     skip_n=skip_n,
                     batch_size=batch_size,
-                    after_offset=self._written.get((info.log_topic, partition), -1),
+                    after_offset=conn.written(info.log_topic, partition),
                     options=options,
                     topic_regex=info.topic_regex,
-                )
-                producer.produce(
-                    info.control_topic, value=encode("Command", command), partition=partition
-                )
-        producer.flush(self.timeout)
+                ),
+            )
+            for info in infos
+            for partition in range(info.partitions)
+        )
         expected = sum(info.partitions for info in infos)
-        return self._collect(
+        return self.collect(
             command_id, query_id, expected, opts, aggregation=aggregation, codec=codec_of(infos)
         )
 
-    def _collect(
+    def collect(
         self,
         command_id: str,
         query_id: str,
@@ -138,7 +132,7 @@ class Querying(ClientBase):
     ) -> Iterator[Message]:
         """The answers to ``command_id`` as one group; ``codec`` is the records' message type
         when it is not json (their messages parse with it, aggregates are written in it)."""
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + self._conn.timeout
         yield Message("group_begin", query_id=query_id)
         buffered: list[Message] = []
         # Records wait per (topic, partition, answer) until that answer's part_end: after a
@@ -149,62 +143,57 @@ class Querying(ClientBase):
         partials: list[Any] = []
         sent = 0
         while len(complete) < expected:
-            reply = self._next_reply(command_id, deadline)
-            part = (reply["topic"], reply["partition"])
+            reply = self._conn.next_reply(command_id, deadline)
+            part = (reply.topic, reply.partition)
             if part in complete:
                 continue
-            if reply["status"] != "success":
+            if reply.status != protocol.SUCCESS:
                 raise CommandFailedError(
-                    f"topic {reply['topic']!r}: {reply['message'] or reply['reason']}",
-                    reason=reply["reason"],
+                    f"topic {reply.topic!r}: {reply.message or reply.reason}",
+                    reason=reply.reason,
                     command_id=command_id,
                 )
-            answer = (*part, reply["answer_id"])
-            if reply["command"] == "oof":  # a replace moved these records out of scope
+            answer = (*part, reply.answer_id)
+            if reply.command == "oof":  # a replace moved these records out of scope
                 partial[answer].extend(
                     Message(
                         "oof",
-                        topic=rec.get("topic") or reply["topic"],
-                        sow_key=rec["sow_key"],
+                        topic=rec.topic or reply.topic,
+                        sow_key=rec.sow_key,
                         query_id=query_id,
-                        data=rec["data"],
-                        timestamp=rec["timestamp"],
-                        reason=reply["reason"],
-                        bookmark=message_bookmark(
-                            rec["timestamp"], reply["partition"], rec["log_offset"]
-                        ),
+                        data=rec.data,
+                        timestamp=rec.timestamp,
+                        reason=reply.reason,
+                        bookmark=message_bookmark(rec.timestamp, reply.partition, rec.log_offset),
                         codec=codec,
                     )
-                    for rec in reply["records"]
+                    for rec in reply.records
                 )
                 continue
-            if reply["command"] == "partial":
+            if reply.command == protocol.PARTIAL:
                 partial[answer].extend(
-                    Message("partial", topic=reply["topic"], data=rec["data"])
-                    for rec in reply["records"]
+                    Message("partial", topic=reply.topic, data=rec.data) for rec in reply.records
                 )
                 continue
-            if reply["command"] == "sow":
+            if reply.command == protocol.SOW:
                 partial[answer].extend(
                     Message(
                         "sow",
-                        topic=rec.get("topic") or reply["topic"],
-                        sow_key=rec["sow_key"],
+                        topic=rec.topic or reply.topic,
+                        sow_key=rec.sow_key,
                         query_id=query_id,
-                        data=rec["data"],
-                        timestamp=rec["timestamp"],
-                        batch_size=len(reply["records"]),
-                        bookmark=message_bookmark(
-                            rec["timestamp"], reply["partition"], rec["log_offset"]
-                        ),
+                        data=rec.data,
+                        timestamp=rec.timestamp,
+                        batch_size=len(reply.records),
+                        bookmark=message_bookmark(rec.timestamp, reply.partition, rec.log_offset),
                         codec=codec,
                     )
-                    for rec in reply["records"]
+                    for rec in reply.records
                 )
                 continue
             complete.add(part)
             if on_part_end is not None:
-                on_part_end(reply["topic"], reply["partition"], reply["log_offset"])
+                on_part_end(reply.topic, reply.partition, reply.log_offset)
             records = partial.pop(answer, [])
             for other in [a for a in partial if a[:2] == part]:
                 del partial[other]
@@ -233,15 +222,13 @@ class Querying(ClientBase):
         yield from oofs
 
     def sow_records(self, topic: str, filter: str | None = None, **options: Any) -> list[Any]:
-        """Convenience: a :meth:`sow` query's records in order: parsed for json, the raw bodies
-        for other message types (``Message.fields()`` parses those)."""
+        """A :meth:`sow` query's records (:meth:`Client.sow_records`)."""
         found = [m for m in self.sow(topic, filter, **options) if m.command == "sow"]
         return [m.json() if m.codec is None else m.data for m in found]
 
     def queue_status(self, queue: str) -> dict[str, int]:
-        """A queue's depth, leased messages and counters (delivered, acked, expiries by reason),
-        summed over its partitions."""
-        if not self.topic_info(queue).queue:
+        """A queue's counters summed over its partitions (:meth:`Client.queue_status`)."""
+        if not self._conn.topic_info(queue).queue:
             raise InvalidCommandError(f"topic {queue!r} is not a queue")
         total: Counter[str] = Counter()
         for msg in self._queue_query(queue, "queue_status", None, validate_query()):
@@ -252,59 +239,52 @@ class Querying(ClientBase):
         return {"depth": 0, "leased": 0, **total}
 
     def status(self, topic: str | None = None) -> list[dict[str, Any]]:
-        """Every partition of every topic (or of ``topic``, a name or regular expression): the
-        worker serving it, its watermark and its warnings (such as a recreated log)."""
-        infos = self._resolve_topics(topic) if topic else list(self.refresh_topics().values())
+        """Every partition's ``status`` answer (:meth:`Client.status`)."""
+        conn = self._conn
+        infos = conn.resolve_topics(topic) if topic else list(conn.refresh_topics().values())
         # A queue's own record stands for its topics, which have records of their own.
         infos = [i for i in infos if not i.queue or i.name in i.queue_of]
         command_id = uuid.uuid4().hex
         query_id = uuid.uuid4().hex[:16]
-        producer, _ = self._require()
-        for info in infos:
-            for partition in range(info.partitions):
-                body = self._command_body("status", command_id, info.name, query_id=query_id)
-                producer.produce(
-                    info.control_topic, value=encode("Command", body), partition=partition
-                )
-        producer.flush(self.timeout)
-        expected = sum(info.partitions for info in infos)
+        expected = self.send_status(infos, command_id, query_id)
         rows = [
             m.json()
-            for m in self._collect(command_id, query_id, expected, validate_query())
+            for m in self.collect(command_id, query_id, expected, validate_query())
             if m.command == "sow"
         ]
         return sorted(rows, key=lambda row: (row["topic"], row["partition"]))
 
-    def cluster_status(
-        self, answer_seconds: float = 5.0, *, topic: str | None = None
-    ) -> dict[str, Any]:
-        """The whole cluster: workers, partitions (owner, watermark, log end, lag, records),
-        topics, subscriptions, queues and dead letters (see :mod:`sowstream.client.cluster`).
-        Workers that do not answer within ``answer_seconds`` show what they announced last;
-        ``topic`` (a name or regular expression) limits partitions, topics and queues."""
-        from sowstream.client.cluster import cluster_status
-
-        return cluster_status(cast("Client", self), answer_seconds, topic)
+    def send_status(self, infos: list[TopicInfo], command_id: str, query_id: str) -> int:
+        """Send the ``status`` command to every partition of ``infos``; how many will answer."""
+        conn = self._conn
+        conn.send(
+            (
+                info.control_topic,
+                partition,
+                conn.command("status", command_id, info.name, query_id=query_id),
+            )
+            for info in infos
+            for partition in range(info.partitions)
+        )
+        return sum(info.partitions for info in infos)
 
     def _queue_query(
         self, queue: str, command: str, filter: str | None, opts: QueryOptions
     ) -> Iterator[Message]:
         """Send ``command`` about ``queue`` to every partition of its topics; read the answers."""
-        info = self.topic_info(queue)
+        conn = self._conn
+        info = conn.topic_info(queue)
         command_id = uuid.uuid4().hex
         query_id = uuid.uuid4().hex[:16]
-        producer, _ = self._require()
-        expected = 0
-        for topic in info.queue_of:
-            for partition in range(self.topic_info(topic).partitions):
-                body = self._command_body(
-                    command, command_id, info.name, query_id=query_id, filter=filter, batch_size=500
-                )
-                producer.produce(
-                    self.names.control(topic), value=encode("Command", body), partition=partition
-                )
-                expected += 1
-        producer.flush(self.timeout)
-        for msg in self._collect(command_id, query_id, expected, opts):
+        body = conn.command(
+            command, command_id, info.name, query_id=query_id, filter=filter, batch_size=500
+        )
+        sends = [
+            (conn.names.control(topic), partition, body)
+            for topic in info.queue_of
+            for partition in range(conn.topic_info(topic).partitions)
+        ]
+        conn.send(sends)
+        for msg in self.collect(command_id, query_id, len(sends), opts):
             # A queue message is acknowledged by its bookmark, which the engine puts in sow_key.
             yield replace(msg, bookmark=msg.sow_key) if msg.command == "sow" else msg

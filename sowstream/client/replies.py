@@ -9,7 +9,8 @@ nobody took for ``keep_s`` seconds are dropped (its caller gave up long before).
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+
+from sowstream.wire.protocol import Reply
 
 __all__ = ["ReplyBox"]
 
@@ -22,7 +23,7 @@ class ReplyBox:
 
     def __init__(self, keep_s: float) -> None:
         self.keep_s = keep_s
-        self._replies: dict[str, deque[dict[str, Any]]] = {}
+        self._replies: dict[str, deque[Reply]] = {}
         self._touched: dict[str, float] = {}
         self._swept = 0.0
 
@@ -30,9 +31,9 @@ class ReplyBox:
         """How many commands have replies parked."""
         return len(self._replies)
 
-    def park(self, reply: dict[str, Any], now: float) -> None:
+    def park(self, reply: Reply, now: float) -> None:
         """Keep ``reply`` for its command; sweep out what waited longer than ``keep_s``."""
-        command_id = reply["command_id"]
+        command_id = reply.command_id
         self._replies.setdefault(command_id, deque()).append(reply)
         self._touched[command_id] = now
         if now - self._swept >= _SWEEP_EVERY_S:
@@ -45,7 +46,7 @@ class ReplyBox:
         """Whether a reply for ``command_id`` is waiting."""
         return command_id in self._replies
 
-    def take(self, command_id: str, now: float) -> dict[str, Any] | None:
+    def take(self, command_id: str, now: float) -> Reply | None:
         """The oldest parked reply of ``command_id``, or None."""
         queue = self._replies.get(command_id)
         if not queue:

@@ -6,7 +6,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from sowstream.client.connection import Connection
 from sowstream.client.messages import Message
+from sowstream.client.querying import Querying
 from sowstream.client.queue import QueueSubscription
 from sowstream.client.queueing import Queueing
 from sowstream.client.subscription import (
@@ -32,11 +34,19 @@ from sowstream.subscriptions.model import (
 )
 from sowstream.subscriptions.options import SubscriptionOptions, parse_options
 from sowstream.subscriptions.window import PageWindow, ResultSet
-from sowstream.wire.avro import encode
 
 
-class Subscribing(Queueing):
-    """The subscription stage: the subscribe family, ``replace`` and bookmarks."""
+class Subscribing:
+    """The subscription part: the subscribe family, placement, ``replace`` and bookmarks.
+
+    A subscription's answers are read as a query's (``querying``); a subscribe on a queue
+    leases its messages (``queueing``).
+    """
+
+    def __init__(self, connection: Connection, querying: Querying, queueing: Queueing) -> None:
+        self._conn = connection
+        self._querying = querying
+        self._queueing = queueing
 
     def subscribe(
         self,
@@ -53,24 +63,14 @@ class Subscribing(Queueing):
         ack_interval: float = 1.0,
         message_type: str | None = None,
     ) -> Subscription | QueueSubscription:
-        """Live messages for records of ``topic`` that match ``filter``, from now on.
-
-        With ``bookmark`` (a timestamp, a message's ``bookmark``, ``EPOCH`` or ``MOST_RECENT``)
-        the log's matching messages since then are replayed first, then live ones follow.
-        With ``sow_keys`` only messages for those SowKeys are delivered.
-
-        On a queue this leases messages instead (a :class:`QueueSubscription`; ``max_backlog=n``
-        in ``options``): acknowledge each with ``sub.ack(message)``, or pass ``auto_ack=True``;
-        acks go out per ``ack_batch_size`` messages or ``ack_interval`` seconds, whichever first.
-        A bookmark on a queue replays its topics' logs without leasing anything.
-        """
+        """A ``subscribe``; on a queue, a lease (:meth:`Client.subscribe`)."""
         if bookmark is None and self._is_queue(topic, message_type):
             if sow_keys is not None:
                 raise InvalidCommandError(
                     f"queue {topic!r} leases messages, not records: SowKeys do not apply"
                 )
-            info = self.topic_info(topic, message_type)
-            return self._queue_subscribe(
+            info = self._conn.topic_info(topic, message_type)
+            return self._queueing.subscribe(
                 info, filter, options, sub_id, on_message, auto_ack, ack_batch_size, ack_interval
             )
         return self._subscribe(
@@ -97,11 +97,7 @@ class Subscribing(Queueing):
         bookmark: str | None = None,
         message_type: str | None = None,
     ) -> Subscription | QueueSubscription:
-        """Like :meth:`subscribe`, but updates to known records carry only what changed.
-
-        On a queue it leases whole messages, as :meth:`subscribe` does (AMPS accepts it too),
-        and so does a topic whose message type has no deltas (``binary``).
-        """
+        """A ``delta_subscribe`` (:meth:`Client.delta_subscribe`)."""
         if bookmark is None and self._is_queue(topic, message_type):
             return self.subscribe(
                 topic,
@@ -140,15 +136,7 @@ class Subscribing(Queueing):
         bookmark: str | None = None,
         message_type: str | None = None,
     ) -> Subscription:
-        """The matching records now (``group_begin`` … ``group_end``), then live messages.
-
-        As if query and subscription were placed at one instant: each record is in the SOW part
-        or in a later message, never missing, never twice. With ``top_n`` (and ``skip_n``,
-        ``order_by``) the window stays live. With ``options='replace'`` and an existing
-        ``sub_id`` the subscription's filter changes in place. With ``bookmark`` on a topic with
-        History: the SOW as it was then, the log replayed from there, then live messages.
-        With ``sow_keys`` only those records take part, in the SOW part and live.
-        """
+        """A ``sow_and_subscribe`` (:meth:`Client.sow_and_subscribe`)."""
         return self._subscribe(
             SOW_AND_SUBSCRIBE,
             topic,
@@ -183,7 +171,7 @@ class Subscribing(Queueing):
         bookmark: str | None = None,
         message_type: str | None = None,
     ) -> Subscription:
-        """:meth:`sow_and_subscribe` whose live updates carry only what changed."""
+        """A ``sow_and_delta_subscribe`` (:meth:`Client.sow_and_delta_subscribe`)."""
         return self._subscribe(
             SOW_AND_DELTA_SUBSCRIBE,
             topic,
@@ -202,9 +190,9 @@ class Subscribing(Queueing):
         )
 
     def unsubscribe(self, subscription: Subscription | QueueSubscription | str) -> None:
-        """End a subscription (by object or SubId)."""
+        """End a subscription, by object or SubId (:meth:`Client.unsubscribe`)."""
         sub = (
-            self._subscriptions.get(subscription) if isinstance(subscription, str) else subscription
+            self._conn.subscription(subscription) if isinstance(subscription, str) else subscription
         )
         if sub is not None:
             sub.close()
@@ -215,7 +203,7 @@ class Subscribing(Queueing):
         Anything else is checked here so a typo fails before the subscription is registered.
         """
         if bookmark.strip().upper() == MOST_RECENT:
-            return self._bookmarks.get(sub_id or "", EPOCH)
+            return self._conn.last_bookmark(sub_id or "") or EPOCH
         parse_bookmark(bookmark)
         return bookmark
 
@@ -246,7 +234,8 @@ class Subscribing(Queueing):
         if top_n is not None and command not in WITH_SOW:
             raise InvalidCommandError("top_n/skip_n need sow_and_subscribe: a window needs a SOW")
         user = replace(user, top_n=top_n, skip_n=skip_n)
-        found = self._subscriptions.get(sub_id) if sub_id else None
+        conn = self._conn
+        found = conn.subscription(sub_id) if sub_id else None
         existing = found if isinstance(found, Subscription) else None
         if found is not None and existing is None:
             raise InvalidCommandError(f"subscription id {sub_id!r} is a queue subscription")
@@ -259,7 +248,7 @@ class Subscribing(Queueing):
         if bookmark is not None:
             bookmark = self._resolve_bookmark(bookmark, sub_id)
         sub_id = sub_id or uuid.uuid4().hex[:16]
-        infos = self._resolve_topics(topic, message_type, declare=True)
+        infos = conn.resolve_topics(topic, message_type, declare=True)
         if any(info.queue for info in infos):
             if (command != SUBSCRIBE and command != DELTA_SUBSCRIBE) or bookmark is None:
                 raise InvalidCommandError(
@@ -267,18 +256,18 @@ class Subscribing(Queueing):
                     "messages, sow browses them"
                 )
             # A bookmark replays the queue's topics, without leases (AMPS does the same).
-            infos = [self.topic_info(u) for info in infos for u in (info.queue_of or [info.name])]
+            infos = [conn.topic_info(u) for info in infos for u in (info.queue_of or [info.name])]
         # A window needs every change of the filtered set, whole, with the reason a record left.
         wire = replace(user, oof=True, select=None, no_empties=False) if top_n is not None else user
         specs = [
             SubscriptionSpec(
                 sub_id=sub_id,
-                reply_to=self.reply_topic,
+                reply_to=conn.reply_topic,
                 topic=info.name,
                 command=command,
                 filter=filter,
                 options=wire,
-                identity=self.identity,
+                identity=conn.identity,
                 order_by=order_by,
                 sow_keys=frozenset(sow_keys) if sow_keys is not None else None,
                 message_type=info.message_type,
@@ -302,12 +291,12 @@ class Subscribing(Queueing):
             codec=codec_of(infos),
             window=window,
             on_message=on_message,
-            unsubscribe=self._drop_subscription,
+            unsubscribe=conn.drop_subscription,
         )
-        self._subscriptions[sub_id] = sub
+        conn.add_subscription(sub)
         try:
-            self._register(specs)
-            group = self._place(
+            conn.register(specs)
+            group = self.place(
                 sub,
                 infos,
                 command,
@@ -320,7 +309,7 @@ class Subscribing(Queueing):
                 bookmark=bookmark,
             )
         except BaseException:
-            self._drop_subscription(sub)
+            conn.drop_subscription(sub)
             raise
         if command in WITH_SOW:
             sub.deliver_group(group)
@@ -331,10 +320,10 @@ class Subscribing(Queueing):
         return sub
 
     def _is_queue(self, topic: str, message_type: str | None = None) -> bool:
-        info = self._known(topic, message_type)
+        info = self._conn.known(topic, message_type)
         return info is not None and info.queue
 
-    def _place(
+    def place(
         self,
         sub: Subscription,
         infos: list[TopicInfo],
@@ -352,12 +341,14 @@ class Subscribing(Queueing):
         query_id = query_id or uuid.uuid4().hex[:16]
         command_id = uuid.uuid4().hex
         held = sub.specs[0].sow_keys if sub.specs else None
-        keys = sorted(held) if held is not None else None
-        self.flush()  # read-your-writes, as for sow
-        producer, _ = self._require()
-        for info in infos:
-            for partition in range(info.partitions):
-                body = self._command_body(
+        keys = tuple(sorted(held)) if held is not None else None
+        conn = self._conn
+        conn.flush()  # read-your-writes, as for sow
+        conn.send(
+            (
+                info.control_topic,
+                partition,
+                conn.command(
                     command,
                     command_id,
                     info.name,
@@ -366,18 +357,18 @@ class Subscribing(Queueing):
                     filter=filter,
                     order_by=order_by,
                     batch_size=batch_size,
-                    after_offset=self._written.get((info.log_topic, partition), -1),
+                    after_offset=conn.written(info.log_topic, partition),
                     options={"bookmark": bookmark} if bookmark else {},
                     sub_id=sub.sub_id,
                     sub_options=options.to_text(),
                     previous_filter=previous_filter,
                     sow_keys=keys,
                     topic_regex=info.topic_regex,
-                )
-                producer.produce(
-                    info.control_topic, value=encode("Command", body), partition=partition
-                )
-        producer.flush(self.timeout)
+                ),
+            )
+            for info in infos
+            for partition in range(info.partitions)
+        )
         expected = sum(info.partitions for info in infos)
         # OrderBy sorts the SOW part of a plain sow_and_subscribe (a window keeps its own order).
         order = order_by if options.top_n is None and previous_filter is None else None
@@ -385,7 +376,7 @@ class Subscribing(Queueing):
         if on_part_end is None and previous_filter is None:
             on_part_end = sub.set_cut
         # Read the whole answer now: the subscription must be in place when this returns.
-        collected = self._collect(
+        collected = self._querying.collect(
             command_id, query_id, expected, opts, on_part_end, codec=codec_of(infos)
         )
         return iter(list(collected))
@@ -414,7 +405,9 @@ class Subscribing(Queueing):
                         f"replace must give {name} again: the subscription was placed with it"
                     )
         infos = [
-            replace(self.topic_info(spec.topic, spec.message_type), topic_regex=spec.topic_regex)
+            replace(
+                self._conn.topic_info(spec.topic, spec.message_type), topic_regex=spec.topic_regex
+            )
             for spec in sub.specs
         ]
         wire = replace(user, replace=False)
@@ -424,8 +417,8 @@ class Subscribing(Queueing):
         cuts: dict[tuple[str, int], int] = {}
         sub.hold()
         try:
-            self._register(specs)
-            group = self._place(
+            self._conn.register(specs)
+            group = self.place(
                 sub,
                 infos,
                 old.command,

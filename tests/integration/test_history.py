@@ -20,7 +20,7 @@ from sowstream.errors import CommandFailedError, InvalidCommandError
 from sowstream.sow.query import validate_query
 from sowstream.sow.timestamps import format_timestamp
 from sowstream.subscriptions.options import parse_options
-from sowstream.wire.avro import encode
+from sowstream.wire import protocol
 from tests.support.engine import EngineProcesses, running_engine
 
 pytestmark = pytest.mark.integration
@@ -110,10 +110,10 @@ def test_point_in_time_errors(engine: EngineProcesses, client: Client) -> None:
     # a client that skips validation gets the engine's answer; the engine goes on
     info = client.topic_info("px")
     sub = Subscription("x", [], parse_options(""), key_fields={})
-    client._subscriptions["x"] = sub
+    client._connection.add_subscription(sub)
     with pytest.raises(CommandFailedError, match="bookmark 'soon' is not a timestamp"):
         list(
-            client._place(
+            client._subscribing.place(
                 sub,
                 [info],
                 "subscribe",
@@ -126,7 +126,7 @@ def test_point_in_time_errors(engine: EngineProcesses, client: Client) -> None:
                 bookmark="soon",
             )
         )
-    client._subscriptions.pop("x")
+    client._connection.drop_subscription(sub)
     assert by_id(client.sow("px", top_n=0)) == {}
 
 
@@ -420,20 +420,17 @@ def test_aggregated_query_errors(engine: EngineProcesses, client: Client) -> Non
     # the engine's own check, for clients that skip validation; it goes on afterwards
     info = client.topic_info("sales")
     command_id = uuid.uuid4().hex
-    producer, _ = client._require()
-    for partition in range(info.partitions):
-        command = {
-            "command": "sow",
-            "command_id": command_id,
-            "query_id": "q",
-            "reply_to": client.reply_topic,
-            "topic": "sales",
-            "options": {"grouping": "[/description]"},
-        }
-        producer.produce(info.control_topic, encode("Command", command), partition=partition)
-    producer.flush(10)
+    command = protocol.Command(
+        command="sow",
+        command_id=command_id,
+        query_id="q",
+        reply_to=client.reply_topic,
+        topic="sales",
+        options={"grouping": "[/description]"},
+    )
+    client._connection.send((info.control_topic, p, command) for p in range(info.partitions))
     with pytest.raises(CommandFailedError, match="projection"):
-        list(client._collect(command_id, "q", info.partitions, validate_query()))
+        list(client._querying.collect(command_id, "q", info.partitions, validate_query()))
     assert rows_of(client.sow("sales", "/id = 1")) == [SALES[0]]
 
 

@@ -190,7 +190,7 @@ def test_the_pattern_topic_needs_a_matching_name(
     assert sorted(x["reason"] for x in letters) == ["bad_topic", "missing_topic"]
     # The engine does not create a topic for a name a Pattern owns.
     with pytest.raises(CommandFailedError, match="matches the Pattern"):
-        publisher._declare("orders.zz")
+        publisher._connection.declare("orders.zz")
 
 
 def dead_letters(engine: EngineProcesses, count: int) -> list[dict[str, Any]]:

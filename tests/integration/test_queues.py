@@ -21,7 +21,8 @@ from confluent_kafka import Consumer, TopicPartition
 from sowstream.broker.local import free_port
 from sowstream.client import Client
 from sowstream.errors import CommandFailedError, InvalidCommandError
-from sowstream.wire.avro import decode, encode
+from sowstream.wire import protocol
+from sowstream.wire.avro import decode
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.messages import take
 
@@ -258,15 +259,16 @@ def test_acks_read_together_are_each_answered_for_themselves(
 ) -> None:
     """Commands that reach the worker together are handled as one batch; a malformed one in
     the middle is refused alone, and the others still get their own answers."""
-    first = _raw_ack_command(client, "work|0|999998")
-    bad = _raw_ack_command(client, "bad-bookmark")
-    last = _raw_ack_command(client, "work|0|999999")
-    producer, _ = client._require()
-    producer.flush(10)  # one produce request: the worker reads the three in one poll
-    assert client._await_acks(first, 1) == 0  # not in the queue (yet): nothing removed
+    sends = [
+        _raw_ack_command(client, b) for b in ("work|0|999998", "bad-bookmark", "work|0|999999")
+    ]
+    first, bad, last = (command.command_id for _, _, command in sends)
+    connection = client._connection
+    connection.send(sends)  # one produce request: the worker reads the three in one poll
+    assert connection.await_acks(first, 1) == 0  # not in the queue (yet): nothing removed
     with pytest.raises(CommandFailedError, match="bad-bookmark"):
-        client._await_acks(bad, 1)
-    assert client._await_acks(last, 1) == 0
+        connection.await_acks(bad, 1)
+    assert connection.await_acks(last, 1) == 0
 
 
 def test_acks_sent_as_the_subscription_goes_take_effect_without_an_answer(
@@ -329,37 +331,22 @@ def test_acks_batched_when_a_subscription_closes_are_applied_before_its_leases_r
 
 def _raw_ack(client: Client, bookmark: str) -> int:
     """Send an ack command straight to the control topic, as a foreign client might."""
-    command_id = _raw_ack_command(client, bookmark)
-    producer, _ = client._require()
-    producer.flush(10)
-    return client._await_acks(command_id, 1)
+    send = _raw_ack_command(client, bookmark)
+    client._connection.send([send])
+    return client._connection.await_acks(send[2].command_id, 1)
 
 
-def _raw_ack_command(client: Client, bookmark: str) -> str:
-    """Produce (without flushing) an ack command to partition 0; returns its command id."""
-    command_id = uuid.uuid4().hex
-    body = {
-        "command": "queue_ack",
-        "command_id": command_id,
-        "query_id": "",
-        "reply_to": client.reply_topic,
-        "topic": "WQ",
-        "filter": None,
-        "sow_keys": None,
-        "order_by": None,
-        "top_n": None,
-        "skip_n": None,
-        "batch_size": 1,
-        "after_offset": -1,
-        "options": {"bookmarks": bookmark, "action": ""},
-        "sub_id": "",
-        "identity": "",
-        "sub_options": "",
-        "previous_filter": None,
-    }
-    producer, _ = client._require()
-    producer.produce(client.names.control("work"), value=encode("Command", body), partition=0)
-    return command_id
+def _raw_ack_command(client: Client, bookmark: str) -> tuple[str, int, protocol.Command]:
+    """An ack command for partition 0 of the control topic, unchecked by the client."""
+    command = protocol.Command(
+        command="queue_ack",
+        command_id=uuid.uuid4().hex,
+        query_id="",
+        reply_to=client.reply_topic,
+        topic="WQ",
+        options={"bookmarks": bookmark, "action": ""},
+    )
+    return (client.names.control("work"), 0, command)
 
 
 def test_priority_orders_delivery(client: Client, publisher: Client) -> None:
@@ -611,7 +598,7 @@ def test_an_ack_that_arrives_before_its_message_is_remembered(
     """Q19: an acknowledgement for a bookmark not in the queue yet (DeferredAckExpiration, 1 day
     by default) makes that message count as acknowledged when it arrives: never delivered."""
     info = publisher.topic_info("work")
-    partition = publisher._plain_partition(info)  # where this publisher's messages go
+    partition = publisher._publishing.plain_partition(info)  # where this publisher's messages go
     consumer = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": uuid.uuid4().hex})
     _, end = consumer.get_watermark_offsets(TopicPartition(info.log_topic, partition), timeout=10)
     consumer.close()

@@ -452,7 +452,7 @@ def test_engine_rejects_bad_commands_from_foreign_clients(
     ]:
         command_id = send(**fields)
         with pytest.raises(CommandFailedError) as failed:
-            client._await_acks(command_id, 1)
+            client._connection.await_acks(command_id, 1)
         assert failed.value.reason == reason
     assert isinstance(bodies(client, "orders"), list)
 

@@ -653,14 +653,14 @@ def test_engine_rejects_bad_subscription_commands_from_foreign_clients(
     """A client that skips validation gets a failure naming the problem; the engine goes on."""
     info = client.topic_info("records")
     sub = Subscription("x", [], parse_opts(""), key_fields={})
-    client._subscriptions["x"] = sub
+    client._connection.add_subscription(sub)
     with pytest.raises(CommandFailedError, match="unknown subscription option"):
         list(
-            client._place(
+            client._subscribing.place(
                 sub, [info], "subscribe", None, raw_options("nonsense"), None, 1, None, None
             )
         )
-    client._subscriptions.pop("x")
+    client._connection.drop_subscription(sub)
     assert client.sow_records("records", top_n=0) == []
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from sowstream.client.replies import ReplyBox
+from sowstream.wire.protocol import ACK, Reply
 
 
-def reply(command_id: str, n: int) -> dict[str, object]:
-    return {"command_id": command_id, "n": n}
+def reply(command_id: str, n: int) -> Reply:
+    return Reply(ACK, command_id, count=n)
 
 
 def test_replies_come_back_per_command_in_arrival_order() -> None:
