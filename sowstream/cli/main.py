@@ -94,8 +94,8 @@ def worker(
     ] = 0.0,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
+    from sowstream.broker.bootstrap import resolve_bootstrap
     from sowstream.engine.app import Engine
-    from sowstream.wire.kafka import resolve_bootstrap
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
