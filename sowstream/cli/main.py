@@ -34,7 +34,7 @@ from sowstream.cli.pipeline import pipeline_app
 from sowstream.cli.queue import queue_app
 from sowstream.client import Client, Message, QueueSubscription, Subscription
 from sowstream.config import load_config
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 
 app = typer.Typer(
     help="sowstream: a State-of-the-World engine on Apache Kafka.",

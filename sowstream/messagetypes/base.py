@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sowstream.sow.merge import merge_delta
-from sowstream.subscriptions.delta import changed_fields
+from sowstream.messagetypes.changes import changed_fields, merge_delta
 
 # How errors spell the built-in types' names (as their specifications do).
 _LABELS = {"json": "JSON", "fix": "FIX", "nvfix": "NVFIX", "xml": "XML", "avro": "Avro"}

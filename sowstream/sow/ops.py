@@ -20,11 +20,11 @@ from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidMessageError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageParseError, MessageSerialiseError, MessageType
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.sow.enrich import Stage, StageFailure
 from sowstream.sow.expiration import expiration_time, parse_expiration_header
 from sowstream.sow.keygen import generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
-from sowstream.sow.merge import merge_delta
 from sowstream.sow.patterns import record_key, split_key
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h

@@ -20,11 +20,11 @@ from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, compile_filter
 from sowstream.filters.values import canonical_text, get_path
+from sowstream.messagetypes.changes import merge_deltas
 from sowstream.sow.patterns import NameScope, split_key
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.delta import (
     has_changes,
-    merge_deltas,
     project,
     project_delta,
     with_fields,

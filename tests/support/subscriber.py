@@ -19,7 +19,7 @@ from sowstream.engine.processor import RawRecord, Sender, TopicProcessor
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.filters import compile_filter
 from sowstream.filters.order_by import parse_order_by
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.model import DELTA_SUBSCRIBE, WITH_SOW, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
