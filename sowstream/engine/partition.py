@@ -60,7 +60,7 @@ from sowstream.wire.topics import TopicNames
 
 if TYPE_CHECKING:
     from sowstream.engine.queues import QueueRuntime
-    from sowstream.views.conflation import ConflatedFeed
+    from sowstream.views.conflated import ConflatedFeed
     from sowstream.views.routing import ViewFeed
 
 log = logging.getLogger("sowstream.engine")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sowstream.config.models import ExpirationPolicy
-from sowstream.config.units import parse_interval
 from sowstream.errors import InvalidMessageError
+from sowstream.units import parse_interval
 
 
 def parse_expiration_header(topic: str, text: str | None) -> int | None:

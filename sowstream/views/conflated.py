@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from sowstream.config.replicas import ConflatedTopicConfig
+from sowstream.config.conflated import ConflatedTopicConfig
 from sowstream.filters import compile_filter
 from sowstream.views.routing import ChangeEvent, Source, decode_event
 
