@@ -42,11 +42,11 @@ from sowstream.config.fields import (
 from sowstream.config.models import TopicConfig
 from sowstream.config.queues import available_topic_name
 from sowstream.views.joins import PRESERVE, JoinPlan, Side
+from sowstream.views.ports import CompiledView
 from sowstream.views.projection import (
     JoinCondition,
     TopicRef,
     ViewDefinitionError,
-    ViewProjection,
     compile_projection,
     parse_join,
     parse_topic_ref,
@@ -55,7 +55,6 @@ from sowstream.views.projection import (
 __all__ = [
     "VIEW_ELEMENTS",
     "VIEW_TAGS",
-    "CompiledView",
     "Definition",
     "ViewConfig",
     "ViewProblem",
@@ -86,14 +85,6 @@ FIELD_ELEMENTS: dict[str, str] = {field: tag for tag, field in VIEW_ELEMENTS.ite
 FIELD_ELEMENTS["joins"] = "UnderlyingTopic"
 VIEW_TAGS = ("View", "ViewDefinition")
 _SECTIONS = {"Projection": "projection", "Grouping": "grouping", "Filter": "filter"}
-
-
-class CompiledView:
-    """What the maintainer runs: the join plan (None for one topic) and the projection."""
-
-    def __init__(self, plan: JoinPlan | None, projection: ViewProjection) -> None:
-        self.plan = plan
-        self.projection = projection
 
 
 class ViewConfig(Frozen):

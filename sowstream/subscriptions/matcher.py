@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, compile_filter
 from sowstream.filters.values import canonical_text, get_path
 from sowstream.messagetypes.changes import merge_deltas
 from sowstream.sow.patterns import NameScope, split_key
+from sowstream.sow.ports import TopicDefinition
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.delta import (
     has_changes,
@@ -119,7 +119,7 @@ class TopicSubscriptions:
 
     def __init__(
         self,
-        topic: TopicConfig,
+        topic: TopicDefinition,
         entitlement: EntitlementLookup | None = None,
         *,
         current: CurrentRecord | None = None,
