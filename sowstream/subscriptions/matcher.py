@@ -241,11 +241,6 @@ class TopicSubscriptions:
             self.remove(spec.key)
         return gone
 
-    def view_on(self, key: str, partition: int) -> _View | None:
-        """The view a partition currently uses for subscription ``key``."""
-        active = self._subs.get(key)
-        return active.on(partition) if active is not None else None
-
     # -- matching ---------------------------------------------------------------------------------
 
     def dispatch(self, changes: Sequence[Change], now_ms: int) -> list[Delivery]:
@@ -485,11 +480,6 @@ class TopicSubscriptions:
     def clients(self) -> set[str]:
         """Reply topics of the subscribed clients."""
         return {a.view.spec.reply_to for a in self._subs.values()}
-
-    def next_due(self) -> int | None:
-        """When the earliest conflation interval ends (ms), or None when nothing waits."""
-        dues = [a.due_at for k in self._waiting if (a := self._subs.get(k)) and a.due_at]
-        return min(dues) if dues else None
 
     def flush(self, now_ms: int) -> list[Delivery]:
         """Messages of every conflation interval that has ended by ``now_ms``."""
