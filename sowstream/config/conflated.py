@@ -1,5 +1,5 @@
-"""Conflated topics (AMPS ``ConflatedTopic``, old synonym ``ReplicaDefinition``, hence the
-module name): model, checks and parsers.
+"""Conflated topics (AMPS ``ConflatedTopic``, old synonym ``ReplicaDefinition``): model, checks
+and parsers.
 
 A conflated topic is a copy of a SOW topic, view or other conflated topic that changes at most
 once per record per Interval, carrying the record's latest state. :class:`ConflatedTopicConfig`

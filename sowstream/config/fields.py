@@ -189,6 +189,7 @@ def interval_millis(value: object, what: str) -> int:
 
 
 def no_repeats(paths: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """``paths`` unchanged, or a ValueError naming the first path listed twice."""
     seen: set[str] = set()
     for path in paths:
         if path in seen:
