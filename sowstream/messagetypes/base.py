@@ -104,6 +104,6 @@ class MessageType(ABC):
         return self.merge_fields(self.parse(stored), self.parse_delta(update))
 
     def merge_fields(self, stored: dict[str, Any], update: dict[str, Any]) -> bytes:
-        """:meth:`merge` for bodies already parsed: the delta_publish rule of ``sow.merge``
-        (neither argument is modified)."""
+        """:meth:`merge` for bodies already parsed: the delta_publish rule
+        (:func:`~sowstream.messagetypes.changes.merge_delta`; neither argument is modified)."""
         return self.serialise(merge_delta(stored, update))
