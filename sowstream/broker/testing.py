@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from sowstream.broker.bootstrap import BOOTSTRAP_ENV
 from sowstream.broker.local import LocalBroker
-from sowstream.wire.kafka import BOOTSTRAP_ENV
 
 log = logging.getLogger("sowstream.broker")
 

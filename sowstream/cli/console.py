@@ -47,10 +47,10 @@ def console(
     """Serve the web console: topics, queries, live grids, views, the fleet and its rates."""
     from aiohttp import web
 
+    from sowstream.broker.bootstrap import resolve_bootstrap
     from sowstream.config import load_config
     from sowstream.console import Auth, Console, Settings
     from sowstream.console.auth import parse_users
-    from sowstream.wire.kafka import resolve_bootstrap
 
     cfg = load_config(config) if config is not None else None
     settings = Settings(

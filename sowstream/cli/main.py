@@ -34,7 +34,7 @@ from sowstream.cli.pipeline import pipeline_app
 from sowstream.cli.queue import queue_app
 from sowstream.client import Client, Message, QueueSubscription, Subscription
 from sowstream.config import load_config
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 
 app = typer.Typer(
     help="sowstream: a State-of-the-World engine on Apache Kafka.",
@@ -94,8 +94,8 @@ def worker(
     ] = 0.0,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
+    from sowstream.broker.bootstrap import resolve_bootstrap
     from sowstream.engine.app import Engine
-    from sowstream.wire.kafka import resolve_bootstrap
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -29,8 +29,8 @@ Master = Annotated[str, typer.Option(help="Spark master (local[2], spark://..., 
 
 def _job(config: Path, topic: str, bootstrap: str | None) -> tuple[SowstreamConfig, str]:
     """The config and the bootstrap servers; fails on an unknown topic before Spark starts."""
+    from sowstream.broker.bootstrap import resolve_bootstrap
     from sowstream.pipeline.rebuild import require_supported
-    from sowstream.wire.kafka import resolve_bootstrap
 
     cfg = load_config(config)
     require_supported(cfg.topic(topic))

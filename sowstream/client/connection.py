@@ -21,6 +21,7 @@ from typing import Any, Self, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
+from sowstream.broker.bootstrap import resolve_bootstrap
 from sowstream.client.queue import QueueSubscription
 from sowstream.client.replies import ReplyBox
 from sowstream.client.subscription import (
@@ -51,7 +52,6 @@ from sowstream.wire.kafka import (
     delete_topics,
     ensure_topics,
     producer_config,
-    resolve_bootstrap,
 )
 from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames, topic_ident
 

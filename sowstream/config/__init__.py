@@ -2,17 +2,17 @@
 
 from sowstream.config.amps import load_amps_xml
 from sowstream.config.errors import ConfigError
+from sowstream.config.fields import SUPPORTED_MESSAGE_TYPES
 from sowstream.config.loader import load_config, load_config_text, load_yaml_text
 from sowstream.config.models import (
-    SUPPORTED_MESSAGE_TYPES,
     EngineConfig,
     ExpirationPolicy,
     HistoryConfig,
     RocksDBConfig,
-    SowstreamConfig,
     TopicConfig,
 )
-from sowstream.config.units import parse_interval, parse_size
+from sowstream.config.root import SowstreamConfig
+from sowstream.units import parse_interval, parse_size
 
 __all__ = [
     "SUPPORTED_MESSAGE_TYPES",

@@ -16,6 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sowstream.config.conflated import (
+    CONFLATED_TAGS,
+    ConflatedProblem,
+    ConflatedTopicConfig,
+    check_conflated_topics,
+    conflated_from_xml,
+)
+from sowstream.config.conflated import FIELD_ELEMENTS as CONFLATED_FIELD_ELEMENTS
 from sowstream.config.errors import (
     ConfigError,
     Loc,
@@ -24,7 +32,8 @@ from sowstream.config.errors import (
     from_validation_error,
     skip_or_raise,
 )
-from sowstream.config.models import EngineConfig, SowstreamConfig, TopicConfig, schema_path
+from sowstream.config.fields import schema_path
+from sowstream.config.models import EngineConfig, TopicConfig
 from sowstream.config.queues import (
     ELEMENT_KINDS,
     FIELD_ELEMENTS,
@@ -34,15 +43,7 @@ from sowstream.config.queues import (
     QueueProblem,
     check_queues,
 )
-from sowstream.config.replicas import (
-    CONFLATED_TAGS,
-    ConflatedProblem,
-    ConflatedTopicConfig,
-    check_conflated_topics,
-    conflated_from_xml,
-)
-from sowstream.config.replicas import FIELD_ELEMENTS as CONFLATED_FIELD_ELEMENTS
-from sowstream.config.units import parse_size
+from sowstream.config.root import SowstreamConfig
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
 from sowstream.config.views import (
     VIEW_TAGS,
@@ -54,6 +55,7 @@ from sowstream.config.views import (
     view_from_xml,
 )
 from sowstream.messagetypes import registry
+from sowstream.units import parse_size
 
 log = logging.getLogger("sowstream.config")
 

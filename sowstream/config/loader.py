@@ -22,6 +22,14 @@ from sowstream.config.amps import (
     message_type_supported,
     not_with_pattern,
 )
+from sowstream.config.conflated import FIELD_ELEMENTS as CONFLATED_FIELD_ELEMENTS
+from sowstream.config.conflated import (
+    ConflatedProblem,
+    ConflatedTopicConfig,
+    check_conflated_topics,
+    conflated_from_yaml,
+    definition_order,
+)
 from sowstream.config.errors import (
     ConfigError,
     FieldProblem,
@@ -29,14 +37,13 @@ from sowstream.config.errors import (
     from_validation_error,
     skip_or_raise,
 )
+from sowstream.config.fields import schema_path
 from sowstream.config.models import (
     EngineConfig,
     Entitlements,
     RocksDBConfig,
     SlowConsumerConfig,
-    SowstreamConfig,
     TopicConfig,
-    schema_path,
 )
 from sowstream.config.queues import (
     FIELD_ELEMENTS,
@@ -45,14 +52,7 @@ from sowstream.config.queues import (
     QueueProblem,
     check_queues,
 )
-from sowstream.config.replicas import FIELD_ELEMENTS as CONFLATED_FIELD_ELEMENTS
-from sowstream.config.replicas import (
-    ConflatedProblem,
-    ConflatedTopicConfig,
-    check_conflated_topics,
-    conflated_from_yaml,
-    definition_order,
-)
+from sowstream.config.root import SowstreamConfig
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
 from sowstream.config.views import (
     ViewConfig,

@@ -1,4 +1,8 @@
-"""The validated, immutable configuration: engine settings and the SOW topic definitions.
+"""The validated, immutable models of SOW topics and engine settings.
+
+The root of a whole configuration (:class:`~sowstream.config.root.SowstreamConfig`) sits above
+these, with queues, views and conflated topics; the field helpers sit below
+(:mod:`sowstream.config.fields`).
 
 Field names are snake_case; the loaders map the AMPS element names (``Key``, ``HashIndex``, ...)
 onto them. Constructing a model directly raises pydantic's ``ValidationError`` (a ``ValueError``);
@@ -8,22 +12,31 @@ the loaders turn that into a ``ConfigError`` that names the file and element.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Literal, get_args
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from sowstream.config.errors import FieldProblem
-from sowstream.config.units import parse_interval, parse_size
-from sowstream.errors import InvalidCommandError, UnknownTopicError
+from sowstream.config.fields import (
+    MAX_PARTITIONS,
+    MAX_PREFIX,
+    MIB,
+    MIN_PARTITIONS,
+    Frozen,
+    MessageType,
+    amps_topic_name,
+    bounded_int,
+    field_paths,
+    interval_millis,
+    kafka_safe_name,
+    message_type_name,
+    no_repeats,
+    one_of,
+    parse_recovery_point,
+    recovery_point_ms,
+)
+from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageType as MessageTypeImpl
 from sowstream.messagetypes import MessageTypeConfigError, registry
@@ -37,194 +50,19 @@ from sowstream.sow.enrich import (
 )
 from sowstream.sow.keygen import KeyGeneratorError, load_key_generator
 from sowstream.sow.patterns import compile_pattern
-from sowstream.sow.timestamps import parse_timestamp
-from sowstream.wire.topics import kafka_part, kafka_topic_part, topic_ident
+from sowstream.units import parse_interval, parse_size
+from sowstream.wire.topics import kafka_topic_part, topic_ident
 
-# A message type's name: a built-in one (below) or one added through the entry-point group
-# ``sowstream.message_types`` (sowstream.messagetypes.registry); validation asks the registry.
-MessageType = str
 Durability = Literal["persistent", "transient"]
-# A RecoveryPoint is one of these words or a timestamp (kept as written, see recovery_point_ms).
-RECOVERY_WORDS = ("epoch", "now")
 ExpirationMode = Literal["disabled", "enabled", "default"]
 RestoreMode = Literal["batched", "faust"]
 
-SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = tuple(registry.BUILT_IN)
 _CODEC = "\x00codec"  # where a TopicConfig keeps its MessageType (see TopicConfig.codec)
 _STAGES = "\x00stages"  # and its compiled Preprocessing and Enrichment (TopicConfig.stages)
 DEFAULT_INSTANCE_NAME = "sowstream"
 
 
-def message_type_name(value: object) -> str:
-    """``value`` as a known message type's name (lower case), else a ValueError listing them."""
-    if isinstance(value, str) and value.strip().lower() in registry.names():
-        return value.strip().lower()
-    supported = ", ".join(registry.names())
-    raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
-
-
-# Kafka caps topic names at 249 characters; the engine derives names such as
-# "<prefix>.log.<topic>" and "<app_id>-sow-<topic>-changelog", so both parts get a share.
-MAX_TOPIC_NAME = 180
-MAX_PREFIX = 48
-MIN_PARTITIONS = 1
-MAX_PARTITIONS = 1024
-
-_KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]+")
-_KAFKA_BAD_CHAR = re.compile(r"[^A-Za-z0-9._-]")
-
-MIB = 1024 * 1024
-
-
-class _Frozen(BaseModel):
-    """Immutable and closed: unknown fields are errors, not silently dropped typos."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _kafka_name(value: object, what: str, limit: int) -> str:
-    """``value`` if Kafka can use it inside a topic name, else a ValueError that says why."""
-    if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string, got {value!r} (quote it in YAML)")
-    if not value:
-        raise ValueError(f"{what} is empty")
-    if not _KAFKA_NAME.fullmatch(value):
-        bad = "".join(sorted(set(_KAFKA_BAD_CHAR.findall(value))))
-        suggestion = _KAFKA_BAD_CHAR.sub("_", value)
-        raise ValueError(
-            f"{what} {value!r} contains {bad!r}, which Kafka topic names cannot hold: use only "
-            f"letters, digits, '.', '_' and '-' (for example {suggestion!r})"
-        )
-    if len(value) > limit:
-        raise ValueError(
-            f"{what} {value[:20]!r}... is {len(value)} characters; the limit is {limit} so the "
-            "Kafka topic names derived from it stay within Kafka's 249"
-        )
-    return value
-
-
-def _topic_name(value: object, what: str) -> str:
-    """An AMPS topic name: any text without spaces or control characters (``/ett/order`` too);
-    names Kafka cannot hold are encoded inside Kafka's names (``wire.topics.kafka_part``)."""
-    if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string, got {value!r} (quote it in YAML)")
-    if not value:
-        raise ValueError(f"{what} is empty")
-    bad = sorted({c for c in value if c.isspace() or not c.isprintable()})
-    if bad:
-        raise ValueError(
-            f"{what} {value!r} contains {''.join(bad)!r}: no spaces or control characters"
-        )
-    if len(kafka_part(value)) > MAX_TOPIC_NAME:
-        raise ValueError(
-            f"{what} {value[:20]!r}... is too long: {len(kafka_part(value))} characters in Kafka "
-            f"names, the limit is {MAX_TOPIC_NAME} so the names derived from it stay within 249"
-        )
-    return value
-
-
-def schema_path(path: str, source: str) -> str:
-    """A schema file named in the configuration ``source``: relative to that file's folder."""
-    given = Path(path.strip())
-    if given.is_absolute() or source.startswith("<"):
-        return str(given)
-    return str(Path(source).parent / given)
-
-
-def _bounded_int(value: object, what: str, low: int, high: int) -> int:
-    """``value`` as an int in ``low..high``; bools and fractions are refused, digit strings not."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be a whole number, got {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{what} must be between {low} and {high}, got {value}")
-    return value
-
-
-def _choice(value: object, what: str, options: tuple[str, ...]) -> str:
-    """``value`` lower-cased if it is one of ``options``; AMPS spells these in lower case."""
-    if isinstance(value, str) and value.strip().lower() in options:
-        return value.strip().lower()
-    raise ValueError(f"{what} must be one of {', '.join(options)}, got {value!r}")
-
-
-def parse_recovery_point(value: object, aliases: Mapping[str, str] | None = None) -> str:
-    """A RecoveryPoint as stored: ``epoch``, ``now`` (lower case) or a timestamp as written.
-
-    ``aliases`` maps further words onto those (a queue reads ``creation`` as ``now``). Shared by
-    SOW topics and queues so both accept the same forms.
-    """
-    aliases = aliases or {}
-    words = (*RECOVERY_WORDS, *aliases)
-    if isinstance(value, str) and value.strip():
-        text = value.strip()
-        word = text.lower()
-        if word in RECOVERY_WORDS:
-            return word
-        if word in aliases:
-            return aliases[word]
-        try:
-            parse_timestamp(text, "RecoveryPoint")
-            return text
-        except InvalidCommandError:
-            pass
-    raise ValueError(
-        f"RecoveryPoint must be {', '.join(words)} or a timestamp like 20261123T080000 or "
-        f"2026-11-23T08:00:00Z, got {value!r}"
-    )
-
-
-def recovery_point_ms(point: str) -> int | None:
-    """A stored RecoveryPoint's timestamp as epoch milliseconds; None for ``epoch`` and ``now``."""
-    if point in RECOVERY_WORDS:
-        return None
-    return parse_timestamp(point, "RecoveryPoint")
-
-
-def check_path(path: object, what: str = "path") -> str:
-    """An XPath-like field path such as ``/order/id``: leading ``/``, no empty segments."""
-    if not isinstance(path, str):
-        raise ValueError(f"{what} must be a path like '/id', got {path!r}")
-    text = path.strip()
-    if not text.startswith("/"):
-        raise ValueError(f"{what} {path!r} must start with '/', like '/id' or '/order/id'")
-    if any(not segment.strip() for segment in text[1:].split("/")):
-        raise ValueError(f"{what} {path!r} has an empty segment: write it like '/order/id'")
-    return text
-
-
-def _paths(value: object, what: str) -> tuple[str, ...]:
-    """One path or a list of them, each checked, order kept."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list | tuple):
-        raise ValueError(f"{what} must be a path or a list of paths, got {value!r}")
-    return tuple(check_path(p, what) for p in value)
-
-
-def _interval_ms(value: object, what: str) -> int:
-    """Milliseconds from an interval string (``15m``) or an int that already counts milliseconds."""
-    if isinstance(value, str):
-        try:
-            return parse_interval(value)
-        except ValueError as exc:
-            raise ValueError(f"{what}: {exc}") from None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an interval like '15m', got {value!r}")
-    return value
-
-
-def _no_repeats(paths: tuple[str, ...], what: str) -> tuple[str, ...]:
-    seen: set[str] = set()
-    for path in paths:
-        if path in seen:
-            raise ValueError(f"{what} lists {path!r} twice")
-        seen.add(path)
-    return paths
-
-
-class ExpirationPolicy(_Frozen):
+class ExpirationPolicy(Frozen):
     """How a topic expires records (AMPS ``Expiration``): not at all, per message, or by default.
 
     ``disabled`` still stores per-message expirations without acting on them; ``enabled`` acts
@@ -259,7 +97,7 @@ class ExpirationPolicy(_Frozen):
         return self
 
 
-class HistoryConfig(_Frozen):
+class HistoryConfig(Frozen):
     """Point-in-time query support (AMPS ``History``); stored now, used by a later feature."""
 
     window_ms: int | None = None
@@ -270,7 +108,7 @@ class HistoryConfig(_Frozen):
     def _window(cls, value: object) -> int | None:
         if value is None:
             return None
-        millis = _interval_ms(value, "Window")
+        millis = interval_millis(value, "Window")
         if millis <= 0:
             raise ValueError("Window must be longer than 0 (leave it out to keep history forever)")
         return millis
@@ -278,7 +116,7 @@ class HistoryConfig(_Frozen):
     @field_validator("granularity_ms", mode="before")
     @classmethod
     def _granularity(cls, value: object) -> int:
-        return _interval_ms(value, "Granularity")
+        return interval_millis(value, "Granularity")
 
     @model_validator(mode="after")
     def _granularity_fits(self) -> HistoryConfig:
@@ -293,7 +131,7 @@ class HistoryConfig(_Frozen):
         return self
 
 
-class KeyGeneratorConfig(_Frozen):
+class KeyGeneratorConfig(Frozen):
     """A topic's SowKey generator: a ``package.module:callable`` factory and its Options."""
 
     module: str
@@ -335,7 +173,7 @@ def _option_text(value: object) -> str:
     raise ValueError(f"an Option value must be a string or a number, got {value!r}")
 
 
-class TopicConfig(_Frozen):
+class TopicConfig(Frozen):
     """One topic: how records are identified, indexed, stored, expired and partitioned.
 
     Most topics keep a SOW; ``sow=False`` marks a plain topic that only carries messages to
@@ -372,7 +210,7 @@ class TopicConfig(_Frozen):
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: object) -> str:
-        return _topic_name(value, "topic name")
+        return amps_topic_name(value, "topic name")
 
     @field_validator("message_type", mode="before")
     @classmethod
@@ -389,7 +227,7 @@ class TopicConfig(_Frozen):
     @field_validator("keys", mode="before")
     @classmethod
     def _keys(cls, value: object) -> tuple[str, ...]:
-        return _no_repeats(_paths(value, "Key"), "Key")
+        return no_repeats(field_paths(value, "Key"), "Key")
 
     @field_validator("key_domain", mode="before")
     @classmethod
@@ -401,7 +239,7 @@ class TopicConfig(_Frozen):
     @field_validator("durability", mode="before")
     @classmethod
     def _durability(cls, value: object) -> str:
-        return _choice(value, "Durability", get_args(Durability))
+        return one_of(value, "Durability", get_args(Durability))
 
     @field_validator("recovery_point", mode="before")
     @classmethod
@@ -433,7 +271,7 @@ class TopicConfig(_Frozen):
             raise ValueError(f"HashIndex must be a list of path lists, got {value!r}")
         result = []
         for index in value:
-            paths = _no_repeats(_paths(index, "HashIndex Key"), "a HashIndex")
+            paths = no_repeats(field_paths(index, "HashIndex Key"), "a HashIndex")
             if not paths:
                 raise ValueError("a HashIndex needs at least one Key")
             result.append(paths)
@@ -457,12 +295,12 @@ class TopicConfig(_Frozen):
     @field_validator("indexes", mode="before")
     @classmethod
     def _indexes(cls, value: object) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(_paths(value, "Index")))
+        return tuple(dict.fromkeys(field_paths(value, "Index")))
 
     @field_validator("partitions", mode="before")
     @classmethod
     def _partitions(cls, value: object) -> int:
-        return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
+        return bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @field_validator("preprocessing", "enrichment", mode="before")
     @classmethod
@@ -671,7 +509,7 @@ class TopicConfig(_Frozen):
         return (self.keys, *(i for i in self.hash_indexes if frozenset(i) != key_set))
 
 
-class RocksDBConfig(_Frozen):
+class RocksDBConfig(Frozen):
     """Per-partition RocksDB sizing, kept small so several topics fit on a laptop."""
 
     block_cache_size: int = 64 * MIB
@@ -682,15 +520,15 @@ class RocksDBConfig(_Frozen):
     @classmethod
     def _size(cls, value: object, info: ValidationInfo) -> int:
         size = parse_size(value) if isinstance(value, str) else value
-        return _bounded_int(size, str(info.field_name), 1, 2**62)
+        return bounded_int(size, str(info.field_name), 1, 2**62)
 
     @field_validator("max_write_buffer_number", mode="before")
     @classmethod
     def _count(cls, value: object) -> int:
-        return _bounded_int(value, "max_write_buffer_number", 1, 64)
+        return bounded_int(value, "max_write_buffer_number", 1, 64)
 
 
-class SlowConsumerConfig(_Frozen):
+class SlowConsumerConfig(Frozen):
     """When a subscriber's unread backlog gets its subscriptions conflated, then dropped.
 
     Backlogs are counted in messages; intervals are milliseconds (YAML takes ``1s`` too).
@@ -706,13 +544,13 @@ class SlowConsumerConfig(_Frozen):
     @field_validator("conflate_after", "drop_after", mode="before")
     @classmethod
     def _messages(cls, value: object, info: ValidationInfo) -> int:
-        return _bounded_int(value, str(info.field_name), 1, 2**62)
+        return bounded_int(value, str(info.field_name), 1, 2**62)
 
     @field_validator("conflation_interval", "check_interval", "client_timeout", mode="before")
     @classmethod
     def _interval(cls, value: object, info: ValidationInfo) -> int:
         ms = parse_interval(value) if isinstance(value, str) else value
-        return _bounded_int(ms, str(info.field_name), 100, 86_400_000)
+        return bounded_int(ms, str(info.field_name), 100, 86_400_000)
 
     @model_validator(mode="after")
     def _order(self) -> SlowConsumerConfig:
@@ -725,7 +563,7 @@ class SlowConsumerConfig(_Frozen):
         return self
 
 
-class EngineConfig(_Frozen):
+class EngineConfig(Frozen):
     """Settings of the engine process: Kafka connection, naming, local state and metrics."""
 
     app_id: str = "sowstream"
@@ -764,12 +602,12 @@ class EngineConfig(_Frozen):
     @field_validator("auto_topic_partitions", mode="before")
     @classmethod
     def _auto_partitions(cls, value: object) -> int:
-        return _bounded_int(value, "auto_topic_partitions", MIN_PARTITIONS, MAX_PARTITIONS)
+        return bounded_int(value, "auto_topic_partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @field_validator("app_id", "topic_prefix", mode="before")
     @classmethod
     def _names(cls, value: object, info: ValidationInfo) -> str:
-        return _kafka_name(value, str(info.field_name), MAX_PREFIX)
+        return kafka_safe_name(value, str(info.field_name), MAX_PREFIX)
 
     @property
     def effective_instance_name(self) -> str:
@@ -786,12 +624,12 @@ class EngineConfig(_Frozen):
     @field_validator("replication_factor", mode="before")
     @classmethod
     def _replication(cls, value: object) -> int:
-        return _bounded_int(value, "replication_factor", 1, 32767)
+        return bounded_int(value, "replication_factor", 1, 32767)
 
     @field_validator("web_port", mode="before")
     @classmethod
     def _port(cls, value: object) -> int | None:
-        return None if value is None else _bounded_int(value, "web_port", 1, 65535)
+        return None if value is None else bounded_int(value, "web_port", 1, 65535)
 
     @field_validator("kafka", mode="before")
     @classmethod
@@ -840,7 +678,7 @@ def ambiguous_pattern(name: str, topics: Iterable[str]) -> str:
 ANY_IDENTITY = "*"
 
 
-class Entitlements(_Frozen):
+class Entitlements(Frozen):
     """Row-level entitlements: per identity and topic, a filter a record must pass to be seen.
 
     The identity ``*`` covers identities that have no rule of their own for a topic; a topic with
@@ -889,227 +727,3 @@ class Entitlements(_Frozen):
         if topic in own:
             return own[topic]
         return self.rules.get(ANY_IDENTITY, {}).get(topic)
-
-
-class SowstreamConfig(_Frozen):
-    """A whole configuration: engine settings, SOW topics and queues, read from ``source``."""
-
-    engine: EngineConfig = EngineConfig()
-    topics: tuple[TopicConfig, ...] = ()
-    queues: tuple[QueueConfig, ...] = ()
-    views: tuple[ViewConfig, ...] = ()
-    conflated_topics: tuple[ConflatedTopicConfig, ...] = ()
-    entitlements: Entitlements = Entitlements()
-    # What each identity may publish: a publish must match the filter (checked as received).
-    publish_entitlements: Entitlements = Entitlements()
-    source: str = "<string>"
-
-    def stamped(self) -> SowstreamConfig:
-        """This configuration with each SOW topic given what its log records need from the rest
-        of it (the loaders' last step): the instance name and the publish entitlements."""
-        instance = self.engine.effective_instance_name
-        rules = self.publish_entitlements.rules
-        topics = tuple(
-            t.model_copy(
-                update={
-                    "instance_name": instance,
-                    "publish_filters": tuple(
-                        sorted((who, on[t.name]) for who, on in rules.items() if t.name in on)
-                    ),
-                }
-            )
-            for t in self.topics
-        )
-        return self.model_copy(update={"topics": topics})
-
-    def entitlement_lookup(self, topic: str) -> Callable[[str], Filter | None]:
-        """identity -> compiled entitlement filter on ``topic`` (cached; None = all visible).
-
-        The topic the engine keeps of a queue's available messages holds the queue's messages:
-        without a rule of its own, the queue's rules apply to it."""
-        cache: dict[str, Filter | None] = {}
-        queue = next((q for q, t in self.queue_view_topics.items() if t.name == topic), None)
-
-        def lookup(identity: str) -> Filter | None:
-            if identity not in cache:
-                text = self.entitlements.filter_text(identity, topic)
-                if text is None and queue is not None:
-                    text = self.entitlements.filter_text(identity, queue)
-                cache[identity] = compile_filter(text) if text else None
-            return cache[identity]
-
-        return lookup
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> SowstreamConfig:
-        seen: dict[str, TopicConfig] = {}
-        idents: set[str] = set()
-        for topic in self.topics:
-            if topic.ident in idents:
-                raise FieldProblem(
-                    "topics",
-                    f"{topic.message_type} topic {topic.name!r} is defined more than once",
-                )
-            idents.add(topic.ident)
-            other = seen.get(topic.kafka_name)
-            if other is not None:
-                raise FieldProblem(
-                    "topics",
-                    f"{other.message_type} topic {other.name!r} and {topic.message_type} topic "
-                    f"{topic.name!r} would share the Kafka topic names {topic.kafka_name!r}: "
-                    "rename one",
-                )
-            seen[topic.kafka_name] = topic
-        check_queues(self.queues, self.topics)
-        # Loaders check in document order first; here each kind keeps its own order, with
-        # conflated topics placed right after what they read (definition_order).
-        defined = definition_order(self.topics, self.queues, self.conflated_topics, self.views)
-        try:
-            check_views(self.views, defined)
-            check_view_sources(self.views, self.topics, [q.name for q in self.queues])
-        except ViewProblem as exc:
-            raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
-        try:
-            check_conflated_topics(self.conflated_topics, self.topics, defined, self.views)
-        except ConflatedProblem as exc:
-            raise FieldProblem(
-                "conflated_topics", f"conflated_topics[{exc.index}]: {exc}"
-            ) from None
-        return self
-
-    @property
-    def view_topics(self) -> tuple[TopicConfig, ...]:
-        """Each view as the SOW topic readers see (:meth:`ViewConfig.topic_config`)."""
-        return tuple(v.topic_config() for v in self.views)
-
-    @property
-    def queue_view_topics(self) -> dict[str, TopicConfig]:
-        """Per queue some view reads, the SOW topic of its available messages that the engine
-        keeps for the view (json, partitioned like the widest of the queue's topics)."""
-        read = {name for view in self.views for name in view.underlying_names}
-        ours = {available_topic_name(q.name) for q in self.queues}
-        names = [
-            t.name
-            for t in self.topics
-            if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in ours
-        ]
-        out: dict[str, TopicConfig] = {}
-        for queue in self.queues:
-            if queue.name not in read or any(t.name == queue.name for t in self.topics):
-                continue  # a queue named like its topic: views read the topic
-            partitions = [self.topic(n, "json").partitions for n in queue.underlying_topics(names)]
-            out[queue.name] = TopicConfig(
-                name=available_topic_name(queue.name),
-                message_type="json",
-                partitions=max(partitions, default=1),
-            )
-        return out
-
-    @property
-    def conflated_topic_configs(self) -> tuple[TopicConfig, ...]:
-        """Each conflated topic as the SOW topic readers see
-        (:meth:`ConflatedTopicConfig.topic_config`)."""
-        built: dict[str, tuple[TopicConfig, tuple[str, ...]]] = {}
-
-        def build(c: ConflatedTopicConfig) -> tuple[TopicConfig, tuple[str, ...]]:
-            # (the conflated topic, the key fields of the records it copies); views and
-            # conflated topics first: an engine's copy of the config lists them as topics too.
-            if c.name not in built:
-                name = c.underlying_topic
-                inner = next((i for i in self.conflated_topics if i.name == name), None)
-                view = next((v for v in self.views if v.name == name), None)
-                if inner is not None:
-                    underlying, keys = build(inner)
-                elif view is not None:
-                    underlying = view.topic_config()
-                    keys = view.compile().projection.grouping_outputs or ()
-                else:
-                    underlying = self.topic(name, c.message_type)
-                    keys = underlying.keys
-                own = c.topic_config(underlying, keys)
-                # What AMPS_INSTANCE_NAME() gives in its Enrichment (as stamped on SOW topics).
-                own = own.model_copy(update={"instance_name": self.engine.effective_instance_name})
-                built[c.name] = (own, keys)
-            return built[c.name]
-
-        return tuple(build(c)[0] for c in self.conflated_topics)
-
-    def view(self, name: str) -> ViewConfig:
-        """The view called ``name``; UnknownTopicError if there is none."""
-        for view in self.views:
-            if view.name == name:
-                return view
-        raise UnknownTopicError(name)
-
-    def topic(self, name: str, message_type: str | None = None) -> TopicConfig:
-        """The topic called ``name`` of ``message_type``; UnknownTopicError if there is none.
-
-        Without a message type: the one topic of that name, the json one if several share it.
-        """
-        found = [
-            t
-            for t in self.topics
-            if t.name == name and (message_type is None or t.message_type == message_type)
-        ]
-        if len(found) > 1:
-            found = [t for t in found if t.message_type == "json"] or found
-            if len(found) > 1:
-                kinds = ", ".join(t.message_type for t in found)
-                raise InvalidCommandError(
-                    f"topics of several message types are named {name!r} ({kinds}): "
-                    "say which message type"
-                )
-        if not found:
-            raise UnknownTopicError(name)
-        return found[0]
-
-    def queue(self, name: str) -> QueueConfig:
-        """The queue called ``name``; UnknownTopicError if there is none."""
-        for queue in self.queues:
-            if queue.name == name:
-                return queue
-        raise UnknownTopicError(name)
-
-    def pattern_topic_for(self, name: str, message_type: str = "json") -> TopicConfig | None:
-        """The Pattern topic of ``message_type`` that topic name ``name`` belongs to, or None.
-
-        A topic declared with exactly that name wins over any Pattern (so None); a name that
-        several Pattern topics match is ambiguous: InvalidCommandError names them.
-        """
-        if any(t.name == name and t.message_type == message_type for t in self.topics):
-            return None
-        found = [t for t in self.topics if t.message_type == message_type and t.matches_name(name)]
-        if len(found) > 1:
-            raise InvalidCommandError(ambiguous_pattern(name, [t.name for t in found]))
-        return found[0] if found else None
-
-    def topics_matching(self, pattern: str) -> list[TopicConfig]:
-        """Topics whose whole name matches the regular expression ``pattern``, as AMPS queries do.
-
-        A plain name matches itself; an invalid pattern raises InvalidCommandError.
-        """
-        names = set(match_topic_names(pattern, [t.name for t in self.topics]))
-        return [t for t in self.topics if t.name in names]
-
-
-# queues.py and views.py build on the helpers above, so they are imported once they exist.
-from sowstream.config.queues import (  # noqa: E402
-    QUEUE_MESSAGE_TYPES,
-    QueueConfig,
-    available_topic_name,
-    check_queues,
-)
-from sowstream.config.replicas import (  # noqa: E402
-    ConflatedProblem,
-    ConflatedTopicConfig,
-    check_conflated_topics,
-    definition_order,
-)
-from sowstream.config.views import (  # noqa: E402
-    ViewConfig,
-    ViewProblem,
-    check_view_sources,
-    check_views,
-)
-
-SowstreamConfig.model_rebuild()

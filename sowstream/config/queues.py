@@ -11,27 +11,25 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from sowstream.config.errors import FieldProblem
-from sowstream.config.models import (
-    _KAFKA_NAME,
+from sowstream.config.fields import (
+    KAFKA_NAME_CHARS,
+    Frozen,
     MessageType,
-    _bounded_int,
-    _choice,
-    _Frozen,
-    _interval_ms,
-    _topic_name,
+    amps_topic_name,
+    bounded_int,
+    interval_millis,
     message_type_name,
+    one_of,
     parse_recovery_point,
     recovery_point_ms,
 )
+from sowstream.config.models import TopicConfig
 from sowstream.filters import FilterError, ast, parse_filter
-
-if TYPE_CHECKING:
-    from sowstream.config.models import TopicConfig
 
 # Queue messages are browsed and filtered as JSON; other message types are not queued yet.
 QUEUE_MESSAGE_TYPES = ("json",)
@@ -106,7 +104,7 @@ def is_topic_pattern(text: str) -> bool:
     A name made only of the characters a topic name may hold is taken literally (so ``a.b`` is
     the topic ``a.b``); anything else is a pattern matched against whole topic names.
     """
-    return _KAFKA_NAME.fullmatch(text) is None
+    return KAFKA_NAME_CHARS.fullmatch(text) is None
 
 
 def checked_expression(text: object, what: str, *, predicate: bool) -> str:
@@ -143,7 +141,7 @@ def _non_deterministic(what: str, name: str, position: int) -> str:
 def _optional_interval(value: object, what: str, *, zero_ok: bool) -> int | None:
     if value is None:
         return None
-    millis = _interval_ms(value, what)
+    millis = interval_millis(value, what)
     if millis < 0 or (millis == 0 and not zero_ok):
         raise ValueError(f"{what} must be longer than 0 (leave it out for no limit)")
     return millis
@@ -157,7 +155,7 @@ def _text_value(value: object, what: str) -> str | None:
     return value.strip()
 
 
-class QueueConfig(_Frozen):
+class QueueConfig(Frozen):
     """One queue: which log records it takes, and how they are leased, ordered and expired.
 
     Intervals are milliseconds (``None`` = no limit); ``default_publish_target`` is filled in
@@ -212,7 +210,7 @@ class QueueConfig(_Frozen):
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: object) -> str:
-        return _topic_name(value, "queue name")
+        return amps_topic_name(value, "queue name")
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -252,7 +250,7 @@ class QueueConfig(_Frozen):
     @classmethod
     def _publish_target(cls, value: object) -> str | None:
         text = _text_value(value, "DefaultPublishTarget")
-        return None if text is None else _topic_name(text, "DefaultPublishTarget")
+        return None if text is None else amps_topic_name(text, "DefaultPublishTarget")
 
     @field_validator("lease_period_ms", mode="before")
     @classmethod
@@ -273,40 +271,40 @@ class QueueConfig(_Frozen):
     @field_validator("semantics", mode="before")
     @classmethod
     def _semantics(cls, value: object) -> str:
-        return _choice(value, "Semantics", get_args(Semantics))
+        return one_of(value, "Semantics", get_args(Semantics))
 
     @field_validator("fairness_model", mode="before")
     @classmethod
     def _fairness(cls, value: object) -> str:
-        return _choice(value, "FairnessModel", get_args(FairnessModel))
+        return one_of(value, "FairnessModel", get_args(FairnessModel))
 
     @field_validator("leasing", mode="before")
     @classmethod
     def _leasing(cls, value: object) -> str:
-        return _choice(value, "Leasing", get_args(Leasing))
+        return one_of(value, "Leasing", get_args(Leasing))
 
     @field_validator("max_backlog", mode="before")
     @classmethod
     def _max_backlog(cls, value: object) -> int | None:
-        return None if value is None else _bounded_int(value, "MaxBacklog", 1, _MAX_COUNT)
+        return None if value is None else bounded_int(value, "MaxBacklog", 1, _MAX_COUNT)
 
     @field_validator("max_per_subscription_backlog", mode="before")
     @classmethod
     def _per_subscription(cls, value: object) -> int:
-        return _bounded_int(value, "MaxPerSubscriptionBacklog", 1, _MAX_COUNT)
+        return bounded_int(value, "MaxPerSubscriptionBacklog", 1, _MAX_COUNT)
 
     @field_validator("target_queue_depth", mode="before")
     @classmethod
     def _target_depth(cls, value: object) -> int | None:
         if value is None:
             return None
-        return _bounded_int(value, "TargetQueueDepth", MIN_TARGET_QUEUE_DEPTH, _MAX_COUNT)
+        return bounded_int(value, "TargetQueueDepth", MIN_TARGET_QUEUE_DEPTH, _MAX_COUNT)
 
     @field_validator("max_deliveries", "max_cancels", mode="before")
     @classmethod
     def _limits(cls, value: object, info: ValidationInfo) -> int:
         what = "MaxDeliveries" if info.field_name == "max_deliveries" else "MaxCancels"
-        return _bounded_int(value, what, 0, _MAX_COUNT)
+        return bounded_int(value, what, 0, _MAX_COUNT)
 
     @field_validator("filter", mode="before")
     @classmethod

@@ -30,23 +30,23 @@ from sowstream.config.errors import (
     element_text,
     from_validation_error,
 )
-from sowstream.config.models import (
+from sowstream.config.fields import (
     MAX_PARTITIONS,
     MIN_PARTITIONS,
     SUPPORTED_MESSAGE_TYPES,
-    TopicConfig,
-    _bounded_int,
-    _choice,
-    _Frozen,
-    _topic_name,
+    Frozen,
+    amps_topic_name,
+    bounded_int,
+    one_of,
 )
+from sowstream.config.models import TopicConfig
 from sowstream.config.queues import available_topic_name
 from sowstream.views.joins import PRESERVE, JoinPlan, Side
+from sowstream.views.ports import CompiledView
 from sowstream.views.projection import (
     JoinCondition,
     TopicRef,
     ViewDefinitionError,
-    ViewProjection,
     compile_projection,
     parse_join,
     parse_topic_ref,
@@ -55,7 +55,6 @@ from sowstream.views.projection import (
 __all__ = [
     "VIEW_ELEMENTS",
     "VIEW_TAGS",
-    "CompiledView",
     "Definition",
     "ViewConfig",
     "ViewProblem",
@@ -88,15 +87,7 @@ VIEW_TAGS = ("View", "ViewDefinition")
 _SECTIONS = {"Projection": "projection", "Grouping": "grouping", "Filter": "filter"}
 
 
-class CompiledView:
-    """What the maintainer runs: the join plan (None for one topic) and the projection."""
-
-    def __init__(self, plan: JoinPlan | None, projection: ViewProjection) -> None:
-        self.plan = plan
-        self.projection = projection
-
-
-class ViewConfig(_Frozen):
+class ViewConfig(Frozen):
     """One view: its underlying topic or joins, Projection, Grouping and options.
 
     ``joins`` holds the ``Join`` texts (``[A]./x = [B]./y``); exactly one of it and
@@ -120,12 +111,12 @@ class ViewConfig(_Frozen):
     @field_validator("partitions", mode="before")
     @classmethod
     def _partitions(cls, value: object) -> int:
-        return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
+        return bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: object) -> str:
-        return _topic_name(value, "view name")
+        return amps_topic_name(value, "view name")
 
     @field_validator("message_type", mode="before")
     @classmethod
@@ -174,14 +165,14 @@ class ViewConfig(_Frozen):
     @field_validator("conflation", mode="before")
     @classmethod
     def _conflation(cls, value: object) -> str:
-        return _choice(value, "Conflation", ("none", "inline"))
+        return one_of(value, "Conflation", ("none", "inline"))
 
     @field_validator("join_null_equivalency", mode="before")
     @classmethod
     def _null_equivalency(cls, value: object) -> bool:
         if isinstance(value, bool):
             return value
-        return _choice(value, "JoinNullEquivalency", ("enabled", "disabled")) == "enabled"
+        return one_of(value, "JoinNullEquivalency", ("enabled", "disabled")) == "enabled"
 
     @field_validator("hash_indexes", mode="before")
     @classmethod

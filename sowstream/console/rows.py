@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from sowstream.client import Message
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 
 KEY = "_key"  # the row id column of every grid: the record's SowKey
 

@@ -27,9 +27,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from sowstream.config.models import SowstreamConfig, TopicConfig
+from sowstream.config.conflated import ConflatedTopicConfig
+from sowstream.config.models import TopicConfig
 from sowstream.config.queues import QUEUE_MESSAGE_TYPES
-from sowstream.config.replicas import ConflatedTopicConfig
+from sowstream.config.root import SowstreamConfig
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.commands import CommandInbox, runs
@@ -51,7 +52,7 @@ from sowstream.errors import InvalidCommandError, KafkaUnreachableError, Sowstre
 from sowstream.filters import FilterError
 from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS, SubscriptionSpec
-from sowstream.views.conflation import ConflatedFeed
+from sowstream.views.conflated import ConflatedFeed
 from sowstream.views.projection import TopicRef
 from sowstream.views.routing import ViewFeed, input_partitions
 from sowstream.wire import headers as h

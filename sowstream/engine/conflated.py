@@ -1,8 +1,8 @@
 """Conflated topics on a worker: the input topic in, one write per changed record per Interval.
 
 Each conflated topic has an input topic (``<prefix>.view-in.<name>``) that the processor of its
-underlying topic fills with change events (:class:`~sowstream.views.conflation.ConflatedFeed`),
-a faust agent that folds them into a :class:`~sowstream.views.conflation.Conflator` per input
+underlying topic fills with change events (:class:`~sowstream.views.conflated.ConflatedFeed`),
+a faust agent that folds them into a :class:`~sowstream.views.conflated.Conflator` per input
 partition, and a flush every Interval that writes the pending states to the conflated topic's
 log (publish by the underlying SowKey, ``sow_delete`` for a record gone or filtered out, each
 marked with the ``sow.view`` header so the log takes nothing else). The conflated topic's own
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sowstream.config.replicas import ConflatedTopicConfig
+from sowstream.config.conflated import ConflatedTopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.ports import LogReader, Sender
@@ -29,7 +29,7 @@ from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.patterns import split_key
-from sowstream.views.conflation import Conflator
+from sowstream.views.conflated import Conflator
 from sowstream.wire import headers as h
 
 log = logging.getLogger("sowstream.engine.conflated")

@@ -17,7 +17,7 @@ from sowstream.engine import metrics
 from sowstream.engine.partition import DELIVERY_WAIT_SECONDS
 from sowstream.engine.ports import Sender
 from sowstream.subscriptions.model import FAILURE, Change, Delivery, SubscriptionSpec
-from sowstream.views.conflation import ConflatedFeed
+from sowstream.views.conflated import ConflatedFeed
 from sowstream.views.routing import ViewFeed
 from sowstream.wire import headers as h
 

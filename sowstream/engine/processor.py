@@ -34,7 +34,7 @@ from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartiti
 from sowstream.engine.table import PartitionTable
 from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
-from sowstream.views.conflation import ConflatedFeed
+from sowstream.views.conflated import ConflatedFeed
 from sowstream.views.routing import ViewFeed
 from sowstream.wire.avro import encode
 from sowstream.wire.topics import TopicNames

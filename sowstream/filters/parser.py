@@ -21,6 +21,8 @@ from lark.exceptions import (
     VisitError,
 )
 
+from sowstream.errors import SowstreamError
+
 from . import ast
 
 __all__ = ["MAX_DEPTH", "FilterError", "mask_strings", "parse_filter", "parse_projection_field"]
@@ -32,8 +34,11 @@ MAX_DEPTH = 100
 _EXCERPT_WIDTH = 72
 
 
-class FilterError(ValueError):
+class FilterError(SowstreamError, ValueError):
     """A filter (or OrderBy) text that cannot be parsed or compiled, with where and why.
+
+    Part of the :class:`~sowstream.errors.SowstreamError` tree; a ``ValueError`` too, so the
+    configuration's validators report it like any bad value.
 
     ``position`` is a 0-based character offset into ``text``; ``line`` and ``column`` are
     1-based; ``expected`` lists what the parser would have accepted there (may be empty).

@@ -28,7 +28,7 @@ from sowstream.messagetypes.base import (
     MessageTypeConfigError,
     TypeOptions,
 )
-from sowstream.subscriptions.delta import same_value
+from sowstream.messagetypes.changes import same_value
 
 
 class AvroType(MessageType):

@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sowstream.sow.merge import merge_delta
-from sowstream.subscriptions.delta import changed_fields
+from sowstream.messagetypes.changes import changed_fields, merge_delta
 
 # How errors spell the built-in types' names (as their specifications do).
 _LABELS = {"json": "JSON", "fix": "FIX", "nvfix": "NVFIX", "xml": "XML", "avro": "Avro"}
@@ -105,6 +104,6 @@ class MessageType(ABC):
         return self.merge_fields(self.parse(stored), self.parse_delta(update))
 
     def merge_fields(self, stored: dict[str, Any], update: dict[str, Any]) -> bytes:
-        """:meth:`merge` for bodies already parsed: the delta_publish rule of ``sow.merge``
-        (neither argument is modified)."""
+        """:meth:`merge` for bodies already parsed: the delta_publish rule
+        (:func:`~sowstream.messagetypes.changes.merge_delta`; neither argument is modified)."""
         return self.serialise(merge_delta(stored, update))

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import orjson
 
 from sowstream.messagetypes.base import MessageParseError, MessageType
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 
 
 class JsonType(MessageType):

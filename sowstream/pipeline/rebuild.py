@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sowstream.config.models import SowstreamConfig, TopicConfig
+from sowstream.config.models import TopicConfig
+from sowstream.config.root import SowstreamConfig
 from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import LogRange, plan_log_range
 from sowstream.sow.fold import FilterDeletes, fold_sorted, reads_previous, state_row

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from sowstream.config.models import SowstreamConfig, TopicConfig
+from sowstream.config.models import TopicConfig
+from sowstream.config.root import SowstreamConfig
 from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import META_TIMEOUT_S
 from sowstream.pipeline.rebuild import RebuildResult, require_supported

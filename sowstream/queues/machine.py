@@ -35,9 +35,9 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from sowstream.config.queues import QueueConfig
 from sowstream.filters import Filter, compile_filter, compile_value, parse_filter
 from sowstream.filters.values import to_number
+from sowstream.queues.ports import QueueRules
 
 __all__ = [
     "AckOutcome",
@@ -212,7 +212,7 @@ class QueueMachine:
     """The delivery state of one queue over the partitions one worker owns."""
 
     def __init__(
-        self, config: QueueConfig, entitled: Callable[[str, dict[str, Any]], bool] | None = None
+        self, config: QueueRules, entitled: Callable[[str, dict[str, Any]], bool] | None = None
     ) -> None:
         self.config = config
         self._entitled = entitled

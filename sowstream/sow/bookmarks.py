@@ -32,11 +32,6 @@ class Bookmark:
     partition: int | None = None
     offset: int | None = None
 
-    @property
-    def replays(self) -> bool:
-        """Whether anything before now is sent again."""
-        return self.at_ms is not None
-
     def start_offset(self, partition: int, offset_for_time: int) -> int:
         """The first offset of ``partition`` to replay, given the first offset after the time."""
         if self.partition == partition and self.offset is not None:

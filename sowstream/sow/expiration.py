@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sowstream.config.models import ExpirationPolicy
-from sowstream.config.units import parse_interval
 from sowstream.errors import InvalidMessageError
+from sowstream.sow.ports import ExpirationRule
+from sowstream.units import parse_interval
 
 
 def parse_expiration_header(topic: str, text: str | None) -> int | None:
@@ -25,9 +25,7 @@ def parse_expiration_header(topic: str, text: str | None) -> int | None:
         ) from exc
 
 
-def expiration_time(
-    policy: ExpirationPolicy, header_ms: int | None, log_time_ms: int
-) -> int | None:
+def expiration_time(policy: ExpirationRule, header_ms: int | None, log_time_ms: int) -> int | None:
     """Absolute expiry (ms) to store with a record updated at ``log_time_ms``; None = never.
 
     Every update recomputes it, which is what resets the clock. With the policy ``disabled`` the
@@ -40,6 +38,6 @@ def expiration_time(
     return None
 
 
-def processes_expiration(policy: ExpirationPolicy) -> bool:
+def processes_expiration(policy: ExpirationRule) -> bool:
     """Whether records of a topic with this policy are ever removed on expiry."""
     return policy.mode != "disabled"

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidMessageError
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.ops import (
@@ -24,6 +23,7 @@ from sowstream.sow.ops import (
     decode_log_record,
     deleted_by_filter,
 )
+from sowstream.sow.ports import TopicDefinition
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 
@@ -41,7 +41,7 @@ class FilterDeletes:
     offsets: list[int]
 
     @classmethod
-    def of(cls, topic: TopicConfig, records: Iterable[RawRecord]) -> FilterDeletes:
+    def of(cls, topic: TopicDefinition, records: Iterable[RawRecord]) -> FilterDeletes:
         """Decode a partition's filter deletes; a malformed one is skipped as the engine does."""
         ops: list[LogOp] = []
         for rec in sorted(records, key=lambda r: r.offset):
@@ -70,7 +70,7 @@ def _expired(state: SowRecord | None, at_ms: int) -> bool:
 
 
 def fold_key(
-    topic: TopicConfig,
+    topic: TopicDefinition,
     records: Sequence[RawRecord],
     deletes: FilterDeletes = NO_DELETES,
     *,
@@ -110,7 +110,7 @@ def fold_key(
 
 
 def _apply_deletes(
-    topic: TopicConfig, state: SowRecord | None, ops: list[LogOp], expires: bool
+    topic: TopicDefinition, state: SowRecord | None, ops: list[LogOp], expires: bool
 ) -> SowRecord | None:
     for op in ops:
         if state is None:
@@ -136,7 +136,7 @@ class Step:
     seq: int = 0
 
 
-def apply_record(topic: TopicConfig, state: dict[str, SowRecord], rec: RawRecord) -> list[Step]:
+def apply_record(topic: TopicDefinition, state: dict[str, SowRecord], rec: RawRecord) -> list[Step]:
     """Apply one log record to ``state`` (in place) and say what it changed.
 
     Records the engine rejects or re-keys change nothing, as in the engine.
@@ -164,7 +164,7 @@ def apply_record(topic: TopicConfig, state: dict[str, SowRecord], rec: RawRecord
     return [Step(op.sow_key, old, new)]
 
 
-def replaces_record(topic: TopicConfig, rec: RawRecord) -> bool:
+def replaces_record(topic: TopicDefinition, rec: RawRecord) -> bool:
     """Whether ``rec`` is a full publish the engine applies as it stands under its own key.
 
     Such a record replaces whatever came before it, so a bulk fold may start a key's history
@@ -183,7 +183,7 @@ def replaces_record(topic: TopicConfig, rec: RawRecord) -> bool:
 
 
 def fold_sorted(
-    topic: TopicConfig,
+    topic: TopicDefinition,
     records: Iterable[RawRecord],
     deletes: Mapping[int, FilterDeletes],
     *,
@@ -209,7 +209,7 @@ def fold_sorted(
             yield partition, key, state
 
 
-def reads_previous(topic: TopicConfig) -> bool:
+def reads_previous(topic: TopicDefinition) -> bool:
     """Whether applying a publish depends on the record before it (Enrichment with
     ``OF PREVIOUS``), so a key's history cannot be cut at its last publish."""
     enrichment = topic.stages.enrichment

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import groupby
 
-from sowstream.config.models import HistoryConfig
 from sowstream.errors import InvalidCommandError
+from sowstream.sow.ports import HistoryWindow
 from sowstream.sow.record import SowRecord
 
 HISTORY_PREFIX = b"\x00h/"  # under the reserved prefix: never a record or index key
@@ -57,7 +57,7 @@ def parse_version_key(key: bytes) -> tuple[str, int, int]:
 
 
 def version_changes(
-    history: HistoryConfig, versions: Iterable[Version]
+    history: HistoryWindow, versions: Iterable[Version]
 ) -> dict[bytes, bytes | None]:
     """Store changes that record ``versions`` (in log order), at the topic's Granularity.
 
@@ -81,7 +81,7 @@ def version_changes(
     return changes
 
 
-def as_of_bound(history: HistoryConfig, at_ms: int) -> int:
+def as_of_bound(history: HistoryWindow, at_ms: int) -> int:
     """The latest version time a query at ``at_ms`` may use (see the module docstring)."""
     grain = history.granularity_ms
     if grain <= 0:
@@ -89,12 +89,12 @@ def as_of_bound(history: HistoryConfig, at_ms: int) -> int:
     return (at_ms // grain) * grain - 1
 
 
-def covers(history: HistoryConfig, at_ms: int, now_ms: int) -> bool:
+def covers(history: HistoryWindow, at_ms: int, now_ms: int) -> bool:
     """Whether ``at_ms`` lies within the History Window that ends at ``now_ms``."""
     return history.window_ms is None or at_ms >= now_ms - history.window_ms
 
 
-def check_window(topic: str, history: HistoryConfig | None, at_ms: int, now_ms: int) -> None:
+def check_window(topic: str, history: HistoryWindow | None, at_ms: int, now_ms: int) -> None:
     """Refuse a point in time the topic's History cannot answer."""
     if history is None:
         raise InvalidCommandError(

@@ -16,16 +16,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidMessageError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageParseError, MessageSerialiseError, MessageType
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.sow.enrich import Stage, StageFailure
 from sowstream.sow.expiration import expiration_time, parse_expiration_header
 from sowstream.sow.keygen import generate_sow_key, load_key_generator
 from sowstream.sow.keys import generated_sow_key, validate_user_sow_key
-from sowstream.sow.merge import merge_delta
 from sowstream.sow.patterns import record_key, split_key
+from sowstream.sow.ports import TopicDefinition
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 
@@ -76,7 +76,9 @@ def malformed_reason(message_type: str) -> str:
     return f"malformed_{message_type}"
 
 
-def parse_body(topic: TopicConfig, value: bytes | None, *, delta: bool = False) -> dict[str, Any]:
+def parse_body(
+    topic: TopicDefinition, value: bytes | None, *, delta: bool = False
+) -> dict[str, Any]:
     """A message body's fields, read by the topic's message type (a delta_publish's with the
     type's delta reading); anything else is an InvalidMessageError naming topic and position."""
     if not value:
@@ -94,7 +96,7 @@ def parse_body(topic: TopicConfig, value: bytes | None, *, delta: bool = False) 
         ) from exc
 
 
-def _label(topic: TopicConfig) -> str:
+def _label(topic: TopicDefinition) -> str:
     """How errors name a topic: with its message type unless it is json (as they always did)."""
     if topic.message_type == "json":
         return f"topic {topic.name!r}"
@@ -102,7 +104,7 @@ def _label(topic: TopicConfig) -> str:
 
 
 def resolve_sow_key(
-    topic: TopicConfig,
+    topic: TopicDefinition,
     body: Mapping[str, Any] | None,
     supplied: str | None,
     name: str | None = None,
@@ -129,7 +131,7 @@ def resolve_sow_key(
     return generated_sow_key(label, topic.key_domain_of(label), topic.keys, body)
 
 
-def published_name(topic: TopicConfig, headers: Mapping[str, str]) -> str | None:
+def published_name(topic: TopicDefinition, headers: Mapping[str, str]) -> str | None:
     """The topic name a record of a Pattern topic was published under (its ``sow.topic``
     header), checked against the Pattern; None on other topics."""
     if topic.pattern is None:
@@ -153,7 +155,7 @@ def published_name(topic: TopicConfig, headers: Mapping[str, str]) -> str | None
 
 
 def decode_log_record(
-    topic: TopicConfig,
+    topic: TopicDefinition,
     key: bytes | None,
     value: bytes | None,
     headers: Mapping[str, str],
@@ -214,7 +216,7 @@ def decode_log_record(
 
 
 def check_publish_entitlement(
-    topic: TopicConfig, headers: Mapping[str, str], body: Mapping[str, Any]
+    topic: TopicDefinition, headers: Mapping[str, str], body: Mapping[str, Any]
 ) -> None:
     """Refuse a publish its publisher's identity (header ``sow.identity``) is not entitled to:
     one that does not match the identity's publish entitlement filter, as received."""
@@ -231,7 +233,7 @@ def check_publish_entitlement(
         )
 
 
-def preprocess(topic: TopicConfig, stage: Stage, body: dict[str, Any]) -> dict[str, Any]:
+def preprocess(topic: TopicDefinition, stage: Stage, body: dict[str, Any]) -> dict[str, Any]:
     """``body`` after the topic's Preprocessing; a Field that cannot be applied is an
     InvalidMessageError (reason ``preprocessing_failed``) naming it. The Python client does the
     same before keying a publish (``client.publishing.preprocess_body``)."""
@@ -244,7 +246,9 @@ def preprocess(topic: TopicConfig, stage: Stage, body: dict[str, Any]) -> dict[s
         ) from exc
 
 
-def _written(topic: TopicConfig, body: dict[str, Any], stage: str, *, delta: bool = False) -> bytes:
+def _written(
+    topic: TopicDefinition, body: dict[str, Any], stage: str, *, delta: bool = False
+) -> bytes:
     """``body`` in the topic's message type, or InvalidMessageError naming ``stage``."""
     codec = topic.codec
     try:
@@ -265,7 +269,7 @@ def _keyed(op: LogOp, sow_key: str, rekey: bool) -> None:
     op.rekey = rekey
 
 
-def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowRecord | None:
+def apply_keyed(topic: TopicDefinition, stored: SowRecord | None, op: LogOp) -> SowRecord | None:
     """The record's state after ``op`` (None = absent).
 
     An op at or below the stored record's log offset was applied before (a replay after a crash)
@@ -300,7 +304,7 @@ def apply_keyed(topic: TopicConfig, stored: SowRecord | None, op: LogOp) -> SowR
     return SowRecord(op.sow_key, data, op.offset, op.timestamp, expires)
 
 
-def _enriched(topic: TopicConfig, stage: Stage, stored: SowRecord | None, op: LogOp) -> bytes:
+def _enriched(topic: TopicDefinition, stage: Stage, stored: SowRecord | None, op: LogOp) -> bytes:
     """The record ``op`` stores on a topic with Enrichment: the message (a delta_publish merged
     into the stored record first) after the Enrichment, which reads the stored record as
     ``OF PREVIOUS`` and the log time as ``UNIX_TIMESTAMP()``."""
@@ -338,7 +342,7 @@ def _unwritable(codec: MessageType, message: dict[str, Any]) -> str | None:
     return None
 
 
-def deleted_by_filter(topic: TopicConfig, stored: SowRecord, op: LogOp) -> bool:
+def deleted_by_filter(topic: TopicDefinition, stored: SowRecord, op: LogOp) -> bool:
     """Whether a delete-by-filter at ``op.offset`` removes ``stored``.
 
     Records written after the delete (a higher log offset, seen again during a replay) are kept,

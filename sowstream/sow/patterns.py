@@ -112,9 +112,3 @@ class NameScope:
         if self.literal is None:
             return b""
         return self.literal.encode() + _SEPARATOR_BYTES
-
-    def record_keys(self, sow_keys: tuple[str, ...]) -> tuple[str, ...] | None:
-        """The record keys of ``sow_keys`` in the one name read, None when several are."""
-        if self.literal is None:
-            return None
-        return tuple(record_key(self.literal, k) for k in sow_keys)

@@ -18,7 +18,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sowstream.config.models import TopicConfig
 from sowstream.filters import Filter, ast
 from sowstream.filters.index import conjuncts, equality_lookup, string_lookup
 from sowstream.filters.values import canonical_text, scalar_text, str_to_number
@@ -32,6 +31,7 @@ from sowstream.sow.memo import (
     text_range,
 )
 from sowstream.sow.patterns import NameScope, record_key
+from sowstream.sow.ports import TopicDefinition
 
 __all__ = [
     "FullScan",
@@ -106,7 +106,7 @@ Estimate = Callable[[MemoLookup], int | None]
 
 @dataclass(frozen=True)
 class _Context:
-    topic: TopicConfig
+    topic: TopicDefinition
     ready: Collection[str]
     auto: bool
     estimate: Estimate | None
@@ -130,7 +130,7 @@ class _Context:
 
 
 def plan(
-    topic: TopicConfig,
+    topic: TopicDefinition,
     flt: Filter | None,
     sow_keys: Sequence[str] | None = None,
     *,

@@ -1,10 +1,11 @@
-"""Delta subscriptions: what changed between two states of a record, and shaping that delta.
+"""Delta subscriptions: shaping a delta for its subscriber.
 
-A delta subscriber receives only the fields an update changed (plus the key fields), so these
-pure functions compute that difference, add or keep chosen fields, fold successive deltas for
-conflation and tell whether a delta is empty. Records are parsed JSON objects; no function
-modifies its arguments, though results may share nested values with them, so treat results as
-read-only or copy them before changing them.
+A delta subscriber receives only the fields an update changed (plus the key fields); the
+difference itself and the fold of successive deltas are body operations
+(:mod:`sowstream.messagetypes.changes`). These pure functions add or keep chosen fields and tell
+whether a delta is empty. Records are parsed JSON objects; no function modifies its arguments,
+though results may share nested values with them, so treat results as read-only or copy them
+before changing them.
 """
 
 from __future__ import annotations
@@ -14,61 +15,8 @@ from functools import cache
 from typing import Any
 
 from sowstream.filters.values import path_steps
-from sowstream.sow.merge import merge_delta
 
-__all__ = ["changed_fields", "has_changes", "merge_deltas", "project", "same_value", "with_fields"]
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Whether two parsed JSON values are the same JSON value.
-
-    Stricter than ``==``: Python treats ``True == 1`` but JSON ``true`` and ``1`` differ, while
-    ``1`` and ``1.0`` are the same JSON number. Arrays compare element by element and objects key
-    by key, with the same rule all the way down.
-    """
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, str) or isinstance(b, str):
-        return isinstance(a, str) and isinstance(b, str) and a == b
-    if a is None or b is None:
-        return a is b
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, Mapping | list | tuple) or isinstance(b, Mapping | list | tuple):
-        return False  # an object against an array, or a container against a scalar
-    return bool(a == b)
-
-
-def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of ``new`` that differ from ``old``: the body of a delta message.
-
-    Objects present on both sides are compared field by field and contribute a nested dict of
-    just their changed fields (nothing if none changed); arrays and scalars are compared whole
-    with :func:`same_value`. A field that ``old`` has and ``new`` lacks is reported as ``None``
-    (JSON null): that is how a delta says a field was removed, and merging the delta into ``old``
-    with the delta_publish rule leaves that field null. A field set to null therefore looks the
-    same in a delta as a removed one.
-    """
-    delta: dict[str, Any] = {}
-    for field, value in new.items():
-        if field not in old:
-            delta[field] = value
-            continue
-        before = old[field]
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
-            inner = changed_fields(before, value)
-            if inner:
-                delta[field] = inner
-        elif not same_value(before, value):
-            delta[field] = value
-    for field in old:
-        if field not in new:
-            delta[field] = None
-    return delta
+__all__ = ["has_changes", "project", "project_delta", "with_fields"]
 
 
 @cache
@@ -137,18 +85,6 @@ def project_delta(delta: Mapping[str, Any], paths: Sequence[str]) -> dict[str, A
         else:
             _put(out, steps, node)
     return out
-
-
-def merge_deltas(first: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
-    """One delta with the effect of ``first`` followed by ``later`` (conflation).
-
-    This is the delta_publish merge rule: ``later``'s fields win, objects on both sides merge
-    field by field, and fields only ``first`` has are kept, so a field that changed and then
-    changed back is still reported, with its final value.
-    """
-    # merge_delta returns its update unchanged when there is no stored side; a dict copy of
-    # ``first`` always gives it one, so the result is always a new dict.
-    return merge_delta(dict(first), dict(later))
 
 
 @cache

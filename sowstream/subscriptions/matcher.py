@@ -16,15 +16,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, compile_filter
 from sowstream.filters.values import canonical_text, get_path
+from sowstream.messagetypes.changes import merge_deltas
 from sowstream.sow.patterns import NameScope, split_key
+from sowstream.sow.ports import TopicDefinition
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.delta import (
     has_changes,
-    merge_deltas,
     project,
     project_delta,
     with_fields,
@@ -119,7 +119,7 @@ class TopicSubscriptions:
 
     def __init__(
         self,
-        topic: TopicConfig,
+        topic: TopicDefinition,
         entitlement: EntitlementLookup | None = None,
         *,
         current: CurrentRecord | None = None,
@@ -240,11 +240,6 @@ class TopicSubscriptions:
         for spec in gone:
             self.remove(spec.key)
         return gone
-
-    def view_on(self, key: str, partition: int) -> _View | None:
-        """The view a partition currently uses for subscription ``key``."""
-        active = self._subs.get(key)
-        return active.on(partition) if active is not None else None
 
     # -- matching ---------------------------------------------------------------------------------
 
@@ -485,11 +480,6 @@ class TopicSubscriptions:
     def clients(self) -> set[str]:
         """Reply topics of the subscribed clients."""
         return {a.view.spec.reply_to for a in self._subs.values()}
-
-    def next_due(self) -> int | None:
-        """When the earliest conflation interval ends (ms), or None when nothing waits."""
-        dues = [a.due_at for k in self._waiting if (a := self._subs.get(k)) and a.due_at]
-        return min(dues) if dues else None
 
     def flush(self, now_ms: int) -> list[Delivery]:
         """Messages of every conflation interval that has ended by ``now_ms``."""

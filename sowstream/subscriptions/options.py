@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sowstream.config.units import parse_interval
 from sowstream.errors import InvalidCommandError
+from sowstream.units import parse_interval
 
 __all__ = ["MIN_CONFLATION_MS", "SUPPORTED_OPTIONS", "SubscriptionOptions", "parse_options"]
 
@@ -112,7 +112,7 @@ def parse_options(text: str | None) -> SubscriptionOptions:
 
     Items are separated by commas, except inside ``[...]``; whitespace around items and around
     ``=`` is ignored, and so are empty items. A conflation interval takes the units of
-    :func:`~sowstream.config.units.parse_interval`, but a bare number means milliseconds here,
+    :func:`~sowstream.units.parse_interval`, but a bare number means milliseconds here,
     as for the AMPS conflation option; a fraction of a millisecond rounds up before the
     minimum is checked. Any mistake raises InvalidCommandError.
     """

@@ -24,7 +24,7 @@ the size of the tables.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -309,11 +309,6 @@ class JoinState:
             [r for r in before_rows if _sig(r) not in kept],
             [r for r in after_rows if _sig(r) not in kept],
         )
-
-    def joined_rows(self) -> Iterable[JoinedRow]:
-        """Every current joined row (for a rebuild of the groups after loading state)."""
-        for anchor in sorted(self.rows[0]):
-            yield from self.expand(anchor)
 
     # ---- state
 

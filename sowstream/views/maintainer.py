@@ -23,12 +23,12 @@ from typing import Any
 
 import orjson
 
-from sowstream.config.views import ViewConfig
 from sowstream.sow.aggregate import spelling_rank
 from sowstream.sow.keys import sow_key_from_values
 from sowstream.views.accumulators import ACCUMULATORS, StateError
 from sowstream.views.groups import GroupTable
 from sowstream.views.joins import PRESERVE, JoinState, Side, StoredRow, join_rows_naive
+from sowstream.views.ports import ViewDefinition
 from sowstream.views.projection import Row, group_key, key_texts
 
 __all__ = ["ViewChange", "ViewMaintainer"]
@@ -68,7 +68,9 @@ class ViewChange:
 class ViewMaintainer:
     """Incremental state of one view: its groups and, for joins, the joined topics' rows."""
 
-    def __init__(self, view: ViewConfig, *, preserve: Side = PRESERVE, outer: bool = True) -> None:
+    def __init__(
+        self, view: ViewDefinition, *, preserve: Side = PRESERVE, outer: bool = True
+    ) -> None:
         compiled = view.compile(preserve)
         self.view = view
         self.projection = compiled.projection
@@ -261,7 +263,7 @@ class ViewMaintainer:
 
     @classmethod
     def from_bytes(
-        cls, view: ViewConfig, data: bytes, *, preserve: Side = PRESERVE, outer: bool = True
+        cls, view: ViewDefinition, data: bytes, *, preserve: Side = PRESERVE, outer: bool = True
     ) -> ViewMaintainer:
         maintainer = cls(view, preserve=preserve, outer=outer)
         maintainer.load_bytes(data)

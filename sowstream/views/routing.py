@@ -31,9 +31,9 @@ from typing import Any
 
 import orjson
 
-from sowstream.config.views import ViewConfig
 from sowstream.filters.values import get_path
 from sowstream.sow.aggregate import field_value, group_component
+from sowstream.views.ports import ViewDefinition
 from sowstream.views.projection import group_key
 
 __all__ = ["ChangeEvent", "Source", "ViewFeed", "input_partitions", "join_route_paths"]
@@ -51,7 +51,7 @@ class ChangeEvent:
     value: bytes
 
 
-def join_route_paths(view: ViewConfig) -> dict[str, tuple[str, ...]] | None:
+def join_route_paths(view: ViewDefinition) -> dict[str, tuple[str, ...]] | None:
     """Per joined topic, the fields whose values route its rows; None if the view cannot be
     routed by join key (then it has one input partition).
 
@@ -92,7 +92,7 @@ def join_route_paths(view: ViewConfig) -> dict[str, tuple[str, ...]] | None:
     return {t: tuple(sorted(members[c][t])[0] for c in classes) for t in topics}
 
 
-def input_partitions(view: ViewConfig) -> int:
+def input_partitions(view: ViewDefinition) -> int:
     """How many partitions the view's input topic has."""
     if view.underlying_topic is not None or join_route_paths(view) is not None:
         return view.partitions
@@ -107,7 +107,7 @@ class ViewFeed:
     """Turns the changes of one underlying topic into a view's change events."""
 
     def __init__(
-        self, view: ViewConfig, topic: str, input_topic: str, *, only_changes: bool = False
+        self, view: ViewDefinition, topic: str, input_topic: str, *, only_changes: bool = False
     ) -> None:
         """``topic``: the underlying topic's name as the view refers to it. ``only_changes``:
         a record written again unchanged sends nothing (a queue's available messages, which

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -11,26 +10,6 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sowstream.errors import KafkaUnreachableError, SowstreamError
-
-BOOTSTRAP_ENV = "SOWSTREAM_BOOTSTRAP"
-
-
-def resolve_bootstrap(explicit: str | None = None) -> str:
-    """The bootstrap servers: the explicit value, else ``$SOWSTREAM_BOOTSTRAP``, else the local
-    broker that ``sowstream broker start`` recorded."""
-    if explicit:
-        return explicit
-    env = os.environ.get(BOOTSTRAP_ENV)
-    if env:
-        return env
-    from sowstream.broker.local import LocalBroker  # the embedded default, only when asked for
-
-    status = LocalBroker().status()
-    if status.running and status.bootstrap:
-        return status.bootstrap
-    raise SowstreamError(
-        f"no Kafka cluster: set {BOOTSTRAP_ENV}, pass --bootstrap, or run `sowstream broker start`"
-    )
 
 
 def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> dict[str, object]:

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from sowstream.config import load_config_text
-from sowstream.config.models import SowstreamConfig
+from sowstream.config.root import SowstreamConfig
 from sowstream.engine.app import Engine
 from tests.deploy import tools
 

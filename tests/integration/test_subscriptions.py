@@ -25,7 +25,7 @@ from sowstream.errors import (
     UnknownTopicError,
 )
 from sowstream.filters import FilterError
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.wire import headers as h
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.messages import take

@@ -20,7 +20,7 @@ from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.filters import compile_filter
 from sowstream.filters.order_by import parse_order_by
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.model import DELTA_SUBSCRIBE, WITH_SOW, SubscriptionSpec

@@ -8,7 +8,7 @@ import pytest
 
 from sowstream.config import ConfigError
 from sowstream.config import load_config_text as load
-from sowstream.config.replicas import conflated_pattern
+from sowstream.config.conflated import conflated_pattern
 
 TOPIC = "sow:\n  - Name: orders\n    Key: [/id]\n"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import orjson
 
-from sowstream.config.replicas import ConflatedTopicConfig
-from sowstream.views.conflation import ConflatedFeed, Conflator
+from sowstream.config.conflated import ConflatedTopicConfig
+from sowstream.views.conflated import ConflatedFeed, Conflator
 
 SOURCE = ("json|px", 0, 7, 1)
 

@@ -9,15 +9,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from sowstream.sow.merge import merge_delta
-from sowstream.subscriptions.delta import (
-    changed_fields,
-    has_changes,
-    merge_deltas,
-    project,
-    same_value,
-    with_fields,
-)
+from sowstream.messagetypes.changes import changed_fields, merge_delta, merge_deltas, same_value
+from sowstream.subscriptions.delta import has_changes, project, with_fields
 
 ORDER_3 = {"order": 3, "customer": "Patrick", "status": "active", "qty": 1000, "ticker": "MSFT"}
 ORDER_3_UPDATE = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError, parse_filter
 from sowstream.filters import ast as A
 from sowstream.filters.parser import MAX_DEPTH, decode_string
@@ -473,3 +474,11 @@ def test_filter_error_is_a_value_error_with_keyword_constructor() -> None:
 def test_non_string_input_is_a_type_error() -> None:
     with pytest.raises(TypeError):
         parse_filter(None)  # type: ignore[arg-type]
+
+
+def test_filter_error_is_a_sowstream_error_and_a_value_error() -> None:
+    with pytest.raises(SowstreamError) as caught:
+        parse_filter("/a = ")
+    assert isinstance(caught.value, FilterError)
+    assert isinstance(caught.value, ValueError)
+    assert caught.value.position == 5

@@ -183,7 +183,7 @@ def test_a_worker_without_its_secret_refuses_to_start(tmp_path: Any) -> None:
 def test_readiness_waits_for_view_and_conflated_input_partitions(tmp_path: Any) -> None:
     from sowstream.config import load_config_text
     from sowstream.engine.app import Engine
-    from sowstream.views.conflation import Conflator
+    from sowstream.views.conflated import Conflator
 
     config = load_config_text(
         "sow:\n"

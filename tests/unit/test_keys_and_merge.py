@@ -10,12 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sowstream.errors import InvalidMessageError
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.sow.keys import (
     generated_sow_key,
     sow_key_from_values,
     validate_user_sow_key,
 )
-from sowstream.sow.merge import merge_delta
 
 
 def test_key_is_stable_opaque_and_base64() -> None:

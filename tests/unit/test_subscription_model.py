@@ -20,7 +20,7 @@ from sowstream.client.subscription import Subscription, _Live
 from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.filters import compile_filter
-from sowstream.sow.merge import merge_delta
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sowstream.config.units import parse_interval, parse_size
+from sowstream.units import parse_interval, parse_size
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""Conflated topics (AMPS ``ConflatedTopic``, old synonym ``ReplicaDefinition``, hence the
-module name): model, checks and parsers.
+"""Conflated topics (AMPS ``ConflatedTopic``, old synonym ``ReplicaDefinition``): model, checks
+and parsers.
 
 A conflated topic is a copy of a SOW topic, view or other conflated topic that changes at most
 once per record per Interval, carrying the record's latest state. :class:`ConflatedTopicConfig`
@@ -18,7 +18,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError, field_validator, model_validator
 
@@ -30,24 +30,22 @@ from sowstream.config.errors import (
     element_text,
     from_validation_error,
 )
-from sowstream.config.models import (
+from sowstream.config.fields import (
     MAX_PARTITIONS,
     MIN_PARTITIONS,
     SUPPORTED_MESSAGE_TYPES,
-    TopicConfig,
-    _bounded_int,
-    _Frozen,
-    _interval_ms,
-    _topic_name,
+    Frozen,
+    amps_topic_name,
+    bounded_int,
+    interval_millis,
 )
+from sowstream.config.models import TopicConfig
+from sowstream.config.queues import QueueConfig
+from sowstream.config.views import Definition, ViewConfig
 from sowstream.filters import compile_filter
 from sowstream.filters.parser import FilterError
 from sowstream.messagetypes import registry
 from sowstream.sow.enrich import ENRICHMENT, StageError, compile_stage
-
-if TYPE_CHECKING:
-    from sowstream.config.queues import QueueConfig
-    from sowstream.config.views import Definition, ViewConfig
 
 __all__ = [
     "CONFLATED_ELEMENTS",
@@ -81,7 +79,7 @@ CONFLATED_ELEMENTS: dict[str, str] = {
 FIELD_ELEMENTS: dict[str, str] = {field: tag for tag, field in CONFLATED_ELEMENTS.items()}
 
 
-class ConflatedTopicConfig(_Frozen):
+class ConflatedTopicConfig(Frozen):
     """One conflated topic: its underlying SOW topic, Interval (ms), Filter and indexes.
 
     ``message_type`` None means the underlying topic's; ``topic_format`` (required then) names
@@ -103,12 +101,12 @@ class ConflatedTopicConfig(_Frozen):
     @field_validator("name", mode="before")
     @classmethod
     def _name(cls, value: object) -> str:
-        return _topic_name(value, "conflated topic name")
+        return amps_topic_name(value, "conflated topic name")
 
     @field_validator("underlying_topic", mode="before")
     @classmethod
     def _underlying(cls, value: object) -> str:
-        return _topic_name(value, "UnderlyingTopic")
+        return amps_topic_name(value, "UnderlyingTopic")
 
     @field_validator("message_type", mode="before")
     @classmethod
@@ -123,7 +121,7 @@ class ConflatedTopicConfig(_Frozen):
     @field_validator("interval_ms", mode="before")
     @classmethod
     def _interval(cls, value: object) -> int:
-        ms = _interval_ms(value, "Interval")
+        ms = interval_millis(value, "Interval")
         if ms < MIN_INTERVAL_MS:
             raise ValueError(
                 f"Interval {value!r} is shorter than the minimum of {MIN_INTERVAL_MS}ms"
@@ -173,7 +171,7 @@ class ConflatedTopicConfig(_Frozen):
     @field_validator("partitions", mode="before")
     @classmethod
     def _partitions(cls, value: object) -> int:
-        return _bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
+        return bounded_int(value, "Partitions", MIN_PARTITIONS, MAX_PARTITIONS)
 
     @field_validator("enrichment", mode="before")
     @classmethod

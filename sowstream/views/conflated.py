@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from sowstream.config.replicas import ConflatedTopicConfig
 from sowstream.filters import compile_filter
+from sowstream.views.ports import ConflatedDefinition
 from sowstream.views.routing import ChangeEvent, Source, decode_event
 
 __all__ = ["ConflatedFeed", "Conflator"]
@@ -31,7 +31,7 @@ class ConflatedFeed:
     :meth:`events`), so the processor sends to both alike.
     """
 
-    def __init__(self, conflated: ConflatedTopicConfig, input_topic: str) -> None:
+    def __init__(self, conflated: ConflatedDefinition, input_topic: str) -> None:
         self.conflated = conflated
         self.topic = conflated.underlying_topic
         self.input_topic = input_topic

@@ -1,0 +1,99 @@
+"""What the SOW reads of a topic's configuration, as ports.
+
+The SOW folds the log by its topic's definition but does not depend on how that definition is
+validated: these protocols name only what ``sow`` reads, and the pydantic models of
+``sowstream.config`` (``TopicConfig``, ``ExpirationPolicy``, ``HistoryConfig``,
+``KeyGeneratorConfig``) satisfy them structurally, so ``config`` sits above ``sow``.
+Members are read-only properties so that a frozen model's fields (``Literal`` types included)
+fit them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from sowstream.filters import Filter
+from sowstream.messagetypes import MessageType
+from sowstream.sow.enrich import TopicStages
+
+__all__ = ["ExpirationRule", "HistoryWindow", "KeyGeneratorSpec", "TopicDefinition"]
+
+
+class ExpirationRule(Protocol):
+    """A topic's Expiration: ``disabled``, ``enabled`` or ``default`` with ``default_ms``."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def default_ms(self) -> int | None: ...
+
+
+class HistoryWindow(Protocol):
+    """A topic's History: how far back (None: forever) and at what granularity (ms)."""
+
+    @property
+    def window_ms(self) -> int | None: ...
+
+    @property
+    def granularity_ms(self) -> int: ...
+
+
+class KeyGeneratorSpec(Protocol):
+    """A topic's SowKey generator: a ``package.module:callable`` factory and its Options."""
+
+    @property
+    def module(self) -> str: ...
+
+    @property
+    def options(self) -> tuple[tuple[str, str], ...]: ...
+
+
+class TopicDefinition(Protocol):
+    """One SOW topic as the log fold, the query planner and subscriptions read it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def message_type(self) -> str: ...
+
+    @property
+    def keys(self) -> tuple[str, ...]: ...
+
+    @property
+    def hash_indexes(self) -> tuple[tuple[str, ...], ...]: ...
+
+    @property
+    def pattern(self) -> str | None: ...
+
+    @property
+    def key_generator(self) -> KeyGeneratorSpec | None: ...
+
+    @property
+    def expiration(self) -> ExpirationRule: ...
+
+    @property
+    def publish_filters(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def effective_key_domain(self) -> str: ...
+
+    @property
+    def user_supplied_keys(self) -> bool: ...
+
+    @property
+    def codec(self) -> MessageType:
+        """The message type that parses, writes and merges the topic's bodies."""
+        ...
+
+    @property
+    def stages(self) -> TopicStages:
+        """The compiled Preprocessing and Enrichment."""
+        ...
+
+    def key_domain_of(self, name: str) -> str: ...
+
+    def matches_name(self, name: str) -> bool: ...
+
+    def publish_filter(self, identity: str) -> Filter | None: ...
