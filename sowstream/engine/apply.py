@@ -139,6 +139,10 @@ class Applier(ProcessorBase):
             ps.in_flight.clear()
             if self._parts.get(partition) is ps:
                 del self._parts[partition]
+                # The queues forget it too: they hold messages of the unstored batches, and
+                # would take the log replay after the reload for repeats and never store them.
+                for queue in self.queues:
+                    queue.drop(self.topic.name, partition)
             await ps.wake()
         finally:
             # No await between the loop's last check and here: a batch appended after it finds
