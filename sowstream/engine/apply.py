@@ -174,7 +174,11 @@ class Applier:
             # that were in flight are read from the log again.
             ps.failure = exc
             ps.in_flight.clear()
-            table.remove(partition, ps)
+            if table.remove(partition, ps) is not None:
+                # The queues forget it too: they hold messages of the unstored batches, and
+                # would take the log replay after the reload for repeats and never store them.
+                for queue in self._queues:
+                    queue.drop(self.topic.name, partition)
             await ps.wake()
         finally:
             # No await between the loop's last check and here: a batch appended after it finds

@@ -145,7 +145,8 @@ class AckResult(StrEnum):
     RETURNED = "returned"  # cancelled: the message is available again
     EXPIRED = "expired"  # forced expiry, or a cancel that reached MaxCancels / MaxDeliveries
     FREED = "freed"  # at-most-once: the message was already gone; its backlog unit is free now
-    IGNORED = "ignored"  # not allowed (strict leasing, barrier) or nothing to do (cancel unleased)
+    # Not allowed (strict leasing, barrier) or nothing to do (cancel of a never-leased message).
+    IGNORED = "ignored"
     DEFERRED = "deferred"  # not in the queue yet: remembered for DeferredAckExpiration
     GONE = "gone"  # already removed (acknowledged, expired, filtered out): no effect
     # Set by the engine, from the store's ack marker, for a GONE bookmark this client (or,
@@ -462,8 +463,23 @@ class QueueMachine:
             self._remove(message, "forced_expire", out)
             return AckResult.EXPIRED
         if holder is None:
-            return AckResult.IGNORED  # nothing to return
+            if message.deliveries == 0:
+                return AckResult.IGNORED  # never leased: no lease to cancel
+            return self._late_cancel(message, out)
         return self._end_lease(message, holder, out, cancel=True)
+
+    def _late_cancel(self, message: QueueMessage, out: list[Removed]) -> AckResult:
+        """A cancel that arrives after its lease lapsed, the message waiting to be leased again.
+
+        It counts as if it had come in time (the lapse already returned the message), so that
+        MaxCancels does not depend on whether the message was leased again before the cancel
+        arrived: a cancel arriving after the new lease is granted ends that lease and counts.
+        """
+        message.cancels += 1
+        if self.config.max_cancels and message.cancels >= self.config.max_cancels:
+            self._remove(message, "max_cancels", out)
+            return AckResult.EXPIRED
+        return AckResult.RETURNED
 
     def _seen(self, bookmark: Bookmark) -> bool:
         high = self._high.get((bookmark.topic, bookmark.partition))

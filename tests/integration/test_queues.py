@@ -41,6 +41,8 @@ PLAIN = [
     {"Name": "few", "Partitions": 1},
     {"Name": "short", "Partitions": 1},
     {"Name": "capped", "Partitions": 1},
+    {"Name": "cancelled", "Partitions": 1},
+    {"Name": "late", "Partitions": 1},
 ]
 QUEUES: list[dict[str, Any]] = [
     {"Name": "WQ", "UnderlyingTopic": "work", "LeasePeriod": "1s", "MaxCancels": 2},
@@ -68,6 +70,16 @@ QUEUES: list[dict[str, Any]] = [
     {"Name": "DQ", "UnderlyingTopic": "few", "MaxDeliveries": 1, "LeasePeriod": "60s"},
     {"Name": "EQ", "UnderlyingTopic": "short", "Expiration": "2s"},
     {"Name": "MB", "UnderlyingTopic": "capped", "MaxBacklog": 2, "MaxPerSubscriptionBacklog": 5},
+    # Q5 as the chapter has it, with a lease long enough for a cancel to arrive in time on a
+    # loaded machine: with WQ's 1s a lease could lapse first and redeliver the message.
+    {"Name": "CQ", "UnderlyingTopic": "cancelled", "LeasePeriod": "60s", "MaxCancels": 2},
+    {
+        "Name": "LQ",
+        "UnderlyingTopic": "late",
+        "Priority": "/p",
+        "LeasePeriod": "1s",
+        "MaxCancels": 1,
+    },
 ]
 
 
@@ -126,26 +138,55 @@ def test_cancel_returns_and_max_cancels_expires_to_the_dead_letter_topic(
     engine: EngineProcesses, client: Client, publisher: Client
 ) -> None:
     """Q5: the second cancel expires the message (reason max_cancels)."""
-    sub = client.subscribe("WQ")
-    publisher.publish("work", {"job": "cancel-me"})
+    sub = client.subscribe("CQ")
+    publisher.publish("cancelled", {"job": "cancel-me"})
     msg = take(sub, 1)[0]
     sub.cancel(msg)
     again = take(sub, 1)[0]
     assert again.bookmark == msg.bookmark
     sub.cancel(again)
     assert sub.next(timeout=2.0) is None
+    event = expiry_event(engine, "CQ", msg.bookmark)
+    assert event["reason"] == "max_cancels" and event["message"] == {"job": "cancel-me"}
+    sub.close()
+
+
+def expiry_event(engine: EngineProcesses, queue: str, bookmark: str) -> dict[str, Any]:
+    """The event the queue's dead-letter topic received for ``bookmark`` (StopIteration if
+    none came within 20 s)."""
     consumer = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": "dlq-reader"})
-    topic = f"{engine.prefix}.queue.WQ.expired"
+    topic = f"{engine.prefix}.queue.{queue}.expired"
     consumer.assign([TopicPartition(topic, 0, 0)])
     events: list[dict[str, Any]] = []
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not any(e["bookmark"] == msg.bookmark for e in events):
+    while time.monotonic() < deadline and not any(e["bookmark"] == bookmark for e in events):
         for m in consumer.consume(100, 0.5):
             if not m.error():
                 events.append(orjson.loads(m.value()))
     consumer.close()
-    event = next(e for e in events if e["bookmark"] == msg.bookmark)
-    assert event["reason"] == "max_cancels" and event["message"] == {"job": "cancel-me"}
+    return next(e for e in events if e["bookmark"] == bookmark)
+
+
+def test_a_cancel_after_the_lease_lapsed_counts_towards_max_cancels(
+    engine: EngineProcesses, client: Client, publisher: Client
+) -> None:
+    """A cancel that arrives after its lease lapsed, the message waiting in the queue, counts
+    (docs/queues.md): LQ has MaxCancels 1, so it expires the message."""
+    sub = client.subscribe("LQ")  # backlog 1
+    publisher.publish("late", {"job": "slow", "p": 1})
+    slow = take(sub, 1)[0]
+    publisher.publish("late", {"job": "urgent", "p": 9})
+    # Only once slow's lease lapsed has the subscription room for urgent, which goes first by
+    # priority: slow waits in the queue, leased to nobody, when its cancel arrives.
+    urgent = take(sub, 1, timeout=10)[0]
+    assert urgent.json()["job"] == "urgent"
+    assert client.ack("LQ", slow.bookmark, action="cancel") == 1
+    event = expiry_event(engine, "LQ", slow.bookmark)
+    assert event["reason"] == "max_cancels" and event["cancels"] == 1
+    assert client.ack("LQ", urgent.bookmark) == 1
+    # urgent may have lapsed and come again meanwhile; slow never comes back.
+    while (again := sub.next(timeout=2.0)) is not None:
+        assert again.bookmark == urgent.bookmark
     sub.close()
 
 

@@ -13,11 +13,15 @@ from typing import Any
 import orjson
 import pytest
 
+from sowstream.config.queues import QueueConfig
 from sowstream.engine.partition import PartitionState
 from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import WATERMARK_KEY, is_record_key
 from sowstream.errors import StateStoreError
+from sowstream.queues import Bookmark
+from sowstream.queues.store import entry_key
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
@@ -161,5 +165,45 @@ def test_a_failed_store_write_drops_the_partition_for_a_reload() -> None:
             await proc.table.settle(ps)
         fresh = await proc.ready(0)
         assert fresh is not ps and fresh.failure is None and not fresh.in_flight
+
+    asyncio.run(go())
+
+
+def test_a_failed_store_write_resets_the_queues_of_the_partition() -> None:
+    """A queue fed by the topic forgets the partition along with it: the reload replays the
+    log, and the publishes whose batch was not stored become stored queue messages this time
+    (kept only in the queue's memory, a later owner of the partition would never have them)."""
+
+    async def go() -> None:
+        sender = HeldAcks()
+        names = TopicNames("p")
+        proc = TopicProcessor(TOPIC, names, sender)
+        config = QueueConfig(name="WQ", underlying_topic=TOPIC.name)
+        queue = QueueRuntime(config, names, sender, proc.store_changes, proc.stored)
+        proc.queues.append(queue)
+        ps = await proc.ready(0)
+        recs = to_records([("publish", 1, 0, 5), ("publish", 2, 0, 6)])
+        await proc.process(recs[:1])
+        await proc.drain()
+        assert ps.store.get(entry_key("WQ", 0)) is not None
+
+        def broken(changes: Any) -> None:
+            raise StateStoreError("disk full")
+
+        ps.store.write = broken  # type: ignore[method-assign]
+        await proc.process(recs[1:])
+        await settle_loop()
+        assert proc.state(0) is None and isinstance(ps.failure, StateStoreError)
+        assert not queue.machine.holds(TOPIC.name, 0)
+        assert queue.machine.message(Bookmark(TOPIC.name, 0, 1)) is None
+
+        # The pump loads the partition again and reads its log from the stored watermark on.
+        fresh = await proc.ready(0)
+        await proc.process([r for r in recs if r.offset > fresh.folded])
+        await proc.drain()
+        for offset in range(fresh.folded + 1):
+            assert fresh.store.get(entry_key("WQ", offset)) is not None
+        browsed = [m.bookmark.offset for m in queue.machine.browse()]
+        assert browsed == [0, 1]
 
     asyncio.run(go())

@@ -154,6 +154,34 @@ def test_q5_cancel_and_max_cancels() -> None:
     # Publishing {"message": ..., "reason": "max_cancels"} to a DLQ topic is the engine's job.
 
 
+@pytest.mark.parametrize("leased_again", [False, True])
+def test_a_cancel_arriving_after_its_lease_lapsed_counts(leased_again: bool) -> None:
+    """A cancel that reaches the queue after its lease timed out counts towards MaxCancels
+    whether or not the message was leased again meanwhile (docs/queues.md): the count must not
+    depend on the timing of the lapse and the next dispatch."""
+    q = queue(max_cancels=2, lease_period_ms=1 * S)
+    q.subscribe("S1", client="C1")
+    publish(q, 1)
+    assert deliver(q) == [("S1", 1)]
+    # The first cancel is late: the lease lapsed, nobody has the message yet.
+    assert q.tick(1 * S) == [] and q.stats().expired_leases == 1
+    late = q.ack([m(1)], client="C1", action="cancel", now_ms=1 * S + 1)
+    assert late.results[m(1)] == AckResult.RETURNED and late.removed == []
+    held = q.message(m(1))
+    assert held is not None and held.cancels == 1 and held.leased_to is None
+    (lease,) = q.dispatch(1 * S + 1)[0]
+    assert lease.deliveries == 2
+    # The second one too: the lapse returned it, and maybe the next dispatch leased it again.
+    assert q.tick(2 * S + 1) == []
+    if leased_again:
+        assert deliver(q, 2 * S + 1) == [("S1", 1)]
+    second = q.ack([m(1)], client="C1", action="cancel", now_ms=2 * S + 2)
+    assert second.results[m(1)] == AckResult.EXPIRED
+    assert reasons(second.removed) == [(1, "max_cancels")]
+    assert second.removed[0].message.cancels == 2
+    assert q.stats().depth == 0 and q.stats().backlog == {"S1": 0}
+
+
 def test_q6_max_deliveries_on_disconnect() -> None:
     q = queue(max_deliveries=2, lease_period_ms=1 * S, fairness_model="round-robin")
     q.subscribe("S1", client="C1")
