@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
 from sowstream.client.connection import Connection
 from sowstream.client.querying import Querying
@@ -239,7 +239,8 @@ def _log_ends(
     if not topics:
         return {}
     admin = AdminClient({"bootstrap.servers": connection.bootstrap, **connection.kafka_config})
-    request = {TopicPartition(t, p): OffsetSpec.latest() for t, n in topics for p in range(n)}
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    request = {TopicPartition(t, p): latest for t, n in topics for p in range(n)}
     ends: dict[tuple[str, int], int | None] = {}
     timeout = connection.timeout
     for tp, future in admin.list_offsets(request, request_timeout=timeout).items():

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 from aiohttp import WSMsgType, web
+from aiohttp.typedefs import Handler
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -284,7 +285,7 @@ class Console:
     # -- auth --------------------------------------------------------------------------------
 
     @web.middleware
-    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every API call and the websocket need an identity; the page and its files do not."""
         open_paths = ("/", "/api/login", "/api/session")
         if request.path in open_paths or request.path.startswith("/static/"):

@@ -143,7 +143,8 @@ def wsgi_app(health: Health) -> Callable[[dict[str, Any], StartResponse], Iterab
                 return probe(Readiness(False, "the worker did not answer in time"), start_response)
             start_response("200 OK", [("Content-Type", "application/x-ndjson")])
             return [b"".join(orjson.dumps(row) + b"\n" for row in rows)]
-        return metrics(environ, start_response)
+        answer: Iterable[bytes] = metrics(environ, start_response)
+        return answer
 
     return app
 

@@ -98,7 +98,8 @@ def _apply(test: Tester, value: Any) -> Truth:
 def _number(value: Any) -> int | float | None:
     kind = type(value)
     if kind is int or kind is float:
-        return value
+        number: int | float = value
+        return number
     if kind is str:
         return str_to_number(value)
     return None

@@ -416,7 +416,7 @@ def _expected_at(text: str, start: str, position: int) -> set[str] | None:
         state: Any = interactive.parser_state
         state.parse_conf = copy.copy(state.parse_conf)
         state.parse_conf.callbacks = {}  # building AST nodes for a replay would be wasted work
-        tokens = interactive.lexer_thread.lex(state)
+        tokens = interactive.lexer_thread.lex(state)  # type: ignore[no-untyped-call]
         while True:
             try:
                 token = next(tokens)

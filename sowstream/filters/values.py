@@ -76,7 +76,8 @@ def to_number(value: Any) -> int | float | None:
     """
     kind = type(value)
     if kind is int or kind is float:
-        return value
+        number: int | float = value
+        return number
     if kind is str:
         return str_to_number(value)
     if isinstance(value, bool):

@@ -48,7 +48,7 @@ class XmlType(MessageType):
                 f"{', '.join(map(str, record)) or 'none'}"
             )
         try:
-            text = xmltodict.unparse(_as_text(record), full_document=False)
+            text: str = xmltodict.unparse(_as_text(record), full_document=False)
         except ValueError as exc:
             raise MessageSerialiseError(f"cannot write xml: {exc}") from None
         return text.encode()

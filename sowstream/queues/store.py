@@ -54,7 +54,7 @@ def entry_key(queue: str, offset: int) -> bytes:
 
 def offset_of(key: bytes) -> int:
     """The log offset a stored queue key names."""
-    (offset,) = _OFFSET.unpack_from(key, len(key) - _OFFSET.size)
+    offset: int = _OFFSET.unpack_from(key, len(key) - _OFFSET.size)[0]
     return offset
 
 

@@ -106,7 +106,7 @@ def encode_number(value: int | float) -> bytes | None:
         return None
     if f == 0.0:
         f = 0.0  # -0.0 equals 0.0 in every comparison: one encoding
-    (bits,) = struct.unpack(">Q", struct.pack(">d", f))
+    bits: int = struct.unpack(">Q", struct.pack(">d", f))[0]
     bits = bits ^ _ALL if bits & _SIGN else bits | _SIGN
     return bits.to_bytes(8, "big")
 
