@@ -15,7 +15,6 @@ import orjson
 from sowstream.client.messages import Message
 from sowstream.client.subscription import Subscription, _Live
 from sowstream.config.models import TopicConfig
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.filters import compile_filter
@@ -26,30 +25,10 @@ from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.model import DELTA_SUBSCRIBE, WITH_SOW, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
 from sowstream.subscriptions.window import PageWindow, ResultSet
-from sowstream.wire import headers as h
 from sowstream.wire.avro import decode
 from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
-
-
-class RecordingSender(Sender):
-    """Keeps everything the processor sends, in order: live messages carry headers."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, dict[str, str] | None]] = []
-
-    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
-        return None
-
-    async def send_reply(
-        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> None:
-        self.sent.append((value, h.header_map(headers) if headers else None))
-        return None
-
-    def take(self) -> list[tuple[bytes, dict[str, str] | None]]:
-        out, self.sent = self.sent, []
-        return out
+from tests.support.sender import RecordingSender
 
 
 def without_nulls(value: Any) -> Any:
@@ -97,7 +76,7 @@ class Cache:
 
 
 def _kept_stores(
-    stores: dict[int, MemoryPartition], topic: TopicConfig, sender: Sender
+    stores: dict[int, MemoryPartition], topic: TopicConfig, sender: RecordingSender
 ) -> TopicProcessor:
     """A processor whose partition stores outlive it, as RocksDB does a worker's crash."""
 

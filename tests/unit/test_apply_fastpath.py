@@ -31,7 +31,7 @@ from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.topics import TopicNames
-from tests.unit.test_processor_model import NullSender
+from tests.support.sender import RecordingSender
 
 TOPIC = load_config_text(
     "sow:\n  - Name: t\n    Key: /id\n    HashIndex: [[/g], [/g, /n/v]]\n"
@@ -164,7 +164,7 @@ def test_index_entries_match_the_stored_records(
     version (Avro) and updates now apply over them."""
 
     async def go() -> None:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), NullSender())
+        proc = TopicProcessor(TOPIC, TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         ps.memo.update(MEMO)
         recs = log(ops)

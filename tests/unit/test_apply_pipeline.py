@@ -15,7 +15,6 @@ import pytest
 
 from sowstream.config.queues import QueueConfig
 from sowstream.engine.partition import PartitionState
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import WATERMARK_KEY, is_record_key
@@ -26,31 +25,8 @@ from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
 from tests.unit.test_processor_model import TOPIC, to_records
-
-
-class HeldAcks(Sender):
-    """Live messages are 'sent' at once; Kafka's acknowledgement comes when the test says."""
-
-    def __init__(self) -> None:
-        self.live: list[bytes] = []
-        self.acks: list[asyncio.Future[Any]] = []
-
-    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
-        return None
-
-    async def send_reply(
-        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> asyncio.Future[Any]:
-        self.live.append(value)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.acks.append(fut)
-        return fut
-
-    def acknowledge(self, count: int | None = None) -> None:
-        for fut in self.acks[:count]:
-            if not fut.done():
-                fut.set_result(None)
 
 
 def stored(proc: TopicProcessor) -> dict[int, int]:
@@ -70,9 +46,10 @@ async def settle_loop() -> None:
         await asyncio.sleep(0)
 
 
-async def subscribed() -> tuple[HeldAcks, TopicProcessor, PartitionState]:
-    """A processor with one subscription and partition 0 loaded, sending through HeldAcks."""
-    sender = HeldAcks()
+async def subscribed() -> tuple[RecordingSender, TopicProcessor, PartitionState]:
+    """A processor with one subscription and partition 0 loaded; Kafka acknowledges its sends
+    when the test says."""
+    sender = RecordingSender(held=True)
     proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
     proc.subs.upsert(SubscriptionSpec("s", "r", "t", "subscribe", None, parse_options("")))
     return sender, proc, await proc.ready(0)
@@ -86,9 +63,9 @@ def test_later_batches_send_while_earlier_ones_wait_for_acks() -> None:
         await proc.process(recs[1:])
         await settle_loop()
         # Both batches' messages are out although none is acknowledged yet ...
-        assert len(sender.live) == 3
+        assert len(sender.live()) == 3
         # ... the delta was merged onto the publish that is not stored yet ...
-        assert orjson.loads(sender.live[1]) == {"id": 1, "g": 0, "v": 5, "x": {"v": 7}}
+        assert orjson.loads(sender.live()[1][0]) == {"id": 1, "g": 0, "v": 5, "x": {"v": 7}}
         # ... and nothing is stored before Kafka has the messages.
         assert stored(proc) == {} and ps.watermark == -1 and ps.folded == 2
         sender.acknowledge(1)
@@ -175,7 +152,7 @@ def test_a_failed_store_write_resets_the_queues_of_the_partition() -> None:
     (kept only in the queue's memory, a later owner of the partition would never have them)."""
 
     async def go() -> None:
-        sender = HeldAcks()
+        sender = RecordingSender(held=True)
         names = TopicNames("p")
         proc = TopicProcessor(TOPIC, names, sender)
         config = QueueConfig(name="WQ", underlying_topic=TOPIC.name)

@@ -38,7 +38,8 @@ from sowstream.sow.record import SowRecord
 from sowstream.sow.timestamps import format_timestamp, parse_timestamp
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
-from tests.unit.test_processor_model import NullSender, key_of, op
+from tests.support.sender import RecordingSender
+from tests.unit.test_processor_model import key_of, op
 
 
 def topic_with(granularity: str) -> Any:
@@ -207,7 +208,7 @@ def engine_history(
     topic: Any, records: list[RawRecord], cuts: list[int], replay_from: int | None
 ) -> list[tuple[bytes, bytes]]:
     async def go() -> list[tuple[bytes, bytes]]:
-        proc = TopicProcessor(topic, TopicNames("p"), NullSender())
+        proc = TopicProcessor(topic, TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         bounds = sorted({0, len(records), *[c % (len(records) + 1) for c in cuts]})
         for lo, hi in itertools.pairwise(bounds):

@@ -24,7 +24,6 @@ from sowstream.config.models import TopicConfig
 from sowstream.engine import memo
 from sowstream.engine.metrics import QUERY_PLANS
 from sowstream.engine.partition import PartitionState
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.errors import StateStoreError
@@ -36,29 +35,14 @@ from sowstream.sow.ops import RawRecord
 from sowstream.sow.planner import MemoLookup, UnionLookup, plan
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
-from sowstream.wire.avro import decode
 from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
 
 
 def topic(extra: str = "") -> TopicConfig:
     text = "sow:\n  - Name: t\n    Key: /id\n    Index: [/a]\n    Durability: transient\n"
     return load_config_text(text + extra).topics[0]
-
-
-class Capture(Sender):
-    """Keeps the replies a query sends; the log and changelog go nowhere (transient topic)."""
-
-    def __init__(self) -> None:
-        self.replies: list[dict[str, Any]] = []
-
-    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
-        return None
-
-    async def send_reply(
-        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> None:
-        self.replies.append(decode("Reply", value))
 
 
 def key_of(i: int) -> str:
@@ -69,14 +53,13 @@ def publish(offset: int, body: dict[str, Any]) -> RawRecord:
     return RawRecord(0, offset, 1, key_of(body["id"]).encode(), orjson.dumps(body), {})
 
 
-async def query(proc: TopicProcessor, sender: Capture, flt: str) -> list[str]:
-    sender.replies.clear()
+async def query(proc: TopicProcessor, sender: RecordingSender, flt: str) -> list[str]:
+    sender.take()
     await proc.query(Command("sow", "c", "", "r", "t", filter=flt, batch_size=1000), 0)
-    (end,) = [r for r in sender.replies if r["command"] == "part_end"]
-    assert end["status"] == "success", end
-    return [
-        r["sow_key"] for rep in sender.replies if rep["command"] == "sow" for r in rep["records"]
-    ]
+    replies = sender.replies()
+    (end,) = [r for r in replies if r.command == "part_end"]
+    assert end.status == "success", end
+    return [r.sow_key for rep in replies if rep.command == "sow" for r in rep.records]
 
 
 KEY_EQUALITY = re.compile(r"/id (=|IN) |= /id\b")
@@ -185,7 +168,7 @@ def test_indexed_queries_return_exactly_what_a_scan_returns(
     bodies = {key_of(i): {"id": i, **b} for i, b in enumerate(records)}
 
     async def go() -> None:
-        sender = Capture()
+        sender = RecordingSender()
         proc = TopicProcessor(topic(), TopicNames("p"), sender)
         ps = await proc.ready(0)
         assert ps.memo == {"/a"}  # Index: built at load
@@ -232,7 +215,7 @@ def test_entries_follow_every_update_delete_and_filter_delete(
     steps: list[tuple[str, int, dict[str, Any]]], cuts: list[int]
 ) -> None:
     async def go() -> None:
-        sender = Capture()
+        sender = RecordingSender()
         proc = TopicProcessor(topic(), TopicNames("p"), sender)
         ps = await proc.ready(0)
         bounds = sorted({0, len(steps), *[c % (len(steps) + 1) for c in cuts]})
@@ -256,7 +239,7 @@ def test_entries_follow_every_update_delete_and_filter_delete(
 
 def test_a_range_query_builds_the_index_once_and_keeps_it_current() -> None:
     async def go() -> None:
-        sender = Capture()
+        sender = RecordingSender()
         proc = TopicProcessor(topic(), TopicNames("p"), sender)
         ps = await proc.ready(0)
         await proc.process([publish(i, {"id": i, "qty": i * 10}) for i in range(100)])
@@ -280,7 +263,7 @@ def test_a_range_query_builds_the_index_once_and_keeps_it_current() -> None:
 
 def test_an_and_is_served_by_its_most_selective_index() -> None:
     async def go() -> None:
-        sender = Capture()
+        sender = RecordingSender()
         proc = TopicProcessor(topic(), TopicNames("p"), sender)
         ps = await proc.ready(0)
         bodies = {key_of(i): {"id": i, "a": i % 2, "qty": i} for i in range(200)}
@@ -319,7 +302,7 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
         proc = TopicProcessor(
             topic().model_copy(update={"durability": "persistent"}),
             TopicNames("p"),
-            Capture(),
+            RecordingSender(),
             new_store=lambda partition: store,
         )
         ps = await proc.ready(0)
@@ -335,7 +318,7 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
 
 def test_expired_records_take_their_entries_with_them() -> None:
     async def go() -> None:
-        sender = Capture()
+        sender = RecordingSender()
         proc = TopicProcessor(topic("    Expiration: enabled\n"), TopicNames("p"), sender)
         ps = await proc.ready(0)
         records = [
@@ -361,7 +344,7 @@ def test_expired_records_take_their_entries_with_them() -> None:
 
 def test_a_seed_store_holds_the_same_memo_index_as_one_the_engine_filled() -> None:
     async def go() -> None:
-        proc = TopicProcessor(topic(), TopicNames("p"), Capture())
+        proc = TopicProcessor(topic(), TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         bodies = [{"id": i, "a": [i, str(i * 2)], "b": "x"} for i in range(20)]
         await proc.process([publish(i, b) for i, b in enumerate(bodies)])
@@ -392,7 +375,7 @@ class NoRoomForIndexes(MemoryPartition):
 
 def test_a_failed_build_is_logged_and_the_query_scans(caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> None:
-        sender = Capture()
+        sender = RecordingSender()
         # persistent: the processor keeps the store it is given (a transient one starts empty)
         config = topic().model_copy(update={"indexes": (), "durability": "persistent"})
         proc = TopicProcessor(

@@ -16,7 +16,6 @@ from sowstream.client.subscription import Subscription, _Live
 from sowstream.config import load_config_text
 from sowstream.config.errors import ConfigError
 from sowstream.engine.app import topic_info
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import InvalidCommandError, InvalidMessageError
 from sowstream.filters import compile_filter
@@ -36,9 +35,9 @@ from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import Change, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
 from sowstream.wire import headers as h
-from sowstream.wire.avro import decode
 from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
 
 YAML = """
 sow:
@@ -287,20 +286,6 @@ def test_the_topic_regex_travels_in_the_registry_record() -> None:
 # -- the processor, per name -------------------------------------------------------------------
 
 
-class Replies(Sender):
-    """Keeps the replies the processor sends (the Kafka boundary), decoded."""
-
-    def __init__(self) -> None:
-        self.replies: list[dict[str, Any]] = []
-        self.sent: list[tuple[str, bytes | None, dict[str, Any]]] = []
-
-    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
-        self.sent.append((topic, value, kwargs))
-
-    async def send_reply(self, topic: str, value: bytes, headers: Any = None) -> None:
-        self.replies.append(decode("Reply", value))
-
-
 def command(filter: str | None = None, regex: str | None = None, **extra: Any) -> Command:
     return Command(
         command="sow",
@@ -314,16 +299,17 @@ def command(filter: str | None = None, regex: str | None = None, **extra: Any) -
     )
 
 
-async def ask(sender: Replies, proc: TopicProcessor, cmd: Command) -> list[Any]:
+async def ask(sender: RecordingSender, proc: TopicProcessor, cmd: Command) -> list[Any]:
     """(topic, SowKey, /id) of every record one partition answers ``cmd`` with."""
-    sender.replies.clear()
+    sender.take()
     await proc.query(cmd, 0)
-    assert all(r["status"] == "success" for r in sender.replies), sender.replies
+    replies = sender.replies()
+    assert all(r.status == "success" for r in replies), replies
     return sorted(
-        (rec["topic"], rec["sow_key"], orjson.loads(rec["data"])["id"])
-        for reply in sender.replies
-        if reply["command"] == "sow"
-        for rec in reply["records"]
+        (rec.topic, rec.sow_key, orjson.loads(rec.data)["id"])
+        for reply in replies
+        if reply.command == "sow"
+        for rec in reply.records
     )
 
 
@@ -338,7 +324,7 @@ def test_the_processor_keeps_and_answers_each_name_apart() -> None:
     ]
 
     async def go() -> dict[str, list[tuple[str, str, int]]]:
-        sender = Replies()
+        sender = RecordingSender()
         proc = TopicProcessor(ORDERS, TopicNames("p"), sender)
         await proc.ready(0)
         await proc.process(records[:4])
@@ -363,7 +349,7 @@ def test_the_processor_keeps_and_answers_each_name_apart() -> None:
         queries["all after delete"] = command(regex="orders\\..*")
         for label, cmd in queries.items():
             answers[label] = await ask(sender, proc, cmd)
-        dead = [s for s in sender.sent if s[0] == "p.deadletter"]
+        dead = [s for s in sender.records if s.topic == "p.deadletter"]
         assert len(dead) == 1
         return answers
 

@@ -16,7 +16,6 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import TopicConfig, load_config_text
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import is_record_key
 from sowstream.sow.keys import generated_sow_key
@@ -24,18 +23,11 @@ from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
 
 TOPIC = load_config_text(
     "sow:\n  - Name: t\n    Key: /id\n    HashIndex: [[/g]]\n    Durability: transient\n"
 ).topics[0]
-
-
-class NullSender(Sender):
-    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
-        return None
-
-    async def send_reply(self, topic: str, value: bytes) -> None:
-        return None
 
 
 def key_of(i: int) -> bytes:
@@ -98,7 +90,7 @@ def run(
     from ``replay_from`` after a crash that lost the watermark."""
 
     async def go() -> dict[bytes, Any]:
-        proc = TopicProcessor(topic, TopicNames("p"), NullSender())
+        proc = TopicProcessor(topic, TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         bounds = sorted({0, len(records), *[c % (len(records) + 1) for c in cuts]})
         for lo, hi in itertools.pairwise(bounds):
@@ -141,7 +133,7 @@ def test_index_entries_follow_updates_and_deletes() -> None:
     ]
 
     async def go() -> list[bytes]:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), NullSender())
+        proc = TopicProcessor(TOPIC, TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         await proc.process(to_records(sequence))
         await proc.drain()

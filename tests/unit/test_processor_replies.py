@@ -9,7 +9,6 @@ from typing import Any
 import orjson
 
 from sowstream.config import load_config_text
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord
@@ -17,27 +16,14 @@ from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
 
 TOPIC = load_config_text("sow:\n  - Name: t\n    Key: /id\n    Durability: transient\n").topics[0]
 
 
-class Replies(Sender):
-    """Keeps every reply as sent (bytes) with its reply topic."""
-
-    def __init__(self) -> None:
-        self.replies: list[tuple[str, bytes]] = []
-
-    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
-        return None
-
-    async def send_reply(
-        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> None:
-        if headers is None:
-            self.replies.append((topic, value))
-
-    def decoded(self) -> list[dict[str, Any]]:
-        return [decode("Reply", value) for _, value in self.replies]
+def decoded(sender: RecordingSender) -> list[dict[str, Any]]:
+    """The replies to commands as the client's Avro decoder reads them."""
+    return [decode("Reply", a.value) for a in sender.answers()]
 
 
 def publish(offset: int, ident: int, **headers: str) -> RawRecord:
@@ -45,7 +31,7 @@ def publish(offset: int, ident: int, **headers: str) -> RawRecord:
     return RawRecord(0, offset, 7, key, orjson.dumps({"id": ident}), headers)
 
 
-async def loaded(sender: Replies, count: int) -> TopicProcessor:
+async def loaded(sender: RecordingSender, count: int) -> TopicProcessor:
     proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
     await proc.ready(0)
     await proc.process([publish(i, i) for i in range(count)])
@@ -59,11 +45,11 @@ def sow(**fields: Any) -> Command:
 
 def test_a_query_answers_in_batches_of_batch_size_then_part_end_with_the_count() -> None:
     async def go() -> list[dict[str, Any]]:
-        sender = Replies()
+        sender = RecordingSender()
         proc = await loaded(sender, 5)
         await proc.query(sow(batch_size=2, order_by="/id"), 0)
-        assert {topic for topic, _ in sender.replies} == {"r"}
-        return sender.decoded()
+        assert {a.topic for a in sender.answers()} == {"r"}
+        return decoded(sender)
 
     replies = asyncio.run(go())
     assert [r["command"] for r in replies] == ["sow", "sow", "sow", "part_end"]
@@ -82,10 +68,10 @@ def test_a_query_answers_in_batches_of_batch_size_then_part_end_with_the_count()
 
 def test_a_refused_query_is_one_failed_part_end_as_the_client_reads_it() -> None:
     async def go() -> list[tuple[str, bytes]]:
-        sender = Replies()
+        sender = RecordingSender()
         proc = await loaded(sender, 1)
         await proc.query(sow(filter="/id = = 1"), 0)
-        return sender.replies
+        return [(a.topic, a.value) for a in sender.answers()]
 
     ((topic, value),) = asyncio.run(go())
     reply = decode("Reply", value)
@@ -108,11 +94,11 @@ def test_a_refused_query_is_one_failed_part_end_as_the_client_reads_it() -> None
 
 def test_a_subscription_part_end_carries_the_watermark_it_was_placed_at() -> None:
     async def go() -> list[dict[str, Any]]:
-        sender = Replies()
+        sender = RecordingSender()
         proc = await loaded(sender, 3)
         cmd = sow(batch_size=10).with_(command="sow_and_subscribe", sub_id="s")
         await proc.subscribe(cmd, 0)
-        return sender.decoded()
+        return decoded(sender)
 
     replies = asyncio.run(go())
     assert [r["command"] for r in replies] == ["sow", "part_end"]
@@ -122,13 +108,13 @@ def test_a_subscription_part_end_carries_the_watermark_it_was_placed_at() -> Non
 
 def test_publishers_get_their_acks_as_before() -> None:
     async def go() -> list[tuple[str, bytes]]:
-        sender = Replies()
+        sender = RecordingSender()
         proc = await loaded(sender, 0)
         good = publish(0, 1, **{h.REPLY_TO: "pub", h.COMMAND_ID: "a1"})
         bad = RawRecord(0, 1, 7, None, b"{not json", {h.REPLY_TO: "pub", h.COMMAND_ID: "a2"})
         await proc.process([good, bad])
         await proc.drain()
-        return sender.replies
+        return [(a.topic, a.value) for a in sender.answers()]
 
     (t1, ok), (t2, refused) = asyncio.run(go())
     assert t1 == t2 == "pub"

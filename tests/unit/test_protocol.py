@@ -14,6 +14,7 @@ from sowstream.engine.ports import Sender
 from sowstream.engine.replies import MAX_REPLY_BYTES, ReplyWriter
 from sowstream.wire.avro import SCHEMA_DIR
 from sowstream.wire.protocol import Command, Reply, ReplyRecord
+from tests.support.sender import RecordingSender
 
 
 def schema_fields(name: str) -> list[dict[str, Any]]:
@@ -118,24 +119,13 @@ def test_a_reply_survives_the_wire(
     assert Reply.decode(reply.encode()) == reply
 
 
-class Recorded(Sender):
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Reply]] = []
-
-    async def send_reply(
-        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> asyncio.Future[Any] | None:
-        self.sent.append((topic, Reply.decode(value)))
-        return None
-
-
 def writer(sender: Sender) -> ReplyWriter:
     cmd = Command("sow", "c1", "q1", "reply.me", "orders")
     return ReplyWriter.for_command(sender, cmd, "orders", 2)
 
 
 def test_records_are_cut_at_batch_size_and_end_counts_them() -> None:
-    sender = Recorded()
+    sender = RecordingSender()
     w = writer(sender)
     items = [ReplyRecord(f"k{i}", b"{}", i, i, i) for i in range(7)]
 
@@ -144,25 +134,26 @@ def test_records_are_cut_at_batch_size_and_end_counts_them() -> None:
         await w.end(7, log_offset=9)
 
     asyncio.run(run())
-    assert [len(r.records) for _, r in sender.sent] == [3, 3, 1, 0]
-    assert {t for t, _ in sender.sent} == {"reply.me"}
-    assert [r.command for _, r in sender.sent] == ["sow", "sow", "sow", "part_end"]
-    end = sender.sent[-1][1]
+    replies = sender.replies()
+    assert [len(r.records) for r in replies] == [3, 3, 1, 0]
+    assert {a.topic for a in sender.answers()} == {"reply.me"}
+    assert [r.command for r in replies] == ["sow", "sow", "sow", "part_end"]
+    end = replies[-1]
     assert (end.count, end.log_offset, end.partition, end.query_id) == (7, 9, 2, "q1")
-    assert len({r.answer_id for _, r in sender.sent}) == 1  # one answer
+    assert len({r.answer_id for r in replies}) == 1  # one answer
 
 
 def test_records_are_cut_before_a_batch_would_pass_the_size_limit() -> None:
-    sender = Recorded()
+    sender = RecordingSender()
     big = b"x" * (MAX_REPLY_BYTES // 2)
     items = [ReplyRecord(f"k{i}", big, 0, i) for i in range(3)]
     asyncio.run(writer(sender).records(items, 1_000))
-    assert [len(r.records) for _, r in sender.sent] == [1, 1, 1]
+    assert [len(r.records) for r in sender.replies()] == [1, 1, 1]
 
 
 def test_a_failure_is_a_failed_part_end_with_the_reason() -> None:
-    sender = Recorded()
+    sender = RecordingSender()
     asyncio.run(writer(sender).failure("bad_filter", "position 3: unexpected ')'"))
-    ((_, reply),) = sender.sent
+    (reply,) = sender.replies()
     assert (reply.command, reply.status, reply.reason) == ("part_end", "failure", "bad_filter")
     assert reply.message == "position 3: unexpected ')'"

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sowstream.config.queues import QueueConfig
-from sowstream.engine.ports import Sender
 from sowstream.engine.queue_views import QueueViewFeed, available_records, available_sow_key
 from sowstream.queues import Bookmark, QueueMachine
 from sowstream.wire import headers as h
+from tests.support.sender import RecordingSender
 
 S = 1000
 
@@ -133,37 +133,17 @@ def test_statements_keep_a_copy_equal_to_the_browsed_queue(
 # --- The feed itself, with a sender that keeps what it is given (no Kafka) ---
 
 
-class Topic(Sender):
-    """The available-messages topic as its processor would end up: SowKey -> data. Sends
-    fail while ``failing`` is set (the future carries the error, as Kafka's would)."""
-
-    def __init__(self) -> None:
-        self.records: dict[str, bytes] = {}
-        self.sent = 0
-        self.failing = False
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any] | None:
-        assert key is not None and headers is not None and (h.VIEW, b"WQ") in headers
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if self.failing:
-            fut.set_exception(RuntimeError("broker gone"))
-            return fut
-        self.sent += 1
-        if (h.COMMAND, h.SOW_DELETE.encode()) in headers:
-            self.records.pop(key.decode(), None)
+def available(sender: RecordingSender) -> dict[str, bytes]:
+    """The available-messages topic as its processor would end up: SowKey -> data."""
+    records: dict[str, bytes] = {}
+    for rec in sender.records:
+        assert rec.key is not None and rec.headers.get(h.VIEW) == "WQ"
+        if rec.headers.get(h.COMMAND) == h.SOW_DELETE:
+            records.pop(rec.key.decode(), None)
         else:
-            assert value is not None
-            self.records[key.decode()] = value
-        fut.set_result(None)
-        return fut
+            assert rec.value is not None
+            records[rec.key.decode()] = rec.value
+    return records
 
 
 def keyed(q: QueueMachine) -> dict[str, bytes]:
@@ -173,23 +153,23 @@ def keyed(q: QueueMachine) -> dict[str, bytes]:
 def test_the_feed_states_changes_once_and_restates_what_kafka_refused() -> None:
     async def run() -> None:
         q = machine()
-        topic = Topic()
+        topic = RecordingSender()
         feed = QueueViewFeed(q, "WQ", "log", topic)
         for n in range(3):
             q.append(b(n), f"m{n}".encode(), {}, n)
-        assert await feed.flush() == 3 and topic.records == keyed(q)
+        assert await feed.flush() == 3 and available(topic) == keyed(q)
         q.subscribe("s", client="c")
         q.dispatch(10)  # b(0) leased
-        assert await feed.flush(wait_for=[]) == 1 and topic.records == keyed(q)
+        assert await feed.flush(wait_for=[]) == 1 and available(topic) == keyed(q)
         q.ack([b(0)], client="c", now_ms=11)  # already stated unavailable: nothing to write
         assert await feed.flush(wait_for=[b(0)]) == 0
         topic.failing = True
         q.dispatch(12)  # b(1) leased, but the statement is lost
         await feed.flush()
         await asyncio.sleep(0)  # the refused future's callback runs
-        assert available_sow_key(b(1)) in topic.records
+        assert available_sow_key(b(1)) in available(topic)
         topic.failing = False
-        assert await feed.flush() == 1 and topic.records == keyed(q)
+        assert await feed.flush() == 1 and available(topic) == keyed(q)
 
     asyncio.run(run())
 
@@ -197,7 +177,7 @@ def test_the_feed_states_changes_once_and_restates_what_kafka_refused() -> None:
 def test_a_dropped_partition_is_left_to_its_next_owner() -> None:
     async def run() -> None:
         q = machine()
-        topic = Topic()
+        topic = RecordingSender()
         feed = QueueViewFeed(q, "WQ", "log", topic)
         q.append(b(0), b"m0", {}, 0)
         q.append(b(1, partition=1), b"n1", {}, 0)
@@ -206,6 +186,6 @@ def test_a_dropped_partition_is_left_to_its_next_owner() -> None:
         feed.drop("work", 1)
         q.touched = (q.touched or set()) | {b(1, partition=1)}  # e.g. a late refusal
         assert await feed.flush() == 0  # the next owner states it; a delete here could undo that
-        assert available_sow_key(b(1, partition=1)) in topic.records
+        assert available_sow_key(b(1, partition=1)) in available(topic)
 
     asyncio.run(run())

@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sowstream.client.subscription import Subscription, _Live
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.filters import compile_filter
 from sowstream.messagetypes.changes import merge_delta
@@ -25,22 +24,8 @@ from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
 from tests.unit.test_processor_model import TOPIC, model, ops, to_records
-
-
-class CapturingSender(Sender):
-    def __init__(self) -> None:
-        self.live: list[tuple[bytes, dict[str, str]]] = []
-
-    async def send(self, topic: str, value: bytes | None, **kwargs: Any) -> None:
-        return None
-
-    async def send_reply(
-        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> None:
-        if headers:
-            self.live.append((value, h.header_map(headers)))
-        return None
 
 
 def without_nulls(value: Any) -> Any:
@@ -70,7 +55,7 @@ def app_messages(
     records: list[Any], cuts: list[int], replay_from: int | None, spec: SubscriptionSpec
 ) -> Subscription:
     """What the application receives: the engine's messages through the client's Subscription."""
-    sender = CapturingSender()
+    sender = RecordingSender()
 
     async def go() -> None:
         proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
@@ -88,7 +73,7 @@ def app_messages(
     asyncio.run(go())
     sub = Subscription("s", [spec], spec.options, key_fields={"t": ("/id",)})
     sub.release()
-    for value, hdrs in sender.live:
+    for value, hdrs in sender.live():
         sub.on_live(
             _Live(
                 hdrs[h.COMMAND],
@@ -174,7 +159,7 @@ def test_a_crash_replay_changes_nothing_the_application_sees(
 def test_messages_for_one_record_follow_log_order() -> None:
     sequence = [("publish", 1, 0, v) for v in range(10)]
     spec = SubscriptionSpec("s", "r", "t", "subscribe", None, parse_options(""))
-    sender = CapturingSender()
+    sender = RecordingSender()
 
     async def go() -> None:
         proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
@@ -185,5 +170,5 @@ def test_messages_for_one_record_follow_log_order() -> None:
         await proc.process(recs[3:])
 
     asyncio.run(go())
-    assert [orjson.loads(v)["v"] for v, _ in sender.live] == list(range(10))
-    assert [int(hd[h.OFFSET]) for _, hd in sender.live] == list(range(10))
+    assert [orjson.loads(v)["v"] for v, _ in sender.live()] == list(range(10))
+    assert [int(hd[h.OFFSET]) for _, hd in sender.live()] == list(range(10))

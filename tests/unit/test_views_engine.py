@@ -14,13 +14,11 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.errors import KafkaError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
 from sowstream.config.views import ViewConfig
-from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.engine.views import ViewRunner
@@ -31,6 +29,7 @@ from sowstream.views.maintainer import ViewMaintainer
 from sowstream.views.routing import ViewFeed, input_partitions, join_route_paths
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
 from tests.unit.test_processor_model import TOPIC, key_of, op, to_records
 
 VIEW = ViewConfig(
@@ -157,56 +156,40 @@ def test_join_entries_restore_rows_and_groups() -> None:
 # -- the whole path, with duplicates and restarts ----------------------------------------------
 
 
-class Recorder(Sender):
-    """Appends every record 'sent' to a topic's partition list; Kafka acknowledges at once."""
-
-    def __init__(self) -> None:
-        self.topics: dict[tuple[str, int], list[RawRecord]] = {}
-
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any]:
-        part = self.topics.setdefault((topic, partition or 0), [])
-        hdrs = {k: v.decode() for k, v in headers or ()}
-        part.append(RawRecord(partition or 0, len(part), 1, key, value, hdrs))
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-
-    async def send_reply(self, topic: str, value: bytes, headers: Any = None) -> None:
-        return None
+def partitions(sender: RecordingSender) -> dict[tuple[str, int], list[RawRecord]]:
+    """What Kafka holds of each topic partition the sender was given records for (the offsets
+    are list positions)."""
+    out: dict[tuple[str, int], list[RawRecord]] = {}
+    for rec in sender.records:
+        part = out.setdefault((rec.topic, rec.partition or 0), [])
+        part.append(RawRecord(rec.partition or 0, len(part), 1, rec.key, rec.value, rec.headers))
+    return out
 
 
 class ListReader:
-    """Reads an input partition the Recorder holds (what the runner fetches after a gap)."""
+    """Reads an input partition the sender was given (what the runner fetches after a gap)."""
 
-    def __init__(self, sender: Recorder, topic: str) -> None:
+    def __init__(self, sender: RecordingSender, topic: str) -> None:
         self.sender = sender
         self.topic = topic
 
     async def end_offset(self, partition: int) -> int:
-        return len(self.sender.topics.get((self.topic, partition), [])) - 1
+        return len(partitions(self.sender).get((self.topic, partition), [])) - 1
 
     async def batches(
         self, partition: int, until: int, start: int = 0
     ) -> AsyncIterator[list[RawRecord]]:
         yield [
             r
-            for r in self.sender.topics.get((self.topic, partition), [])
+            for r in partitions(self.sender).get((self.topic, partition), [])
             if start <= r.offset <= until
         ]
 
 
-def view_log(sender: Recorder) -> dict[str, dict[str, Any]]:
+def view_log(sender: RecordingSender) -> dict[str, dict[str, Any]]:
     """The view as its log leaves it: last publish per SowKey, minus the deleted ones."""
     out: dict[str, dict[str, Any]] = {}
-    for (topic, _), records in sorted(sender.topics.items()):
+    for (topic, _), records in sorted(partitions(sender).items()):
         if topic != "log.V":
             continue
         for rec in records:
@@ -220,7 +203,7 @@ def view_log(sender: Recorder) -> dict[str, dict[str, Any]]:
     return out
 
 
-def new_runner(sender: Recorder, memory: dict[int, Any] | None = None) -> ViewRunner:
+def new_runner(sender: RecordingSender, memory: dict[int, Any] | None = None) -> ViewRunner:
     runner = ViewRunner(
         VIEW,
         sender,
@@ -254,7 +237,7 @@ def test_duplicated_events_and_restarts_leave_the_view_equal_to_a_recomputation(
     jump_by: int,
 ) -> None:
     async def go() -> None:
-        sender = Recorder()
+        sender = RecordingSender()
         records = to_records(sequence)
         # The underlying worker applies the log ...
         source = TopicProcessor(TOPIC, TopicNames("p"), sender)
@@ -273,7 +256,7 @@ def test_duplicated_events_and_restarts_leave_the_view_equal_to_a_recomputation(
 
         memory: dict[int, Any] = {}
         runner = new_runner(sender, memory)
-        inputs = {p: recs for (t, p), recs in sender.topics.items() if t == "in"}
+        inputs = {p: recs for (t, p), recs in partitions(sender).items() if t == "in"}
         for recs in inputs.values():
             await runner.handle(recs[: cut % (len(recs) + 1)])
         # The maintainer restarts: its state comes back from the store, and faust hands it
@@ -312,7 +295,7 @@ def test_a_batch_in_which_faust_jumped_ahead_is_completed_from_the_input_topic()
     of test_view_joins: a view a few counts short, or one partition far behind)."""
 
     async def go() -> None:
-        sender = Recorder()
+        sender = RecordingSender()
         source = TopicProcessor(TOPIC, TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         await source.ready(0)
@@ -321,7 +304,7 @@ def test_a_batch_in_which_faust_jumped_ahead_is_completed_from_the_input_topic()
         await source.drain()
         memory: dict[int, Any] = {}
         runner = new_runner(sender, memory)
-        inputs = {p: recs for (t, p), recs in sender.topics.items() if t == "in"}
+        inputs = {p: recs for (t, p), recs in partitions(sender).items() if t == "in"}
         assert max(len(recs) for recs in inputs.values()) > 10
         for recs in inputs.values():
             await runner.handle(recs[:2])
@@ -342,30 +325,20 @@ def test_a_batch_in_which_faust_jumped_ahead_is_completed_from_the_input_topic()
     asyncio.run(go())
 
 
-class InputOutage(Recorder):
+class InputOutage:
     """Kafka takes the first ``accepted`` change events sent to the view's input topic, then
     refuses every one until ``down`` is cleared (a broker outage)."""
 
     def __init__(self, accepted: int) -> None:
-        super().__init__()
         self.accepted = accepted
         self.down = True
+        self.sender = RecordingSender(refuse=self.refuses)
 
-    async def send(
-        self,
-        topic: str,
-        value: bytes | None,
-        *,
-        key: bytes | None = None,
-        partition: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> asyncio.Future[Any]:
+    def refuses(self, topic: str) -> bool:
         if topic != "in" or not self.down or self.accepted > 0:
             self.accepted -= topic == "in"
-            return await super().send(topic, value, key=key, partition=partition, headers=headers)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        fut.set_exception(KafkaError("broker not available"))
-        return fut
+            return False
+        return True
 
 
 def test_a_batch_whose_change_events_kafka_refused_is_not_stored() -> None:
@@ -375,7 +348,8 @@ def test_a_batch_whose_change_events_kafka_refused_is_not_stored() -> None:
     for, a bounded time; a view's input is not optional."""
 
     async def go() -> None:
-        sender = InputOutage(accepted=5)
+        outage = InputOutage(accepted=5)
+        sender = outage.sender
         source = TopicProcessor(TOPIC, TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         records = to_records([("publish", i % 3, i % 2, i % 7) for i in range(12)])
@@ -386,14 +360,14 @@ def test_a_batch_whose_change_events_kafka_refused_is_not_stored() -> None:
         assert source.state(0) is None  # forgotten: nothing of the batch was stored
         # The broker is back. What the log pump does next: load the partition again and read
         # the log from its watermark.
-        sender.down = False
+        outage.down = False
         ps = await source.ready(0)
         assert ps.watermark == -1
         await source.process(records)
         await source.drain()
 
         runner = new_runner(sender)
-        for (topic, _), recs in list(sender.topics.items()):
+        for (topic, _), recs in list(partitions(sender).items()):
             if topic == "in":
                 await runner.handle(recs)
         state = {
@@ -413,7 +387,8 @@ def test_an_expiry_whose_change_events_kafka_refused_is_postponed() -> None:
         topic = load_config_text(
             "sow:\n  - Name: t\n    Key: /id\n    Expiration: enabled\n    Durability: transient\n"
         ).topics[0]
-        sender = InputOutage(accepted=1_000)
+        outage = InputOutage(accepted=1_000)
+        sender = outage.sender
         source = TopicProcessor(topic, TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         ps = await source.ready(0)
@@ -432,14 +407,14 @@ def test_an_expiry_whose_change_events_kafka_refused_is_postponed() -> None:
             ]
         )
         await source.drain()
-        sender.accepted = 0
+        outage.accepted = 0
         assert await source.expire_due(now_ms=10_000) == 0
         assert sum(1 for k, _ in ps.store.scan() if is_record_key(k)) == 6
-        sender.down = False
+        outage.down = False
         assert await source.expire_due(now_ms=10_000) == 6
 
         runner = new_runner(sender)
-        for (name, _), recs in list(sender.topics.items()):
+        for (name, _), recs in list(partitions(sender).items()):
             if name == "in":
                 await runner.handle(recs)
         assert runner.records() == {}
@@ -455,13 +430,13 @@ def test_events_of_a_revoked_partition_are_not_applied_and_drop_waits_for_a_batc
     watermark), so two maintainers never write the same partition."""
 
     async def go() -> None:
-        sender = Recorder()
+        sender = RecordingSender()
         source = TopicProcessor(TOPIC, TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         await source.ready(0)
         await source.process(to_records([("publish", 1, 1, 5), ("publish", 2, 1, 7)]))
         await source.drain()
-        inputs = [r for (t, _), recs in sender.topics.items() if t == "in" for r in recs]
+        inputs = [r for (t, _), recs in partitions(sender).items() if t == "in" for r in recs]
         assert inputs
 
         memory: dict[int, Any] = {}
@@ -509,13 +484,13 @@ def test_a_batch_cut_short_in_the_changelog_is_rolled_back(
     the batch again, and must still end equal to a recomputation (no group counted twice)."""
 
     async def go() -> None:
-        sender = Recorder()
+        sender = RecordingSender()
         source = TopicProcessor(TOPIC, TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         await source.ready(0)
         await source.process(to_records(sequence))
         await source.drain()
-        inputs = {p: recs for (t, p), recs in sender.topics.items() if t == "in"}
+        inputs = {p: recs for (t, p), recs in partitions(sender).items() if t == "in"}
 
         observed = {p: ObservedMemory() for p in inputs}
         runner = new_runner(sender, dict(observed))
