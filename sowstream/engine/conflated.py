@@ -24,7 +24,7 @@ from typing import Any
 from sowstream.config.replicas import ConflatedTopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import runner_store, without_gaps, write_records
-from sowstream.engine.partition import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord

@@ -35,7 +35,7 @@ from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.atomic import purgeable, unwrap, wrap_batch
 from sowstream.engine.derived import runner_store, without_gaps, write_records
-from sowstream.engine.partition import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord

@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from sowstream.config.models import RocksDBConfig
 from sowstream.engine.commands import Acknowledge, CommandInbox, ControlRecord
 from sowstream.engine.meta import Infos
-from sowstream.engine.ports import Sender
+from sowstream.engine.ports import LogReader, Sender
 from sowstream.engine.pump import HeldPartitions, KafkaLogReader
 from sowstream.sow.ops import RawRecord
 from sowstream.wire.kafka import TopicSpec
@@ -90,6 +90,9 @@ class Context:
     app_id: str
     kafka: Mapping[str, str]  # engine.kafka: every Kafka client's extra settings
     rocksdb: RocksDBConfig
+    # Makes the reader of a Kafka topic (rebuilds, catch-ups, gap reads): by default with
+    # confluent-kafka, on ``bootstrap`` with ``kafka``.
+    logs: Callable[[str], LogReader] | None = None
     # Set once every existing subscription is known: before, a change applied or a message
     # leased would miss subscribers.
     subscriptions_known: asyncio.Event = field(default_factory=asyncio.Event)
@@ -97,8 +100,10 @@ class Context:
     # frozen): the log pumps wait for it.
     logs_open: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def log_reader(self, topic: str) -> KafkaLogReader:
+    def log_reader(self, topic: str) -> LogReader:
         """A reader of Kafka topic ``topic``, for rebuilds, catch-ups and gap reads."""
+        if self.logs is not None:
+            return self.logs(topic)
         return KafkaLogReader(self.bootstrap, topic, self.kafka)
 
 
