@@ -7,9 +7,10 @@ topic in :data:`DERIVED` makes its units, in order, linking them to the topic un
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from sowstream.config.models import SowstreamConfig
+from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.queues import QUEUE_MESSAGE_TYPES
 from sowstream.engine.meta import Infos, control_topic_spec, log_topic_spec, topic_info
 from sowstream.engine.security import expand_environment
@@ -20,16 +21,22 @@ from sowstream.engine.units.topic import TopicUnit
 from sowstream.engine.units.view import ViewUnit
 from sowstream.wire.kafka import TopicSpec
 
-# Makes the units of one kind of derived topic from the configuration and the topic units.
-Build = Callable[[SowstreamConfig, Context, Mapping[str, TopicUnit]], Sequence[DerivedUnit]]
 
-# Every kind of derived topic, in the order they are made (a queue's available messages feed
-# views; a view can be the underlying topic of a conflated topic).
-DERIVED: tuple[Build, ...] = (
-    QueueUnit.from_config,
-    ViewUnit.from_config,
-    ConflatedUnit.from_config,
-)
+class DerivedKind(Protocol):
+    """A kind of derived topic: its unit class, read from the configuration."""
+
+    def sow_topics(self, config: SowstreamConfig) -> Sequence[TopicConfig]:
+        """The SOW topics readers see of this kind (served like declared topics)."""
+
+    def from_config(
+        self, config: SowstreamConfig, ctx: Context, topics: Mapping[str, TopicUnit]
+    ) -> Sequence[DerivedUnit]:
+        """The kind's units, linked to the topic units they read or write (``topics``)."""
+
+
+# Every kind of derived topic, in the order their units are made and driven (a queue's
+# available messages feed views; a view can be the underlying topic of a conflated topic).
+DERIVED: tuple[DerivedKind, ...] = (QueueUnit, ViewUnit, ConflatedUnit)
 
 
 def serving_config(config: SowstreamConfig) -> SowstreamConfig:
@@ -37,12 +44,9 @@ def serving_config(config: SowstreamConfig) -> SowstreamConfig:
     subscribe to a view like any topic: its log, control topic, table and processor are made
     like a declared topic's), and ``${NAME}`` in engine.kafka read from the environment (secrets
     stay out of the file)."""
-    if config.views or config.conflated_topics:
-        derived = (
-            *config.conflated_topic_configs,
-            *config.view_topics,
-            *config.queue_view_topics.values(),  # a queue's available messages, for views
-        )
+    # Listed last kind first, as the worker always has (conflated topics, views, queues).
+    derived = [topic for kind in reversed(DERIVED) for topic in kind.sow_topics(config)]
+    if derived:
         config = config.model_copy(update={"topics": (*config.topics, *derived)})
     engine = config.engine.model_copy(update={"kafka": expand_environment(config.engine.kafka)})
     return config.model_copy(update={"engine": engine})
@@ -80,7 +84,7 @@ class Topology:
                 )
             )
         self.derived: list[DerivedUnit] = [
-            unit for build in DERIVED for unit in build(config, ctx, self.topics)
+            unit for kind in DERIVED for unit in kind.from_config(config, ctx, self.topics)
         ]
         self.queues = {u.name: u.runtime for u in self.derived if isinstance(u, QueueUnit)}
         self.inputs = [u for u in self.derived if isinstance(u, InputUnit)]

@@ -4,7 +4,7 @@ topic's processor (a SOW topic's, a view's or another conflated topic's) fill th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.replicas import ConflatedTopicConfig
@@ -48,6 +48,11 @@ class ConflatedUnit:
             pattern=own.pattern is not None,
         )
         topics[underlying.ident].proc.views.append(ConflatedFeed(conflated, self.input_topic))
+
+    @staticmethod
+    def sow_topics(config: SowstreamConfig) -> Sequence[TopicConfig]:
+        """Each conflated topic as the SOW topic readers see."""
+        return config.conflated_topic_configs
 
     @classmethod
     def from_config(

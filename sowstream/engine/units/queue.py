@@ -3,9 +3,9 @@ fed by the processors of the topics it reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from sowstream.config.models import SowstreamConfig
+from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.queues import QUEUE_MESSAGE_TYPES, QueueConfig
 from sowstream.engine.meta import Infos, topic_info
 from sowstream.engine.queue_views import QueueViewFeed
@@ -52,6 +52,11 @@ class QueueUnit:
                 ctx.names.log(available.name, available.message_type),
                 ctx.sender,
             )
+
+    @staticmethod
+    def sow_topics(config: SowstreamConfig) -> Sequence[TopicConfig]:
+        """Per queue some view reads, the topic of its available messages."""
+        return tuple(config.queue_view_topics.values())
 
     @classmethod
     def from_config(

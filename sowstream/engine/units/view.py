@@ -3,7 +3,7 @@ view's input topic, and the feeds that make its underlying topics' processors fi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sowstream.config.models import SowstreamConfig, TopicConfig
 from sowstream.config.views import ViewConfig
@@ -68,6 +68,11 @@ class ViewUnit:
                 view, ref.topic, self.input_topic, only_changes=ref.topic in queue_views
             )
             underlying(ref, topics, queue_views).proc.views.append(feed)
+
+    @staticmethod
+    def sow_topics(config: SowstreamConfig) -> Sequence[TopicConfig]:
+        """Each view as the SOW topic readers see."""
+        return config.view_topics
 
     @classmethod
     def from_config(
