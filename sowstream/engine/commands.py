@@ -15,26 +15,40 @@ before.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, NamedTuple, TypeVar
 
 COMMAND_BATCH = 500  # records handled in one go at most
 INBOX_SIZE = 2_000  # records forwarded but not yet handled; a full inbox holds the agent back
 
 T = TypeVar("T")
+A = TypeVar("A")
+R = TypeVar("R")
+
+# Tells the runtime a control-topic record is handled (its offset may then be committed).
+Acknowledge = Callable[[], Awaitable[object]]
 
 
-class CommandInbox:
-    """Records a control-topic agent has read, with the stream that must acknowledge each."""
+class ControlRecord(NamedTuple):
+    """One control-topic record as the runtime hands it over (its value is a Command)."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+class CommandInbox(Generic[A, R]):
+    """Records a control-topic agent has read, each with what acknowledges it once handled."""
 
     def __init__(self, size: int = INBOX_SIZE) -> None:
-        self._queue: asyncio.Queue[tuple[Any, Any]] = asyncio.Queue(maxsize=size)
+        self._queue: asyncio.Queue[tuple[A, R]] = asyncio.Queue(maxsize=size)
 
-    async def put(self, stream: Any, event: Any) -> None:
-        """Forward ``event`` (waits while the inbox is full)."""
-        await self._queue.put((stream, event))
+    async def put(self, ack: A, record: R) -> None:
+        """Forward ``record`` (waits while the inbox is full)."""
+        await self._queue.put((ack, record))
 
-    async def take(self, limit: int = COMMAND_BATCH) -> list[tuple[Any, Any]]:
+    async def take(self, limit: int = COMMAND_BATCH) -> list[tuple[A, R]]:
         """Wait for a record, then return it with every other one already there (up to
         ``limit``): a batch never waits for records that have not arrived."""
         batch = [await self._queue.get()]

@@ -11,17 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as RdKafkaError
 
+from sowstream.engine.ports import Assignment
 from sowstream.engine.processor import PartitionState, RawRecord, TopicProcessor
 from sowstream.errors import SowstreamError
 from sowstream.wire import headers as h
-
-if TYPE_CHECKING:
-    from sowstream.engine.app import Engine
 
 log = logging.getLogger("sowstream.engine")
 
@@ -146,6 +144,14 @@ class KafkaLogReader:
             consumer.close()
 
 
+class HeldPartitions(Assignment, Protocol):
+    """The assignment, also asked for all of one topic's partitions at once (the pump asks on
+    every fetch: one set per topic, not one lookup per partition)."""
+
+    def partitions(self, topic: str) -> set[int]:
+        """Partitions of Kafka topic ``topic`` assigned to this worker (whether settled or not)."""
+
+
 def _fetch(consumer: Consumer) -> list[Any]:
     """Up to LOG_BATCH_MAX records, returning as soon as any are there.
 
@@ -168,10 +174,17 @@ class LogPump:
     its watermark, stored in the state store itself, so state and position can never disagree.
     """
 
-    def __init__(self, engine: Engine, proc: TopicProcessor, ctl_topic: str) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        proc: TopicProcessor,
+        ctl_topic: str,
+        assignment: HeldPartitions,
+        consumer_config: Mapping[str, Any],
+    ) -> None:
         self.proc = proc
         self.ctl_topic = ctl_topic
+        self._assignment = assignment
+        self._consumer_config = dict(consumer_config)  # bootstrap, group and engine.kafka
         # The partition state each position belongs to: a rebalance can drop a partition's state
         # and hand the partition straight back, and the new state starts from its own watermark.
         self._states: dict[int, PartitionState] = {}
@@ -182,12 +195,9 @@ class LogPump:
 
     def owned(self) -> set[int]:
         """Partitions this worker owns now; empty while faust rebalances or recovers."""
-        app = self.engine.app
-        if app.in_recovery or app.rebalancing:
+        if not self._assignment.settled:
             return set()
-        return {
-            tp.partition for tp in app.assignor.assigned_actives() if tp.topic == self.ctl_topic
-        }
+        return self._assignment.partitions(self.ctl_topic)
 
     def _current(self, partition: int) -> bool:
         """Whether the pump's position for ``partition`` belongs to the partition's live state."""
@@ -284,13 +294,11 @@ class LogPump:
         loop = asyncio.get_running_loop()
         consumer = Consumer(
             {
-                "bootstrap.servers": self.engine.bootstrap,
-                "group.id": f"{self.engine.config.engine.app_id}-log-pump",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 5,
                 "log_level": 4,
-                **self.engine.config.engine.kafka,
+                **self._consumer_config,
             }
         )
         try:

@@ -30,12 +30,21 @@ Apply = Callable[[str, SubscriptionSpec | None], None]
 class SubscriptionRegistry:
     """Follows the registry topic and reports every registration and removal to ``apply``."""
 
-    def __init__(self, bootstrap: str, topic: str, extra: Mapping[str, str], apply: Apply) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        extra: Mapping[str, str],
+        apply: Apply,
+        *,
+        loaded: asyncio.Event | None = None,
+    ) -> None:
         self.topic = topic
         self._bootstrap = bootstrap
         self._extra = dict(extra)
         self._apply = apply
-        self.loaded = asyncio.Event()
+        # Set once every registration written before the start is applied.
+        self.loaded = loaded if loaded is not None else asyncio.Event()
         self._producer: Producer | None = None
 
     def _consumer(self) -> Consumer:

@@ -1,4 +1,4 @@
-"""The engine's Kafka security settings: librdkafka-style keys, translated for faust (aiokafka).
+"""The engine's Kafka security settings: librdkafka-style keys, checked once for every client.
 
 One ``engine.kafka`` mapping configures every client the engine makes, so TLS and SASL are given
 once, in the names Kafka users know (``security.protocol``, ``sasl.mechanism``, ...).
@@ -12,9 +12,7 @@ import os
 import re
 import ssl
 from collections.abc import Mapping
-
-from faust.auth import SASLCredentials, SSLCredentials
-from faust.types.auth import CredentialsT
+from dataclasses import dataclass
 
 from sowstream.errors import SowstreamError
 
@@ -60,13 +58,27 @@ def _ssl_context(kafka: Mapping[str, str]) -> ssl.SSLContext:
     return context
 
 
-def faust_credentials(kafka: Mapping[str, str]) -> CredentialsT | None:
-    """faust's ``broker_credentials`` for ``engine.kafka``; None for a plaintext cluster."""
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """``engine.kafka``'s TLS and SASL settings, checked, for the worker's faust (aiokafka)
+    clients, which do not read librdkafka's keys (the runtime turns this into faust's
+    credentials)."""
+
+    protocol: str  # SSL, SASL_PLAINTEXT or SASL_SSL
+    ssl_context: ssl.SSLContext | None = None
+    mechanism: str | None = None  # SASL only
+    username: str | None = None
+    password: str | None = None
+
+
+def kafka_security(kafka: Mapping[str, str]) -> KafkaSecurity | None:
+    """The security ``engine.kafka`` asks for; None for a plaintext cluster. SowstreamError for
+    a protocol or SASL mechanism the worker does not support."""
     protocol = kafka.get("security.protocol", "PLAINTEXT").upper()
     if protocol == "PLAINTEXT":
         return None
     if protocol == "SSL":
-        return SSLCredentials(_ssl_context(kafka))
+        return KafkaSecurity(protocol, _ssl_context(kafka))
     if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
         mechanism = kafka.get("sasl.mechanism", kafka.get("sasl.mechanisms", "PLAIN")).upper()
         if mechanism not in SASL_MECHANISMS:
@@ -74,11 +86,12 @@ def faust_credentials(kafka: Mapping[str, str]) -> CredentialsT | None:
                 f"engine.kafka: sasl.mechanism {mechanism!r} is not supported by the worker "
                 f"(supported: {', '.join(SASL_MECHANISMS)})"
             )
-        return SASLCredentials(
+        return KafkaSecurity(
+            protocol,
+            _ssl_context(kafka) if protocol == "SASL_SSL" else None,
+            mechanism=mechanism,
             username=kafka.get("sasl.username"),
             password=kafka.get("sasl.password"),
-            mechanism=mechanism,
-            ssl_context=_ssl_context(kafka) if protocol == "SASL_SSL" else None,
         )
     raise SowstreamError(
         f"engine.kafka: security.protocol {protocol!r} is not one of PLAINTEXT, SSL, "

@@ -50,15 +50,6 @@ class Command:
         """One of the AMPS-style ``options`` (``bookmark``, ``grouping``, ``ack_type``...)."""
         return self.options.get(name, default)
 
-    # TEMPORARY dict-style access while the engine moves from dicts to attributes (removed when
-    # the restructure is merged; nothing new may use it).
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        value = getattr(self, name, default)
-        return default if value is None else value
-
     def with_(self, **changes: Any) -> Command:
         """A copy with ``changes`` (a command is frozen)."""
         return replace(self, **changes)

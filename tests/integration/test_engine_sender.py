@@ -13,7 +13,7 @@ from aiokafka.structs import TopicPartition
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as KafkaPartition
 
-from sowstream.engine.app import FaustSender
+from sowstream.engine.runtime import FaustSender
 from sowstream.wire.kafka import TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.integration

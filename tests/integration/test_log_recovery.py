@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from sowstream.client import Client
-from sowstream.engine.app import log_topic_spec
+from sowstream.engine.meta import log_topic_spec
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.timestamps import format_timestamp
 from sowstream.wire.kafka import delete_topics, ensure_topics, producer_config

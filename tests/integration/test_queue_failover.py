@@ -192,7 +192,7 @@ def consume(
 # and a repeat is answered as done); and the next owner applied acks it read before it had
 # loaded the partition, or read the message from the log again, as acks sent ahead of their
 # message (deferred, answered 0, and the message then dropped when it arrived: never delivered
-# again nor confirmed). Acks now wait for the partition (Engine._held_acks); the test
+# again nor confirmed). Acks now wait for the partition (CommandRouter._held_acks); the test
 # test_an_ack_read_before_the_worker_has_its_message_waits_for_it pins that down.
 def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
     engine: EngineProcesses,

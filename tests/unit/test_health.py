@@ -198,28 +198,30 @@ def test_readiness_waits_for_view_and_conflated_input_partitions(tmp_path: Any) 
         source="test",
     )
     engine = Engine(config, bootstrap="kafka.invalid:9092", data_dir=tmp_path)
-    engine._assigned = True  # faust assigned partitions: no SOW partition of orders, though
-    engine.registry.loaded.set()
-    view, conflated = engine.view_runners["by_desk"], engine.conflated_runners["orders-C"]
-    assert engine.readiness().ready  # nothing assigned yet
+    status = engine.status
+    status.assigned = True  # faust assigned partitions: no SOW partition of orders, though
+    engine.clients.registry.loaded.set()
+    inputs = {unit.name: unit for unit in engine.topology.inputs}
+    view, conflated = inputs["by_desk"].runner, inputs["orders-C"].runner
+    assert status.readiness().ready  # nothing assigned yet
     view.assign([1, 0])
     conflated.assign([2])
-    assert engine.readiness() == Readiness(False, "loading view by_desk input partition 0")
+    assert status.readiness() == Readiness(False, "loading view by_desk input partition 0")
     # Loaded (the runners keep memory stores without a table) and caught up with the input.
     view._table = conflated._table = None
     for partition in (0, 1):
         loaded = view.ready(partition)
         assert loaded is not None
         loaded.caught_up = partition == 0
-    assert engine.readiness() == Readiness(False, "loading view by_desk input partition 1")
+    assert status.readiness() == Readiness(False, "loading view by_desk input partition 1")
     loaded = view.ready(1)
     assert loaded is not None
     loaded.caught_up = True
-    assert engine.readiness() == Readiness(
+    assert status.readiness() == Readiness(
         False, "loading conflated topic orders-C input partition 2"
     )
     conflated._parts[2] = Conflator(-1)  # read from its last flush (none): what _ready keeps
-    assert engine.readiness() == Readiness(
+    assert status.readiness() == Readiness(
         True, "ready: 0 topic partition(s) owned and restored, 3 view input partition(s) loaded"
     )
 

@@ -15,7 +15,7 @@ from sowstream.client.client import TopicInfo
 from sowstream.client.subscription import Subscription, _Live
 from sowstream.config import load_config_text
 from sowstream.config.errors import ConfigError
-from sowstream.engine.app import topic_info
+from sowstream.engine.meta import topic_info
 from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import InvalidCommandError, InvalidMessageError
 from sowstream.filters import compile_filter

@@ -1,0 +1,156 @@
+"""Topics in no configuration, created on first use (``engine.auto_create_topics``).
+
+They are plain topics with one partition count, so one control topic (``<prefix>.ctl-auto``,
+co-partitioned with their logs) serves them all, and faust's subscription never has to change.
+The worker that owns the control partition a ``declare_topic`` arrives on creates the topic's log
+and writes its definition to the meta topic (``auto`` set); every worker follows the meta topic
+(:class:`~sowstream.engine.directory.TopicDirectory`) and serves each topic found there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from confluent_kafka import KafkaException
+
+from sowstream.config.models import TopicConfig
+from sowstream.config.root import SowstreamConfig
+from sowstream.engine.commands import ControlRecord
+from sowstream.engine.directory import TopicDirectory
+from sowstream.engine.meta import log_topic_spec, topic_info, write_meta
+from sowstream.engine.topology import Topology
+from sowstream.engine.units.topic import TopicUnit
+from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.wire import headers as h
+from sowstream.wire.kafka import ensure_topics
+from sowstream.wire.topics import kafka_topic_part
+
+log = logging.getLogger("sowstream.engine")
+
+
+class AutoTopics:
+    """Creates topics on first use, and serves every topic created so (by any worker)."""
+
+    def __init__(self, config: SowstreamConfig, topology: Topology) -> None:
+        self._config = config
+        self._topology = topology
+        self._ctx = ctx = topology.ctx
+        self._declared = {t.name for t in config.topics} | {q.name for q in config.queues}
+        # Registrations for topics not known (yet): applied when the topic turns up.
+        self._unplaced: dict[str, dict[str, SubscriptionSpec]] = {}
+        self.directory = TopicDirectory(ctx.bootstrap, ctx.names.meta, ctx.kafka, self.add)
+
+    def declare(self, commands: Callable[[ControlRecord], Awaitable[None]]) -> None:
+        """Hand the shared control topic's records to ``commands``; follow the meta topic."""
+        ctx = self._ctx
+        partitions = self._config.engine.auto_topic_partitions
+        ctx.wiring.record_agent(ctx.names.auto_control, partitions, "sowstream.ctl-auto", commands)
+        ctx.wiring.task(self.directory.run)
+
+    def _topic(self, name: str) -> TopicConfig:
+        """The definition every topic created on first use has: plain, no Key."""
+        return TopicConfig(
+            name=name, sow=False, partitions=self._config.engine.auto_topic_partitions
+        )
+
+    # -- serving ----------------------------------------------------------------------------------
+
+    def add(self, name: str) -> None:
+        """Serve ``name``, a topic created on first use (found on the meta topic or just made)."""
+        if name in self._topology.topics or name in self._declared:
+            return
+        try:
+            topic = self._topic(name)
+        except ValueError as exc:  # a definition some other writer put on the meta topic
+            log.warning("ignored auto-created topic %r: %s", name, exc)
+            return
+        unit = TopicUnit(
+            topic, self._ctx, entitlement=self._config.entitlement_lookup(name), auto=True
+        )
+        self._topology.add(unit)
+        for spec in self._unplaced.pop(name, {}).values():
+            unit.proc.subs.upsert(spec, held=unit.proc.partitions)
+        unit.declare()
+        log.info("serving topic %s (created on first use)", name)
+
+    def hold(self, topic: str, key: str, spec: SubscriptionSpec | None) -> None:
+        """A registration (None: its removal) for ``topic``, not known here (yet): kept until the
+        topic turns up, maybe created on first use by another worker."""
+        if spec is None:
+            self._unplaced.get(topic, {}).pop(key, None)
+        else:
+            self._unplaced.setdefault(topic, {})[key] = spec
+
+    async def caught_up(self) -> None:
+        await self.directory.caught_up()
+
+    # -- creating ---------------------------------------------------------------------------------
+
+    async def declare_topic(self, name: str) -> str | None:
+        """Create topic ``name`` unless it is served already; why it cannot be, or None."""
+        if name in self._topology.topics or name in self._declared:
+            return None
+        problem = self.refusal(name)
+        if problem is None:
+            try:
+                await self._create(name)
+            except (SowstreamError, KafkaException) as exc:
+                problem = f"topic {name!r} could not be created: {exc}"
+        return problem
+
+    def refusal(self, name: str) -> str | None:
+        """Why ``name`` may not be created on first use, or None."""
+        config, names = self._config, self._ctx.names
+        try:
+            owner = config.pattern_topic_for(name)
+        except InvalidCommandError as exc:
+            return str(exc)
+        if owner is not None:
+            return (
+                f"topic {name!r} matches the Pattern {owner.pattern!r} of topic {owner.name!r}: "
+                "its records go to that regular expression topic (publish with the name in the "
+                f"{h.TOPIC} header to {names.log(owner.name, owner.message_type)})"
+            )
+        if not config.engine.auto_create_topics:
+            return (
+                f"topic {name!r} is not declared and engine.auto_create_topics is false: declare "
+                "it under sow: or topics: in the configuration, or set "
+                "engine.auto_create_topics: true"
+            )
+        try:
+            self._topic(name)
+        except ValueError as exc:
+            problem = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
+            return f"topic {name!r} cannot be created: {problem or exc}"
+        known = [*config.topics, *(u.topic for u in self._topology.topics.values())]
+        taken = {t.kafka_name: t for t in known}
+        other = taken.get(kafka_topic_part(name, "json"))
+        if other is not None and other.ident != name:
+            return (
+                f"topic {name!r} cannot be created: it would share the Kafka topics of "
+                f"{other.ident!r} ({names.log(other.name, other.message_type)})"
+            )
+        return None
+
+    async def _create(self, name: str) -> None:
+        """Create the log of topic ``name`` and publish its definition (``auto`` set)."""
+        ctx, engine = self._ctx, self._config.engine
+        loop = asyncio.get_running_loop()
+        topic = self._topic(name)
+        spec = log_topic_spec(ctx.names, name, topic.partitions)
+        await loop.run_in_executor(
+            None,
+            lambda: ensure_topics(
+                ctx.bootstrap,
+                [spec],
+                replication_factor=engine.replication_factor,
+                extra=ctx.kafka,
+            ),
+        )
+        info = {name: topic_info(topic, ctx.names, auto=True)}
+        await loop.run_in_executor(None, write_meta, ctx.bootstrap, ctx.kafka, ctx.names, info)
+        self.add(name)
+        log.info("created topic %s on first use (engine.auto_create_topics)", name)

@@ -1,0 +1,306 @@
+"""The command router: control-topic records decoded once into :class:`Command`s and answered.
+
+A SOW topic's control topic reaches the router in batches (see :mod:`sowstream.engine.commands`):
+consecutive queue acknowledgements are applied together, every other command is answered on
+its own, in order. The shared control topic of topics created on first use reaches it one record
+at a time: ``declare_topic`` goes to the auto-creation service, the rest to the topic's unit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+import orjson
+
+from sowstream.engine.commands import ControlRecord, runs
+from sowstream.engine.partition import PartitionMoved
+from sowstream.engine.ports import Assignment, Sender
+from sowstream.engine.queues import NO_ANSWER, QueueRuntime
+from sowstream.engine.replies import ReplyWriter
+from sowstream.engine.topology import Topology
+from sowstream.engine.units.base import ControlInbox
+from sowstream.engine.units.topic import TopicUnit
+from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.filters import FilterError
+from sowstream.queues.machine import Bookmark
+from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
+from sowstream.wire import headers as h
+from sowstream.wire.protocol import ACK, FAILURE, SOW, Command, Reply, ReplyRecord
+
+log = logging.getLogger("sowstream.engine")
+
+# Command.command values the router answers itself (the processor answers sow and subscribe).
+STATUS = "status"
+QUEUE_ACK = "queue_ack"
+QUEUE_STATUS = "queue_status"
+# Reply.reason of the router's failures.
+UNKNOWN_COMMAND = "unknown_command"
+UNKNOWN_TOPIC = "unknown_topic"
+INVALID = "invalid"
+NOT_DECLARED = "not_declared"
+
+ROWS_BATCH = 500  # status and queue rows per reply batch
+
+# One command with the control partition it came on.
+Addressed = tuple[Command, int]
+
+
+class TopicCreation(Protocol):
+    """What the router needs of topic auto-creation (:mod:`sowstream.engine.autotopics`)."""
+
+    async def declare_topic(self, name: str) -> str | None:
+        """Create topic ``name`` on first use unless it exists; why not, or None."""
+
+    async def caught_up(self) -> None:
+        """Wait until every topic created so far (by any worker) is known here."""
+
+
+def decode_command(record: ControlRecord) -> Command | None:
+    """A control-topic record as a Command, or None (logged) when it is not one."""
+    try:
+        return Command.decode(record.value or b"")
+    except Exception as exc:  # anything a foreign producer may send
+        log.warning(
+            "ignored undecodable command on %s[%d]@%d: %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            exc,
+        )
+        return None
+
+
+class CommandRouter:
+    """Answers the commands of this worker's control topics."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        creation: TopicCreation,
+        sender: Sender,
+        assignment: Assignment,
+        worker_name: str,
+    ) -> None:
+        self._topology = topology
+        self._creation = creation
+        self._sender = sender
+        self._assignment = assignment
+        self._worker_name = worker_name
+
+    # -- control topics of configured topics: batches -------------------------------------------
+
+    async def run(self) -> None:
+        """Handle every configured topic's commands, batch by batch, for ever."""
+        await asyncio.gather(
+            *(
+                self._serve(unit, unit.inbox)
+                for unit in self._topology.static_topics
+                if unit.inbox is not None
+            )
+        )
+
+    async def _serve(self, unit: TopicUnit, inbox: ControlInbox) -> None:
+        while True:
+            batch = await inbox.take()
+            try:
+                await self.handle(unit, [record for _, record in batch])
+            except Exception:  # one bad batch must not stop every later command
+                log.exception("topic %s: handling commands failed", unit.topic.name)
+            for ack, _ in batch:
+                await ack()
+
+    async def handle(self, unit: TopicUnit, records: Sequence[ControlRecord]) -> None:
+        """Handle control-topic records in order; consecutive queue acknowledgements together."""
+        commands: list[Addressed] = []
+        for record in records:
+            cmd = decode_command(record)
+            if cmd is not None:
+                commands.append((cmd, record.partition))
+        for run in runs(commands, self._is_queue_ack):
+            try:
+                if run.together:
+                    await self._queue_acks(unit, run.items)
+                else:
+                    await self.answer(unit, *run.items[0])
+            except Exception:
+                log.exception(
+                    "topic %s: command %s failed", unit.topic.name, run.items[0][0].command_id
+                )
+
+    def _is_queue_ack(self, item: Addressed) -> bool:
+        cmd = item[0]
+        return cmd.command == QUEUE_ACK and cmd.topic in self._topology.queues
+
+    # -- the shared control topic of topics created on first use: one by one --------------------
+
+    async def auto_command(self, record: ControlRecord) -> None:
+        """A command on the shared control topic: create a topic, or one for a created topic."""
+        cmd = decode_command(record)
+        if cmd is None:
+            return
+        if cmd.command == h.DECLARE_TOPIC:
+            await self._declare(cmd, record.partition)
+            return
+        unit = self._topology.topics.get(cmd.topic)
+        if unit is None:
+            await self._creation.caught_up()  # created by another worker a moment ago?
+            unit = self._topology.topics.get(cmd.topic)
+        if unit is None:
+            writer = ReplyWriter.for_command(self._sender, cmd, cmd.topic, record.partition)
+            await writer.failure(UNKNOWN_TOPIC, f"topic {cmd.topic!r} is not known to the engine")
+            return
+        await self.answer(unit, cmd, record.partition)
+
+    async def _declare(self, cmd: Command, partition: int) -> None:
+        """Create a topic on first use (or refuse to), then acknowledge: its definition is on the
+        meta topic by then, so the client can read it at once."""
+        answer = Reply(
+            command=ACK,
+            command_id=cmd.command_id,
+            topic=cmd.topic,
+            partition=partition,
+            log_offset=-1,
+            count=1,
+        )
+        problem = await self._creation.declare_topic(cmd.topic)
+        if problem is not None:
+            answer = answer.with_(status=FAILURE, reason=NOT_DECLARED, message=problem, count=0)
+        await ReplyWriter(self._sender, cmd.reply_to, answer).send(answer)
+
+    # -- one command ------------------------------------------------------------------------------
+
+    async def answer(self, unit: TopicUnit, cmd: Command, partition: int) -> None:
+        """Answer one partition's share of a command about ``unit``'s topic."""
+        proc = unit.proc
+        queue = self._topology.queues.get(cmd.topic) if unit.feeds_queues else None
+        if cmd.command == STATUS:
+            await self._status(unit, cmd, partition)
+        elif queue is not None:
+            await self._queue_command(unit, queue, cmd, partition)
+        elif cmd.command == SOW:
+            await proc.query(cmd, partition)
+        elif cmd.command in SUBSCRIBE_COMMANDS:
+            await proc.subscribe(cmd, partition)
+        else:
+            writer = ReplyWriter.for_command(self._sender, cmd, proc.topic.name, partition)
+            await writer.failure(UNKNOWN_COMMAND, f"unknown command {cmd.command!r}")
+
+    async def _status(self, unit: TopicUnit, cmd: Command, partition: int) -> None:
+        """The partition's row of ``sowstream status``, from the worker holding it."""
+        row = {**await unit.proc.partition_status(partition), "worker": self._worker_name}
+        writer = ReplyWriter.for_command(self._sender, cmd, unit.topic.name, partition)
+        count = await writer.records([ReplyRecord("", orjson.dumps(row), 0, -1)], ROWS_BATCH)
+        await writer.end(count)
+
+    async def _queue_command(
+        self, unit: TopicUnit, queue: QueueRuntime, cmd: Command, partition: int
+    ) -> None:
+        """A command on a queue, answered for the queue messages of one log partition."""
+        topic = unit.topic.name
+        writer = ReplyWriter.for_command(self._sender, cmd, queue.name, partition)
+        try:
+            if cmd.command == SOW:
+                found = queue.browse(topic, partition, cmd.filter, cmd.identity)
+            elif cmd.command == QUEUE_STATUS:
+                status = queue.status(topic, partition)
+                found = [("", orjson.dumps({"topic": topic, **status}), 0)]
+            else:
+                raise InvalidCommandError(
+                    f"{cmd.command} is not available on queue {queue.name!r}: use subscribe to "
+                    "lease its messages and sow to browse them"
+                )
+        except (InvalidCommandError, FilterError) as exc:
+            await writer.failure(INVALID, str(exc))
+            return
+        rows = (ReplyRecord(key, data, ts, -1) for key, data, ts in found)
+        await writer.end(await writer.records(rows, ROWS_BATCH))
+
+    # -- queue acknowledgements, together ---------------------------------------------------------
+
+    async def _queue_acks(self, unit: TopicUnit, commands: list[Addressed]) -> None:
+        """Apply ``queue_ack`` commands together: per queue one pass and one store write per log
+        partition; then each command is answered (unless it asked for no answer)."""
+        topic = unit.topic.name
+        by_queue: dict[str, list[Addressed]] = {}
+        for cmd, partition in await self._held_acks(unit, commands):
+            by_queue.setdefault(cmd.topic, []).append((cmd, partition))
+        for name, acks in by_queue.items():
+            outcomes = await self._topology.queues[name].acknowledge_all(acks, topic)
+            for (cmd, partition), outcome in zip(acks, outcomes, strict=True):
+                if outcome is None:
+                    # Not stored (the partition moved meanwhile): no answer, so no client takes
+                    # it as done; the command is read again by the partition's next owner.
+                    log.info(
+                        "topic %s partition %d: queue ack left to the next owner", topic, partition
+                    )
+                    continue
+                if cmd.option("ack_type") == NO_ANSWER:
+                    continue
+                # One answer per log partition: a command read twice after a rebalance is
+                # answered twice, and the client counts (topic, partition) once.
+                base = Reply(
+                    command=ACK,
+                    command_id=cmd.command_id,
+                    query_id=cmd.query_id,
+                    topic=topic,
+                    partition=partition,
+                )
+                if isinstance(outcome, InvalidCommandError):
+                    answer = base.with_(
+                        topic=name, status=FAILURE, reason=INVALID, message=str(outcome)
+                    )
+                else:
+                    count, results = outcome
+                    answer = base.with_(
+                        log_offset=0, count=count, message=orjson.dumps(results).decode()
+                    )
+                await ReplyWriter(self._sender, cmd.reply_to, base).send(answer)
+
+    async def _held_acks(self, unit: TopicUnit, commands: list[Addressed]) -> list[Addressed]:
+        """The acknowledgements this worker applies: those of log partitions it holds, once each
+        is loaded and has applied the messages they name (``caught_up``). An ack applied
+        earlier would be taken for one sent ahead of its message: deferred, answered 0, and the
+        message dropped as acknowledged when the partition loads it or reads it from the log.
+        The others are left unanswered, for the partition's owner (a read again) to answer."""
+        proc = unit.proc
+        highest: dict[int, int] = {}
+        for cmd, partition in commands:
+            top = highest.get(partition, -1)
+            for text in (cmd.option("bookmarks") or "").split(","):
+                try:
+                    b = Bookmark.parse(text)
+                except ValueError:
+                    continue  # refused with its reason by the queue
+                if b.topic == proc.topic.name and b.partition == partition:
+                    top = max(top, b.offset)
+            highest[partition] = top
+        held = set()
+        for partition, offset in sorted(highest.items()):
+            if not self._holds(unit, partition):
+                log.info(
+                    "topic %s partition %d: not held here, its queue acknowledgements are left "
+                    "to its owner",
+                    proc.topic.name,
+                    partition,
+                )
+                continue
+            try:
+                await proc.caught_up(partition, offset)
+            except PartitionMoved:
+                continue
+            except SowstreamError as exc:
+                log.warning(
+                    "topic %s: queue acknowledgements left unanswered: %s", proc.topic.name, exc
+                )
+                continue
+            held.add(partition)
+        return [item for item in commands if item[1] in held]
+
+    def _holds(self, unit: TopicUnit, partition: int) -> bool:
+        """Whether this worker is assigned ``unit``'s control partition ``partition`` (so its log
+        partition) and no rebalance or recovery runs: only then may a command load it (during a
+        rebalance the assignment still lists partitions already revoked)."""
+        return self._assignment.settled and self._assignment.owns(unit.ctl_topic, partition)

@@ -1,0 +1,387 @@
+"""The worker's runtime: every faust call of the engine is made here.
+
+faust runs the consumer group (assignment, rebalances), the RocksDB tables with their changelogs
+and the agents reading control and input topics. The rest of the engine sees it only through the
+ports (:class:`FaustSender` is the :class:`~sowstream.engine.ports.Sender`,
+:class:`FaustAssignment` the :class:`~sowstream.engine.ports.Assignment`) and the
+:class:`~sowstream.engine.units.base.Wiring` the units declare with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import faust
+from aiokafka.errors import KafkaError
+from faust.auth import SASLCredentials, SSLCredentials
+from faust.types.auth import CredentialsT
+
+from sowstream.config.models import EngineConfig, RocksDBConfig
+from sowstream.engine.commands import ControlRecord
+from sowstream.engine.ports import Sender
+from sowstream.engine.pump import LOG_BATCH_MAX
+from sowstream.engine.restore import batched_table_manager, restore_progress
+from sowstream.engine.security import kafka_security
+from sowstream.engine.units.base import ControlInbox, Partitions
+from sowstream.sow.ops import RawRecord
+
+log = logging.getLogger("sowstream.engine")
+
+PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.bytes per batch
+INPUT_BATCH_MAX = 2_000  # change events a view maintainer (or conflated topic) takes in one go
+INPUT_BATCH_WITHIN = 0.01  # seconds an input agent waits to fill a batch
+REPLY_METADATA_WAIT = 5.0
+
+# Called with the partitions a rebalance assigned or revoked.
+Rebalance = Callable[[Partitions], Awaitable[None]]
+
+
+class FaustSender(Sender):
+    """Produces through the faust app's own producer, so faust flushes it before committing."""
+
+    def __init__(self, app: faust.App) -> None:
+        self._app = app
+        self._gone = _GoneTopics()
+        self._tracked: set[str] = set()  # topics aiokafka keeps metadata for (see send)
+        # Told when a client's reply topic disappears, so its subscriptions can go too.
+        self.on_gone: Callable[[str], None] | None = None
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any] | None:
+        # faust's aiokafka producer, minus faust's per-message wrapper (this is the hot path)
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if topic not in self._tracked:
+            track_topic(producer, topic)
+            self._tracked.add(topic)
+        fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
+        return cast("asyncio.Future[Any]", fut)
+
+    async def send_many(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[tuple[asyncio.Future[Any], int]]:
+        # aiokafka's send costs ~8 us of event-loop CPU per record (a future, a batch lookup);
+        # filling its batches here costs ~1 us (docs/benchmarks.md, issue 13).
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if topic not in self._tracked:
+            track_topic(producer, topic)
+            self._tracked.add(topic)
+        out: list[tuple[asyncio.Future[Any], int]] = []
+        batch, count = producer.create_batch(), 0
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                # Full (a first record always fits): queue it, after the batches before it.
+                out.append((await producer.send_batch(batch, topic, partition=partition), count))
+                batch, count = producer.create_batch(), 0
+                batch.append(key=key, value=value, timestamp=None)
+            count += 1
+        if count:
+            out.append((await producer.send_batch(batch, topic, partition=partition), count))
+        return out
+
+    def prepare(self, topic: str) -> None:
+        # The first send to a topic otherwise waits for its metadata (100 ms and more), and
+        # meanwhile holds up every other lease of the queue's delivery loop.
+        if topic in self._tracked:
+            return
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        track_topic(producer, topic)
+        self._tracked.add(topic)
+
+    def forget_gone(self, topic: str) -> None:
+        """``topic`` turned out to exist: send replies to it again."""
+        self._gone.discard(topic)
+
+    async def send_reply(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
+    ) -> asyncio.Future[Any] | None:
+        # A client deletes its reply topic on close; answers still in flight for it would make
+        # the producer wait for the topic's metadata for its whole request timeout (minutes).
+        if topic in self._gone:
+            return None
+        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        if producer.client.cluster.partitions_for_topic(topic):
+            # Metadata is cached, so the send cannot wait on it: skip the timeout's task (this is
+            # the hot path of subscription fan-out).
+            return await self.send(topic, value, headers=headers)
+        try:
+            return await asyncio.wait_for(
+                self.send(topic, value, headers=headers), REPLY_METADATA_WAIT
+            )
+        except (TimeoutError, KafkaError) as exc:
+            self._gone.add(topic)
+            log.info(
+                "dropped replies to %s: the client's reply topic is gone (%s)",
+                topic,
+                type(exc).__name__,
+            )
+            if self.on_gone is not None:
+                self.on_gone(topic)
+            return None
+
+
+def track_topic(producer: Any, topic: str) -> None:
+    """Make aiokafka keep ``topic``'s metadata in every refresh.
+
+    aiokafka refreshes metadata only for the topics it was told to track, and a send to a topic
+    it already knows (e.g. from the all-topics refresh at start) does not add it. The next
+    refresh for another topic (a new client's reply topic) then drops the topic's leaders, and a
+    full batch queued for it waits for a leader until the producer's request timeout (20 min
+    with faust's settings): a worker whose changelog batches were caught this way stopped
+    storing, acknowledging and leasing (seen in the queue benchmark).
+    """
+    producer.client.add_topic(topic)
+
+
+class _GoneTopics:
+    """Reply topics found missing recently: replies to them are dropped without waiting."""
+
+    def __init__(self, ttl: float = 60.0) -> None:
+        self._ttl = ttl
+        self._until: dict[str, float] = {}
+
+    def __contains__(self, topic: str) -> bool:
+        until = self._until.get(topic)
+        if until is None:
+            return False
+        if until < time.monotonic():
+            del self._until[topic]
+            return False
+        return True
+
+    def add(self, topic: str) -> None:
+        self._until[topic] = time.monotonic() + self._ttl
+
+    def discard(self, topic: str) -> None:
+        self._until.pop(topic, None)
+
+
+class FaustAssignment:
+    """The consumer group's assignment of this worker, as faust's assignor holds it."""
+
+    def __init__(self, app: faust.App) -> None:
+        self._app = app
+
+    @property
+    def settled(self) -> bool:
+        return not (self._app.in_recovery or self._app.rebalancing)
+
+    def owns(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self._app.assignor.assigned_actives()
+
+    def partitions(self, topic: str) -> set[int]:
+        return {tp.partition for tp in self._app.assignor.assigned_actives() if tp.topic == topic}
+
+
+class EngineApp(faust.App):
+    """faust's App with *early tasks*: faust starts ``app.task`` coroutines only once table
+    recovery is over, but the probes' heartbeat and the status announcements must run while a
+    store is being restored (or a long restore fails the liveness probe and shows nothing)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._early_tasks: list[Callable[[], Awaitable[None]]] = []
+
+    def early_task(self, fun: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """Run ``fun`` from the app's first start on (a decorator, like ``app.task``)."""
+        self._early_tasks.append(fun)
+        return fun
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        for fun in self._early_tasks:
+            self.add_future(fun())
+
+
+def faust_credentials(kafka: dict[str, str]) -> CredentialsT | None:
+    """faust's ``broker_credentials`` for ``engine.kafka``; None for a plaintext cluster."""
+    security = kafka_security(kafka)
+    if security is None:
+        return None
+    if security.mechanism is None:
+        return SSLCredentials(security.ssl_context)
+    return SASLCredentials(
+        username=security.username,
+        password=security.password,
+        mechanism=security.mechanism,
+        ssl_context=security.ssl_context,
+    )
+
+
+def _control_record(msg: Any) -> ControlRecord:
+    return ControlRecord(msg.topic, msg.partition, msg.offset, msg.value)
+
+
+def _event_record(msg: Any) -> RawRecord:
+    """A faust message of an input topic as a RawRecord."""
+    return RawRecord(msg.partition, msg.offset, int(msg.timestamp * 1000), msg.key, msg.value, {})
+
+
+class FaustRuntime:
+    """The faust application of one worker, with what the units declare on it."""
+
+    def __init__(
+        self,
+        engine: EngineConfig,
+        *,
+        bootstrap: str,
+        data_dir: Path,
+        worker_name: str,
+        session_timeout: float = 10.0,
+        static_membership: bool = False,
+    ) -> None:
+        brokers = [f"kafka://{b.strip()}" for b in bootstrap.split(",") if b.strip()]
+        restore: dict[str, Any] = {}
+        if engine.restore == "batched":
+            # Stores far behind their changelog are copied in bulk before faust's recovery.
+            restore["TableManager"] = batched_table_manager(
+                {"bootstrap.servers": bootstrap, **engine.kafka}
+            )
+        self.app = EngineApp(
+            engine.app_id,
+            broker=brokers,
+            store="rocksdb://",
+            datadir=str(data_dir),
+            topic_replication_factor=engine.replication_factor,
+            topic_disable_leader=True,
+            web_enabled=False,
+            consumer_auto_offset_reset="earliest",
+            table_standby_replicas=0,
+            broker_session_timeout=session_timeout,
+            broker_heartbeat_interval=min(3.0, session_timeout / 4),
+            broker_rebalance_timeout=max(30.0, session_timeout * 3),
+            broker_commit_interval=1.0,
+            stream_buffer_maxsize=max(4 * LOG_BATCH_MAX, 8192),
+            stream_wait_empty=False,
+            # aiokafka has one produce request in flight per broker, with one batch per
+            # partition: 16 KiB batches (faust's default) capped a partition's changelog at
+            # about 100 records per round trip (docs/benchmarks.md, issue 13).
+            producer_max_batch_size=PRODUCER_BATCH_BYTES,
+            broker_credentials=faust_credentials(engine.kafka),
+            # Static membership (KIP-345): the worker name is the group member, so a worker that
+            # restarts within the session timeout takes its own partitions back without a
+            # rebalance; one that stops is only replaced once the session times out.
+            consumer_group_instance_id=worker_name if static_membership else None,
+            **restore,
+        )
+        self.sender = FaustSender(self.app)
+        self.assignment = FaustAssignment(self.app)
+        self._background: set[asyncio.Future[None]] = set()
+
+    # -- what the units declare (Wiring) ----------------------------------------------------------
+
+    def _raw_topic(self, name: str, partitions: int) -> Any:
+        """A faust topic of raw bytes (keys and values are our own Avro or JSON)."""
+        return self.app.topic(
+            name,
+            partitions=partitions,
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+
+    def table(self, name: str, partitions: int, rocksdb: RocksDBConfig | None = None) -> Any:
+        tuning: dict[str, Any] = {}
+        if rocksdb is not None:
+            tuning["options"] = {
+                "block_cache_size": rocksdb.block_cache_size,
+                "write_buffer_size": rocksdb.write_buffer_size,
+                "max_write_buffer_number": rocksdb.max_write_buffer_number,
+            }
+        return self.app.Table(
+            name, partitions=partitions, default=None, key_type=bytes, value_type=bytes, **tuning
+        )
+
+    def command_agent(self, topic: str, partitions: int, name: str, inbox: ControlInbox) -> None:
+        async def forward_commands(stream: Any) -> None:
+            # Acknowledged by whoever handles them (see sowstream.engine.commands).
+            manual = stream.noack()
+            async for event in manual.events():
+                await inbox.put(
+                    functools.partial(manual.ack, event), _control_record(event.message)
+                )
+
+        self.app.agent(self._raw_topic(topic, partitions), name=name)(forward_commands)
+
+    def record_agent(
+        self,
+        topic: str,
+        partitions: int,
+        name: str,
+        handle: Callable[[ControlRecord], Awaitable[None]],
+    ) -> None:
+        async def one_by_one(stream: Any) -> None:
+            async for event in stream.events():
+                await handle(_control_record(event.message))
+
+        self.app.agent(self._raw_topic(topic, partitions), name=name)(one_by_one)
+
+    def batch_agent(
+        self,
+        topic: str,
+        partitions: int,
+        name: str,
+        handle: Callable[[list[RawRecord]], Awaitable[None]],
+    ) -> None:
+        async def in_batches(stream: Any) -> None:
+            async for events in stream.take_events(INPUT_BATCH_MAX, INPUT_BATCH_WITHIN):
+                await handle([_event_record(e.message) for e in events])
+
+        self.app.agent(self._raw_topic(topic, partitions), name=name)(in_batches)
+
+    def task(self, fun: Callable[[], Awaitable[None]]) -> None:
+        self.app.task(fun)
+
+    def background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- what the worker declares -----------------------------------------------------------------
+
+    def early_task(self, fun: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fun`` from the start on, during table recovery too (probes, announcements)."""
+        self.app.early_task(fun)
+
+    def timer(self, interval: float, fun: Callable[[], Awaitable[None]]) -> None:
+        """Run ``fun`` every ``interval`` seconds once the worker has started."""
+        self.app.timer(interval=interval)(fun)
+
+    def on_rebalance(self, *, assigned: Rebalance, revoked: Rebalance) -> None:
+        """Call ``revoked``, then ``assigned``, with each rebalance's partitions."""
+
+        async def on_revoked(sender: Any, revoked_tps: Any, **kwargs: Any) -> None:
+            await revoked(Partitions(revoked_tps))
+
+        async def on_assigned(sender: Any, assigned_tps: Any, **kwargs: Any) -> None:
+            await assigned(Partitions(assigned_tps))
+
+        self.app.on_partitions_revoked.connect(cast(Any, on_revoked))
+        self.app.on_partitions_assigned.connect(cast(Any, on_assigned))
+
+    def restore_progress(self) -> list[dict[str, Any]]:
+        """Where each changelog partition's restore stands (``sowstream status``)."""
+        return restore_progress(self.app)
+
+    @staticmethod
+    def changelog_of(table: Any) -> str:
+        """The changelog topic of a table made by :meth:`table`."""
+        return str(table.changelog_topic.get_topic_name())
+
+    def run(self, log_level: str) -> None:
+        """Run the faust worker until it is stopped (SIGINT/SIGTERM)."""
+        worker = faust.Worker(self.app, loglevel=log_level, quiet=True, override_logging=False)
+        worker.execute_from_commandline()

@@ -1,0 +1,125 @@
+"""A queue on a worker: its leases and deliveries (:class:`~sowstream.engine.queues.QueueRuntime`),
+fed by the processors of the topics it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sowstream.config.models import TopicConfig
+from sowstream.config.queues import QUEUE_MESSAGE_TYPES, QueueConfig
+from sowstream.config.root import SowstreamConfig
+from sowstream.engine.meta import Infos, topic_info
+from sowstream.engine.queue_views import QueueViewFeed
+from sowstream.engine.queues import QueueRuntime
+from sowstream.engine.units.base import Context, Partitions
+from sowstream.engine.units.topic import TopicUnit
+from sowstream.wire.kafka import TopicSpec
+
+
+class QueueUnit:
+    """One queue on this worker."""
+
+    kind = "queue"
+
+    def __init__(
+        self,
+        config: SowstreamConfig,
+        queue: QueueConfig,
+        ctx: Context,
+        topics: Mapping[str, TopicUnit],
+    ) -> None:
+        self._config = config
+        self._ctx = ctx
+        self._topics = topics
+        self.runtime = QueueRuntime(
+            queue,
+            ctx.names,
+            ctx.sender,
+            self._store_changes,
+            self._read_store,
+            config.entitlement_lookup(queue.name),
+        )
+        for unit in topics.values():
+            if unit.feeds_queues and self.runtime.feeds_on(unit.topic.name):
+                unit.proc.queues.append(self.runtime)
+        # The topic the engine keeps of the queue's available messages, when a view reads it.
+        self._available = config.queue_view_topics.get(queue.name)
+        if self._available is not None:
+            available = self._available
+            topics[available.ident].proc.view_name = queue.name
+            self.runtime.view_feed = QueueViewFeed(
+                self.runtime.machine,
+                queue.name,
+                ctx.names.log(available.name, available.message_type),
+                ctx.sender,
+            )
+
+    @staticmethod
+    def sow_topics(config: SowstreamConfig) -> Sequence[TopicConfig]:
+        """Per queue some view reads, the topic of its available messages."""
+        return tuple(config.queue_view_topics.values())
+
+    @classmethod
+    def from_config(
+        cls, config: SowstreamConfig, ctx: Context, topics: Mapping[str, TopicUnit]
+    ) -> list[QueueUnit]:
+        return [cls(config, queue, ctx, topics) for queue in config.queues]
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
+
+    async def _store_changes(
+        self, topic: str, partition: int, changes: Mapping[bytes, bytes | None]
+    ) -> bool:
+        return await self._topics[topic].proc.store_changes(partition, changes)
+
+    def _read_store(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        return self._topics[topic].proc.stored(partition, key)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def declare(self) -> None:
+        self._ctx.wiring.task(self.run)
+
+    async def run(self) -> None:
+        """Lease and deliver, once every subscription is known, until the worker stops."""
+        await self._ctx.subscriptions_known.wait()
+        await self.runtime.run()
+
+    def assign(self, assigned: Partitions) -> None:
+        """Nothing to do: the queue's messages are loaded with their log partitions."""
+
+    async def drop(self, revoked: Partitions) -> None:
+        if self.runtime.view_feed is not None:  # ours land before the next owner's
+            await self.runtime.view_feed.settle()
+
+    async def tick(self) -> None:
+        """Nothing to do: the delivery loop keeps its own time."""
+
+    # -- Kafka and meta topics --------------------------------------------------------------------
+
+    def specs(self) -> list[TopicSpec]:
+        return [TopicSpec(self._ctx.names.queue_expired(self.name), 1, {"retention.ms": "-1"})]
+
+    def describe(self, infos: Infos) -> None:
+        """The queue's own record (a queue named like one of its topics shares that topic's
+        record: publishes go to the topic, subscriptions lease from the queue), and the record of
+        its available messages' topic marked as the queue's."""
+        config, queue = self._config, self.runtime.config
+        kept = {t.name for t in config.queue_view_topics.values()}  # never a queue's own topic
+        queued = [
+            t.name
+            for t in config.topics
+            if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in kept
+        ]
+        target = config.topic(queue.publish_target, queue.message_type)
+        codec = self._topics[target.ident].codec if target.ident in self._topics else None
+        info = infos.get(queue.name) or {
+            **topic_info(target, self._ctx.names, codec=codec),
+            "name": queue.name,
+        }
+        infos[queue.name] = {**info, "queue_of": queue.underlying_topics(queued)}
+        if self._available is not None and self._available.ident in infos:
+            own = self._available.ident
+            infos[own] = {**infos[own], "view_of": [queue.name]}
