@@ -286,5 +286,9 @@ class Querying:
         ]
         conn.send(sends)
         for msg in self.collect(command_id, query_id, len(sends), opts):
-            # A queue message is acknowledged by its bookmark, which the engine puts in sow_key.
-            yield replace(msg, bookmark=msg.sow_key) if msg.command == "sow" else msg
+            # A queue message is acknowledged by its bookmark, which the engine puts in sow_key;
+            # answers name the underlying topic (one per topic and partition), users the queue.
+            if msg.command == "sow":
+                yield replace(msg, bookmark=msg.sow_key, topic=queue)
+            else:
+                yield msg

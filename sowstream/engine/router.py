@@ -198,9 +198,12 @@ class CommandRouter:
     async def _queue_command(
         self, unit: TopicUnit, queue: QueueRuntime, cmd: Command, partition: int
     ) -> None:
-        """A command on a queue, answered for the queue messages of one log partition."""
+        """A command on a queue, answered for the queue messages of one log partition.
+
+        The answer names the underlying topic, not the queue: a queue over several topics gets
+        one answer per (topic, partition), and clients tell the answers apart by that pair."""
         topic = unit.topic.name
-        writer = ReplyWriter.for_command(self._sender, cmd, queue.name, partition)
+        writer = ReplyWriter.for_command(self._sender, cmd, topic, partition)
         try:
             if cmd.command == SOW:
                 found = queue.browse(topic, partition, cmd.filter, cmd.identity)

@@ -43,8 +43,16 @@ PLAIN = [
     {"Name": "capped", "Partitions": 1},
     {"Name": "cancelled", "Partitions": 1},
     {"Name": "late", "Partitions": 1},
+    {"Name": "multi_a", "Partitions": 1},
+    {"Name": "multi_b", "Partitions": 1},
 ]
 QUEUES: list[dict[str, Any]] = [
+    {
+        "Name": "MT",
+        "UnderlyingTopic": "multi_.*",
+        "DefaultPublishTarget": "multi_a",
+        "MaxPerSubscriptionBacklog": 10,
+    },
     {"Name": "WQ", "UnderlyingTopic": "work", "LeasePeriod": "1s", "MaxCancels": 2},
     {
         "Name": "JQ",
@@ -769,3 +777,24 @@ def test_a_killed_consumer_process_gives_its_leases_back(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_browse_and_status_of_a_queue_over_two_topics_answer_for_both(
+    client: Client, publisher: Client
+) -> None:
+    """Both topics have a partition 0: each answers for its own (topic, partition), and the
+    client keeps both answers instead of taking one for the other."""
+    publisher.publish("multi_a", {"from": "a"})
+    publisher.publish("multi_b", {"from": "b"})
+    publisher.flush()
+    deadline = time.monotonic() + 20
+    browsed: list[Any] = []
+    while time.monotonic() < deadline and len(browsed) < 2:
+        browsed = [m for m in client.sow("MT") if m.command == "sow"]
+        time.sleep(0.2)
+    assert sorted(m.json()["from"] for m in browsed) == ["a", "b"]
+    assert {m.topic for m in browsed} == {"MT"}
+    assert sorted(m.bookmark.split("|")[0] for m in browsed) == ["multi_a", "multi_b"]
+    assert client.queue_status("MT")["depth"] == 2
+    assert client.ack("MT", [m.bookmark for m in browsed]) == 2
+    assert client.queue_status("MT").get("depth", 0) == 0
