@@ -35,6 +35,7 @@ from sowstream.config import load_config_text
 from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import RocksPartition
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord, apply_keyed, decode_log_record
 from sowstream.sow.record import SowRecord
@@ -43,9 +44,11 @@ from sowstream.wire.topics import TopicNames
 
 PARTITIONS = 4
 CHUNK = 500  # bench.sow_bench's worker folds at most APPLY_CHUNK records per process() call
-TOPIC = load_config_text(
-    "sow:\n  - Name: orders\n    Key: /id\n    Partitions: 4\n    HashIndex: [[/customer]]\n"
-).topics[0]
+TOPIC = compile_topic(
+    load_config_text(
+        "sow:\n  - Name: orders\n    Key: /id\n    Partitions: 4\n    HashIndex: [[/customer]]\n"
+    ).topics[0]
+)
 
 
 class NullSender(Sender):

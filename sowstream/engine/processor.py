@@ -32,6 +32,7 @@ from sowstream.engine.queries import Queries
 from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.engine.table import PartitionTable
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
 from sowstream.views.conflated import ConflatedFeed
@@ -50,7 +51,7 @@ class TopicProcessor:
 
     def __init__(
         self,
-        topic: TopicConfig,
+        compiled: CompiledTopic[TopicConfig],
         names: TopicNames,
         sender: Sender,
         *,
@@ -59,11 +60,13 @@ class TopicProcessor:
         entitlement: EntitlementLookup | None = None,
         new_store: Callable[[int], PartitionStore] | None = None,
     ) -> None:
-        """``table``: the faust table that keeps the partitions (None: in memory);
+        """``compiled``: the topic with its message type and stages (its unit compiles them
+        once); ``table``: the faust table that keeps the partitions (None: in memory);
         ``new_store`` replaces how a partition's store is made (tests keep stores across
         processors, as RocksDB outlives a worker)."""
+        topic = compiled.definition
         self.topic = topic
-        self.codec = topic.codec
+        self.compiled = compiled
         self.names = names
         # Queues whose underlying topics include this one, and views and conflated topics reading
         # it (set up by the engine): each applied publish or change goes to them.
@@ -72,11 +75,11 @@ class TopicProcessor:
         self._sender = sender
         if new_store is None:
             new_store = _store_maker(topic, table)
-        self.table = PartitionTable(topic, sender, new_store, backed=table is not None)
+        self.table = PartitionTable(compiled, sender, new_store, backed=table is not None)
         self.subs = TopicSubscriptions(
-            topic, entitlement, current=self.table.current_record if topic.sow else None
+            compiled, entitlement, current=self.table.current_record if topic.sow else None
         )
-        self.outbox = Outbox(topic, sender, self.views)
+        self.outbox = Outbox(compiled, sender, self.views)
         self.applier = Applier(self.table, names, sender, self.subs, self.outbox, self.queues)
         self.ownership = Ownership(
             self.table, sender, log_reader, self.subs, self.queues, self.applier
