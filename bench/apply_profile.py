@@ -34,6 +34,7 @@ from bench.sow_bench import make_updates
 from sowstream.config import load_config_text
 from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
+from sowstream.engine.runtime import FaustTable
 from sowstream.engine.store import RocksPartition
 from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
@@ -107,7 +108,10 @@ def log_records(bodies: Sequence[bytes], first_offset: list[int]) -> list[RawRec
 
 def processor(table: BenchTable, memo: Sequence[str]) -> TopicProcessor:
     proc = TopicProcessor(
-        TOPIC, TopicNames("bench"), NullSender(), new_store=lambda p: RocksPartition(table, p)
+        TOPIC,
+        TopicNames("bench"),
+        NullSender(),
+        new_store=lambda p: RocksPartition(FaustTable(table), p),
     )
     for p in range(PARTITIONS):
         ps = proc.table.open(p)  # not loaded: nothing to read back from an empty store

@@ -27,7 +27,7 @@ from sowstream.engine.outbox import Outbox
 from sowstream.engine.ownership import Ownership
 from sowstream.engine.partition import PartitionState
 from sowstream.engine.placement import Placement
-from sowstream.engine.ports import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.queries import Queries
 from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
@@ -55,13 +55,13 @@ class TopicProcessor:
         names: TopicNames,
         sender: Sender,
         *,
-        table: Any | None = None,
+        table: StateTable | None = None,
         log_reader: LogReader | None = None,
         entitlement: EntitlementLookup | None = None,
         new_store: Callable[[int], PartitionStore] | None = None,
     ) -> None:
         """``compiled``: the topic with its message type and stages (its unit compiles them
-        once); ``table``: the faust table that keeps the partitions (None: in memory);
+        once); ``table``: the RocksDB table that keeps the partitions (None: in memory);
         ``new_store`` replaces how a partition's store is made (tests keep stores across
         processors, as RocksDB outlives a worker)."""
         topic = compiled.definition
@@ -139,8 +139,8 @@ class TopicProcessor:
         await self._sender.send_reply(reply_to, encode("Reply", body))
 
 
-def _store_maker(topic: TopicConfig, table: Any | None) -> Callable[[int], PartitionStore]:
-    """How a partition's store is made: in the faust table's RocksDB, or in memory for a
+def _store_maker(topic: TopicConfig, table: StateTable | None) -> Callable[[int], PartitionStore]:
+    """How a partition's store is made: in the table's RocksDB, or in memory for a
     transient topic (and without a table)."""
     if topic.durability == "transient" or table is None:
         return lambda partition: MemoryPartition()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sowstream.config.models import TopicConfig
 from sowstream.engine.commands import CommandInbox
+from sowstream.engine.ports import StateTable
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.pump import LogPump
 from sowstream.engine.units.base import Context, ControlInbox, Partitions
@@ -41,7 +42,7 @@ class TopicUnit:
         self.ctl_topic = (
             names.auto_control if auto else names.control(topic.name, topic.message_type)
         )
-        self.table = None
+        self.table: StateTable | None = None
         if not auto and topic.durability == "persistent" and (topic.sow or feeds_queues):
             self.table = ctx.wiring.table(f"sow-{topic.kafka_name}", topic.partitions, ctx.rocksdb)
         log_topic = names.log(topic.name, topic.message_type)
