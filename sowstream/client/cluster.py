@@ -33,7 +33,7 @@ from sowstream.queues.machine import EXPIRY_REASONS
 from sowstream.wire import protocol
 from sowstream.wire.avro import decode
 
-WORKER_STALE_SECONDS = 10.0  # five announcements missed (engine.app.ANNOUNCE_SECONDS)
+WORKER_STALE_SECONDS = 10.0  # five announcements missed (engine.status.ANNOUNCE_SECONDS)
 WORKER_FORGET_SECONDS = 3600.0  # workers silent for longer are left out (gone for good)
 DEAD_LETTER_READ_MAX = 10_000  # dead letters read for their reasons; beyond, only the count
 
