@@ -34,7 +34,9 @@ from bench.sow_bench import make_updates
 from sowstream.config import load_config_text
 from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
+from sowstream.engine.runtime import FaustTable
 from sowstream.engine.store import RocksPartition
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord, apply_keyed, decode_log_record
 from sowstream.sow.record import SowRecord
@@ -43,9 +45,11 @@ from sowstream.wire.topics import TopicNames
 
 PARTITIONS = 4
 CHUNK = 500  # bench.sow_bench's worker folds at most APPLY_CHUNK records per process() call
-TOPIC = load_config_text(
-    "sow:\n  - Name: orders\n    Key: /id\n    Partitions: 4\n    HashIndex: [[/customer]]\n"
-).topics[0]
+TOPIC = compile_topic(
+    load_config_text(
+        "sow:\n  - Name: orders\n    Key: /id\n    Partitions: 4\n    HashIndex: [[/customer]]\n"
+    ).topics[0]
+)
 
 
 class NullSender(Sender):
@@ -104,7 +108,10 @@ def log_records(bodies: Sequence[bytes], first_offset: list[int]) -> list[RawRec
 
 def processor(table: BenchTable, memo: Sequence[str]) -> TopicProcessor:
     proc = TopicProcessor(
-        TOPIC, TopicNames("bench"), NullSender(), new_store=lambda p: RocksPartition(table, p)
+        TOPIC,
+        TopicNames("bench"),
+        NullSender(),
+        new_store=lambda p: RocksPartition(FaustTable(table), p),
     )
     for p in range(PARTITIONS):
         ps = proc.table.open(p)  # not loaded: nothing to read back from an empty store

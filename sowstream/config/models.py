@@ -38,16 +38,9 @@ from sowstream.config.fields import (
 )
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
-from sowstream.messagetypes import MessageType as MessageTypeImpl
 from sowstream.messagetypes import MessageTypeConfigError, registry
-from sowstream.sow.enrich import (
-    ENRICHMENT,
-    NO_STAGES,
-    PREPROCESSING,
-    StageError,
-    TopicStages,
-    compile_stage,
-)
+from sowstream.sow.compiled import compile_stages
+from sowstream.sow.enrich import ENRICHMENT, PREPROCESSING, StageError
 from sowstream.sow.keygen import KeyGeneratorError, load_key_generator
 from sowstream.sow.patterns import compile_pattern
 from sowstream.units import parse_interval, parse_size
@@ -57,8 +50,6 @@ Durability = Literal["persistent", "transient"]
 ExpirationMode = Literal["disabled", "enabled", "default"]
 RestoreMode = Literal["batched", "faust"]
 
-_CODEC = "\x00codec"  # where a TopicConfig keeps its MessageType (see TopicConfig.codec)
-_STAGES = "\x00stages"  # and its compiled Preprocessing and Enrichment (TopicConfig.stages)
 DEFAULT_INSTANCE_NAME = "sowstream"
 
 
@@ -352,7 +343,8 @@ class TopicConfig(Frozen):
                         f"have {label} fields; publishers supply each record's SowKey instead",
                     )
         try:
-            self.codec  # noqa: B018 -- an avro schema is read and checked here, once
+            # An avro schema is read and checked here, once (the registry keeps the type).
+            registry.get(kind, self)
         except MessageTypeConfigError as exc:
             raise FieldProblem("schema_file", str(exc)) from None
         return self
@@ -398,7 +390,9 @@ class TopicConfig(Frozen):
                     f"so it cannot have {kind}",
                 )
         try:
-            self.stages  # noqa: B018 -- compiled here, once, so a bad Field fails at start
+            # Compiled here so a bad Field fails at load; whoever reads the topic's records
+            # compiles its own (sowstream.sow.compiled).
+            compile_stages(self)
         except StageError as exc:
             field = "preprocessing" if exc.element.startswith(PREPROCESSING) else "enrichment"
             where = exc.element.partition("/")[2]
@@ -415,46 +409,6 @@ class TopicConfig(Frozen):
     def recovery_point_ms(self) -> int | None:
         """The RecoveryPoint as epoch milliseconds; None for ``epoch`` and ``now``."""
         return recovery_point_ms(self.recovery_point)
-
-    @property
-    def codec(self) -> MessageTypeImpl:
-        """The message type that parses, writes and merges this topic's bodies.
-
-        Kept on the topic (every log record asks for it), together with what it was made from,
-        so a ``model_copy`` that changes the type or schema gets its own.
-        """
-        # Not a pydantic private attribute: reading one goes through __getattr__ (~1 us).
-        made_from = (self.message_type, self.name, self.schema_file)
-        cached = self.__dict__.get(_CODEC)
-        if cached is None or cached[0] != made_from:
-            cached = self.__dict__[_CODEC] = (made_from, registry.get(self.message_type, self))
-        codec: MessageTypeImpl = cached[1]
-        return codec
-
-    @property
-    def stages(self) -> TopicStages:
-        """The compiled Preprocessing and Enrichment (cached like :attr:`codec`)."""
-        if not self.preprocessing and not self.enrichment:
-            return NO_STAGES  # every log record asks: keep the common case cheap
-        made_from = (self.preprocessing, self.enrichment, self.instance_name, self.keys)
-        cached = self.__dict__.get(_STAGES)
-        if cached is None or cached[0] != made_from:
-            stages = TopicStages(
-                compile_stage(PREPROCESSING, self.preprocessing, instance_name=self.instance_name)
-                if self.preprocessing
-                else None,
-                compile_stage(
-                    ENRICHMENT,
-                    self.enrichment,
-                    instance_name=self.instance_name,
-                    key_fields=self.keys,
-                )
-                if self.enrichment
-                else None,
-            )
-            cached = self.__dict__[_STAGES] = (made_from, stages)
-        result: TopicStages = cached[1]
-        return result
 
     def publish_filter(self, identity: str) -> Filter | None:
         """The publish entitlement filter ``identity`` is held to on this topic (its own rule,

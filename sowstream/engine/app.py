@@ -17,13 +17,13 @@ import logging
 import socket
 import time
 from pathlib import Path
-from typing import Any
 
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.autotopics import AutoTopics
 from sowstream.engine.clients import Clients
 from sowstream.engine.health import Health, serve
 from sowstream.engine.meta import write_meta
+from sowstream.engine.ports import StateTable
 from sowstream.engine.router import CommandRouter
 from sowstream.engine.runtime import FaustRuntime
 from sowstream.engine.seed import ingest_seed
@@ -134,7 +134,7 @@ class Engine:
         runtime.early_task(self._heartbeat)
 
     @property
-    def tables(self) -> dict[str, Any]:
+    def tables(self) -> dict[str, StateTable]:
         """The RocksDB tables of the SOW topics, by topic identity."""
         return {
             ident: unit.table
@@ -203,9 +203,11 @@ class Engine:
         for unit in self.topology.topics.values():
             if unit.table is None:
                 continue
-            changelog = self.runtime.changelog_of(unit.table)
             seeded[unit.topic.ident] = ingest_seed(
-                root / unit.topic.kafka_name, self.config.engine.app_id, changelog, unit.table
+                root / unit.topic.kafka_name,
+                self.config.engine.app_id,
+                unit.table.changelog,
+                unit.table,
             )
         return seeded
 

@@ -31,6 +31,7 @@ from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import APPLIED_RECORD_KEY, WATERMARK_KEY
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidMessageError
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.history import Version
 from sowstream.sow.logcheck import fingerprint
 from sowstream.sow.ops import (
@@ -71,6 +72,7 @@ class Applier:
         """``queues``: the queues fed by this topic (the engine adds to the list as it wires
         them); the views reading it are the ``outbox``'s."""
         self.topic: TopicConfig = table.topic
+        self.compiled = table.compiled
         self.names = names
         self.log_topic = names.log(self.topic.name, self.topic.message_type)
         # Set when this topic is a view or conflated topic: only its maintainer writes the log.
@@ -231,6 +233,7 @@ class Applier:
         if not self.topic.sow:
             return self._fold_plain(ps, recs, replay=replay)
         topic = self.topic
+        compiled = self.compiled
         load = self._table.load_record
         parse = self._table.parse
         outcome = Outcome()
@@ -256,7 +259,7 @@ class Applier:
                         reason="view",
                     )
                 op = decode_log_record(
-                    topic, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
+                    compiled, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
                 )
             except InvalidMessageError as exc:
                 if not replay:
@@ -275,7 +278,7 @@ class Applier:
                 if key not in before:
                     before[key] = stored
                 try:
-                    new = apply_keyed(topic, stored, op)
+                    new = apply_keyed(compiled, stored, op)
                 except InvalidMessageError as exc:
                     if not replay:
                         outcome.dead.append(Rejected(rec, exc))
@@ -313,6 +316,7 @@ class Applier:
         (as AMPS does); a sow_delete has nothing to delete.
         """
         topic = self.topic
+        compiled = self.compiled
         outcome = Outcome()
         events = outcome.events if (self._subs and not replay) else None
         last = ps.folded
@@ -323,10 +327,10 @@ class Applier:
             outcome.last_record = rec
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
             try:
-                sow_key = plain_key(topic, rec, command)
+                sow_key = plain_key(compiled, rec, command)
                 if topic.publish_filters and command != h.SOW_DELETE:
                     delta = command == h.DELTA_PUBLISH
-                    body = parse_body(topic, rec.value, delta=delta)
+                    body = parse_body(compiled, rec.value, delta=delta)
                     check_publish_entitlement(topic, rec.headers, body)
             except InvalidMessageError as exc:
                 if not replay:
@@ -334,7 +338,7 @@ class Applier:
                     outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
                 continue
             if self._queues and command != h.SOW_DELETE and rec.value is not None:
-                body = parse_body(topic, rec.value)
+                body = parse_body(compiled, rec.value)
                 outcome.enqueued.append(queued(rec, rec.value, body))
             if sow_key is not None and events is not None:
                 assert rec.value is not None
@@ -392,7 +396,7 @@ class Applier:
         # Sorted: each removed record's message sequence must come out the same on a replay.
         for key in sorted(candidates) if events is not None else candidates:
             stored = table.load_record(ps, overlay, key)
-            if stored is None or not deleted_by_filter(self.topic, stored, op):
+            if stored is None or not deleted_by_filter(self.compiled, stored, op):
                 continue
             if key not in before:
                 before[key] = stored
@@ -460,8 +464,9 @@ def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:
     return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration)
 
 
-def plain_key(topic: TopicConfig, rec: RawRecord, command: str) -> str | None:
+def plain_key(compiled: CompiledTopic[TopicConfig], rec: RawRecord, command: str) -> str | None:
     """The message's key on a plain topic (None for a delete, which does nothing here)."""
+    topic = compiled.definition
     if command not in h.LOG_COMMANDS:
         raise InvalidMessageError(
             f"topic {topic.name!r}: unknown command {command!r} in header {h.COMMAND}",
@@ -470,7 +475,7 @@ def plain_key(topic: TopicConfig, rec: RawRecord, command: str) -> str | None:
         )
     if command == h.SOW_DELETE:
         return None
-    body = parse_body(topic, rec.value, delta=command == h.DELTA_PUBLISH)
+    body = parse_body(compiled, rec.value, delta=command == h.DELTA_PUBLISH)
     if not topic.user_supplied_keys:
         return resolve_sow_key(topic, body, None)
     return rec.key.decode("utf-8", "replace") if rec.key else f"{rec.partition}-{rec.offset}"

@@ -19,12 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from sowstream.config.conflated import ConflatedTopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import runner_store, without_gaps, write_records
-from sowstream.engine.ports import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
@@ -44,7 +43,7 @@ class ConflatedRunner:
         self,
         conflated: ConflatedTopicConfig,
         sender: Sender,
-        table: Any | None,
+        table: StateTable | None,
         input_reader: LogReader,
         *,
         input_topic: str,

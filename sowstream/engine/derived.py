@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from sowstream.engine.ports import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
@@ -106,7 +106,7 @@ async def write_records(
 
 
 def runner_store(
-    table: Any | None, memory: dict[int, MemoryPartition], partition: int
+    table: StateTable | None, memory: dict[int, MemoryPartition], partition: int
 ) -> PartitionStore:
     """A runner's store for ``partition``: its RocksDB table, or (tests, no table) memory kept
     in ``memory`` for the runner's lifetime."""

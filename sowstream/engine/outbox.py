@@ -16,6 +16,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.partition import DELIVERY_WAIT_SECONDS
 from sowstream.engine.ports import Sender
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.subscriptions.model import FAILURE, Change, Delivery, SubscriptionSpec
 from sowstream.views.conflated import ConflatedFeed
 from sowstream.views.routing import ViewFeed
@@ -28,11 +29,15 @@ class Outbox:
     """Sends one topic's subscription messages and the change events of the views over it."""
 
     def __init__(
-        self, topic: TopicConfig, sender: Sender, views: list[ViewFeed | ConflatedFeed]
+        self,
+        compiled: CompiledTopic[TopicConfig],
+        sender: Sender,
+        views: list[ViewFeed | ConflatedFeed],
     ) -> None:
         """``views``: the feeds of the views and conflated topics reading this topic (the
         engine adds to the list as it wires them)."""
-        self.topic = topic
+        self.topic = compiled.definition
+        self.codec = compiled.codec  # the changes' bodies are read by it
         self.views = views
         self._sender = sender
 
@@ -65,7 +70,7 @@ class Outbox:
         acknowledged before its result was stored, which is how it came to be stored.
         """
         pending: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
-        codec = self.topic.codec
+        codec = self.codec
         for change in changes:
             if change.resent:
                 continue

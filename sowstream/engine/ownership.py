@@ -53,6 +53,7 @@ class Ownership:
         """``log_reader`` rebuilds and checks partitions from the log (None: tests without
         Kafka); ``applier`` folds the log into a transient topic's partition as it loads."""
         self.topic: TopicConfig = table.topic
+        self.compiled = table.compiled
         self._table = table
         self._sender = sender
         self._log_reader = log_reader
@@ -176,7 +177,7 @@ class Ownership:
         if rec.value is None or command == h.SOW_DELETE:
             return None
         try:
-            body = parse_body(self.topic, rec.value, delta=command == h.DELTA_PUBLISH)
+            body = parse_body(self.compiled, rec.value, delta=command == h.DELTA_PUBLISH)
         except InvalidMessageError:
             return None
         return queued(rec, rec.value, body)

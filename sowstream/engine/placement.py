@@ -59,6 +59,7 @@ class Placement:
         flush cleared, in order with the batches; ``queries`` reads History and shapes the
         records of a SOW part as a query's."""
         self.topic: TopicConfig = table.topic
+        self.compiled = table.compiled
         self._table = table
         self._sender = sender
         self._log_reader = log_reader
@@ -153,13 +154,13 @@ class Placement:
                         OOF_DELETED,
                         seq=step.seq,
                     )
-                    for step in apply_record(self.topic, state, rec)
+                    for step in apply_record(self.compiled, state, rec)
                 )
         return start, changes
 
     def _replay_plain_key(self, rec: RawRecord) -> str | None:
         try:
-            return plain_key(self.topic, rec, rec.headers.get(h.COMMAND) or h.PUBLISH)
+            return plain_key(self.compiled, rec, rec.headers.get(h.COMMAND) or h.PUBLISH)
         except InvalidMessageError:
             return None
 

@@ -1,8 +1,9 @@
 """What the engine's stages need from the outside world, as small protocols.
 
 The stages (apply, ownership, queries, placement, maintenance, queues, views) are written against
-these and nothing else: the worker supplies implementations backed by faust and confluent-kafka,
-tests supply recording ones. This module imports nothing of the engine, so any stage can use it.
+these and nothing else: the worker supplies implementations backed by faust and confluent-kafka
+(the faust ones in :mod:`~sowstream.engine.runtime`), tests supply recording ones. This module
+imports nothing of the engine, so any stage can use it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from sowstream.sow.ops import RawRecord
@@ -88,6 +90,30 @@ class Assignment(Protocol):
     @property
     def settled(self) -> bool:
         """False during a rebalance or a table recovery, when ownership is about to change."""
+
+
+class StateTable(Protocol):
+    """A RocksDB table the runtime keeps: one database per partition, replicated to a compacted
+    changelog topic, restored from it on assignment (faust's ``Table`` on a worker)."""
+
+    @property
+    def name(self) -> str:
+        """The table's name (in errors)."""
+
+    @property
+    def changelog(self) -> str:
+        """The name of the table's changelog topic."""
+
+    def db(self, partition: int) -> Any:
+        """The partition's database (a raw-mode ``rocksdict.Rdict``), opened if it is not;
+        rocksdict's bare ``Exception`` when it cannot be (its lock is held, ...)."""
+
+    def partition_path(self, partition: int) -> Path:
+        """Where the partition's database lives (a seed is ingested there before it opens)."""
+
+    def set_changelog_offset(self, partition: int, offset: int) -> None:
+        """Record in the partition's database that the changelog holds it up to ``offset`` (a
+        restart then replays only the changelog's tail); nothing if the database is closed."""
 
 
 class Clock(Protocol):

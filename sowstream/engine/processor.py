@@ -27,11 +27,12 @@ from sowstream.engine.outbox import Outbox
 from sowstream.engine.ownership import Ownership
 from sowstream.engine.partition import PartitionState
 from sowstream.engine.placement import Placement
-from sowstream.engine.ports import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.queries import Queries
 from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.engine.table import PartitionTable
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.matcher import EntitlementLookup, TopicSubscriptions
 from sowstream.views.conflated import ConflatedFeed
@@ -50,20 +51,22 @@ class TopicProcessor:
 
     def __init__(
         self,
-        topic: TopicConfig,
+        compiled: CompiledTopic[TopicConfig],
         names: TopicNames,
         sender: Sender,
         *,
-        table: Any | None = None,
+        table: StateTable | None = None,
         log_reader: LogReader | None = None,
         entitlement: EntitlementLookup | None = None,
         new_store: Callable[[int], PartitionStore] | None = None,
     ) -> None:
-        """``table``: the faust table that keeps the partitions (None: in memory);
+        """``compiled``: the topic with its message type and stages (its unit compiles them
+        once); ``table``: the RocksDB table that keeps the partitions (None: in memory);
         ``new_store`` replaces how a partition's store is made (tests keep stores across
         processors, as RocksDB outlives a worker)."""
+        topic = compiled.definition
         self.topic = topic
-        self.codec = topic.codec
+        self.compiled = compiled
         self.names = names
         # Queues whose underlying topics include this one, and views and conflated topics reading
         # it (set up by the engine): each applied publish or change goes to them.
@@ -72,11 +75,11 @@ class TopicProcessor:
         self._sender = sender
         if new_store is None:
             new_store = _store_maker(topic, table)
-        self.table = PartitionTable(topic, sender, new_store, backed=table is not None)
+        self.table = PartitionTable(compiled, sender, new_store, backed=table is not None)
         self.subs = TopicSubscriptions(
-            topic, entitlement, current=self.table.current_record if topic.sow else None
+            compiled, entitlement, current=self.table.current_record if topic.sow else None
         )
-        self.outbox = Outbox(topic, sender, self.views)
+        self.outbox = Outbox(compiled, sender, self.views)
         self.applier = Applier(self.table, names, sender, self.subs, self.outbox, self.queues)
         self.ownership = Ownership(
             self.table, sender, log_reader, self.subs, self.queues, self.applier
@@ -136,8 +139,8 @@ class TopicProcessor:
         await self._sender.send_reply(reply_to, encode("Reply", body))
 
 
-def _store_maker(topic: TopicConfig, table: Any | None) -> Callable[[int], PartitionStore]:
-    """How a partition's store is made: in the faust table's RocksDB, or in memory for a
+def _store_maker(topic: TopicConfig, table: StateTable | None) -> Callable[[int], PartitionStore]:
+    """How a partition's store is made: in the table's RocksDB, or in memory for a
     transient topic (and without a table)."""
     if topic.durability == "transient" or table is None:
         return lambda partition: MemoryPartition()

@@ -50,6 +50,7 @@ class Queries:
     ) -> None:
         """``ownership`` loads a partition a query arrives for before it is read."""
         self.topic: TopicConfig = table.topic
+        self.codec = table.compiled.codec
         self._table = table
         self._sender = sender
         self._subs = subs
@@ -102,7 +103,7 @@ class Queries:
             bookmark = self.bookmark(cmd)
             aggregation = aggregation_of(cmd)
             scope = table.scope(cmd.topic_regex, cmd.sow_keys)
-            if not self.topic.codec.has_fields and (
+            if not self.codec.has_fields and (
                 opts.filter is not None or opts.order_by or aggregation is not None
             ):
                 raise InvalidCommandError(
@@ -166,7 +167,7 @@ class Queries:
     ) -> Iterator[ReplyRecord]:
         """``matched`` as reply records ranked in order; with ``select``, only those fields."""
         pattern = self.topic.pattern is not None
-        codec = self.topic.codec
+        codec = self.codec
         for rank, (rec, body) in enumerate(matched):
             if select is not None:
                 data = codec.serialise(project(body or codec.parse(rec.data), select))

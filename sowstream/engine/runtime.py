@@ -3,8 +3,14 @@
 faust runs the consumer group (assignment, rebalances), the RocksDB tables with their changelogs
 and the agents reading control and input topics. The rest of the engine sees it only through the
 ports (:class:`FaustSender` is the :class:`~sowstream.engine.ports.Sender`,
-:class:`FaustAssignment` the :class:`~sowstream.engine.ports.Assignment`) and the
+:class:`FaustAssignment` the :class:`~sowstream.engine.ports.Assignment`, :class:`FaustTable`
+a :class:`~sowstream.engine.ports.StateTable`) and the
 :class:`~sowstream.engine.units.base.Wiring` the units declare with.
+
+The rule: only the runtime modules, this one and the ``runtime_*`` modules beside it
+(:mod:`~sowstream.engine.runtime_restore`: faust's table recovery with the bulk copy), import
+faust or aiokafka, or reach into their objects; ``tests/unit/test_import_graph.py`` checks the
+imports.
 """
 
 from __future__ import annotations
@@ -20,13 +26,14 @@ from typing import Any, cast
 import faust
 from aiokafka.errors import KafkaError
 from faust.auth import SASLCredentials, SSLCredentials
+from faust.types import TP
 from faust.types.auth import CredentialsT
 
 from sowstream.config.models import EngineConfig, RocksDBConfig
 from sowstream.engine.commands import ControlRecord
 from sowstream.engine.ports import Sender
 from sowstream.engine.pump import LOG_BATCH_MAX
-from sowstream.engine.restore import batched_table_manager, restore_progress
+from sowstream.engine.runtime_restore import batched_table_manager, restore_progress
 from sowstream.engine.security import kafka_security
 from sowstream.engine.units.base import ControlInbox, Partitions
 from sowstream.sow.ops import RawRecord
@@ -185,6 +192,35 @@ class FaustAssignment:
         return {tp.partition for tp in self._app.assignor.assigned_actives() if tp.topic == topic}
 
 
+class FaustTable:
+    """A faust ``Table`` as the engine's :class:`~sowstream.engine.ports.StateTable`: its
+    partitions' RocksDB databases (faust's rocksdict store) and its changelog."""
+
+    def __init__(self, table: Any) -> None:
+        self.faust_table = table  # the faust Table itself, for the runtime (and its tests)
+
+    @property
+    def name(self) -> str:
+        return str(self.faust_table.name)
+
+    @property
+    def changelog(self) -> str:
+        return str(self.faust_table.changelog_topic.get_topic_name())
+
+    def db(self, partition: int) -> Any:
+        # faust opens a partition's database on first use and closes it when revoked.
+        return self.faust_table.data._db_for_partition(partition)
+
+    def partition_path(self, partition: int) -> Path:
+        return Path(self.faust_table.data.partition_path(partition))
+
+    def set_changelog_offset(self, partition: int, offset: int) -> None:
+        store = self.faust_table.data
+        # Skip when the partition moved away meanwhile: writing would reopen its database.
+        if partition in store._dbs:
+            store.set_persisted_offset(TP(self.changelog, partition), offset)
+
+
 class EngineApp(faust.App):
     """faust's App with *early tasks*: faust starts ``app.task`` coroutines only once table
     recovery is over, but the probes' heartbeat and the status announcements must run while a
@@ -293,7 +329,7 @@ class FaustRuntime:
             value_serializer="raw",
         )
 
-    def table(self, name: str, partitions: int, rocksdb: RocksDBConfig | None = None) -> Any:
+    def table(self, name: str, partitions: int, rocksdb: RocksDBConfig | None = None) -> FaustTable:
         tuning: dict[str, Any] = {}
         if rocksdb is not None:
             tuning["options"] = {
@@ -301,8 +337,15 @@ class FaustRuntime:
                 "write_buffer_size": rocksdb.write_buffer_size,
                 "max_write_buffer_number": rocksdb.max_write_buffer_number,
             }
-        return self.app.Table(
-            name, partitions=partitions, default=None, key_type=bytes, value_type=bytes, **tuning
+        return FaustTable(
+            self.app.Table(
+                name,
+                partitions=partitions,
+                default=None,
+                key_type=bytes,
+                value_type=bytes,
+                **tuning,
+            )
         )
 
     def command_agent(self, topic: str, partitions: int, name: str, inbox: ControlInbox) -> None:
@@ -375,11 +418,6 @@ class FaustRuntime:
     def restore_progress(self) -> list[dict[str, Any]]:
         """Where each changelog partition's restore stands (``sowstream status``)."""
         return restore_progress(self.app)
-
-    @staticmethod
-    def changelog_of(table: Any) -> str:
-        """The changelog topic of a table made by :meth:`table`."""
-        return str(table.changelog_topic.get_topic_name())
 
     def run(self, log_level: str) -> None:
         """Run the faust worker until it is stopped (SIGINT/SIGTERM)."""

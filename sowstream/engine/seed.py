@@ -1,6 +1,6 @@
 """Start partitions from a Spark seed instead of a changelog restore (see sowstream.pipeline.seed).
 
-Before faust opens a table, every partition the seed covers and this worker has no local state
+Before the runtime opens a table, every partition the seed covers and this worker has no local state
 for gets a RocksDB made from the seed's SST file, with faust's changelog offset set to the one
 the seed matches, so faust only restores what the changelog gained since.
 """
@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from rocksdict import Options, Rdict
 
+from sowstream.engine.ports import StateTable
 from sowstream.errors import StateStoreError
 from sowstream.sow.layout import FAUST_OFFSET_KEY, SeedManifest
 
 log = logging.getLogger("sowstream.engine")
 
 
-def ingest_seed(directory: Path, app_id: str, changelog: str, table: Any) -> list[int]:
+def ingest_seed(directory: Path, app_id: str, changelog: str, table: StateTable) -> list[int]:
     """Seed the partitions of ``table`` that have no local database; returns their numbers."""
     manifest = SeedManifest.load(directory)
     if manifest is None:
@@ -31,7 +31,7 @@ def ingest_seed(directory: Path, app_id: str, changelog: str, table: Any) -> lis
         )
     seeded: list[int] = []
     for partition, info in sorted(manifest.partitions.items()):
-        path = Path(table.data.partition_path(partition))
+        path = table.partition_path(partition)
         if path.exists() and any(path.iterdir()):
             continue  # local state is newer than any seed
         sst = directory / info["file"]

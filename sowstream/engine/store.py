@@ -1,6 +1,7 @@
 """Per-partition state stores behind one small interface.
 
-Persistent topics live in faust's RocksDB store (rocksdict) and replicate through the table's
+Persistent topics live in the runtime's RocksDB tables (rocksdict, a
+:class:`~sowstream.engine.ports.StateTable` per topic) and replicate through the table's
 changelog topic; transient topics live in memory and are rebuilt from the log. Writes are applied
 as one batch per partition so RocksDB gets a single WriteBatch and the changelog keeps the order
 the batch was written in (the applied-offset watermark goes last, see ``processor``).
@@ -13,9 +14,9 @@ import bisect
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
-from faust.types import TP
 from rocksdict import ReadOptions, WriteBatch
 
+from sowstream.engine.ports import StateTable
 from sowstream.errors import StateStoreError
 from sowstream.sow.layout import (
     APPLIED_RECORD_KEY,
@@ -78,16 +79,16 @@ class PartitionStore(Protocol):
 
 
 class RocksPartition:
-    """One partition of a faust RocksDB table, written in batches and mirrored to its changelog."""
+    """One partition of a RocksDB table, written in batches and mirrored to its changelog."""
 
-    def __init__(self, table: Any, partition: int) -> None:
+    def __init__(self, table: StateTable, partition: int) -> None:
         self._table = table
         self._partition = partition
 
     def _db(self) -> Any:
-        # Looked up each time: faust closes and reopens partition databases on rebalances.
+        # Looked up each time: the runtime closes and reopens partition databases on rebalances.
         try:
-            return self._table.data._db_for_partition(self._partition)
+            return self._table.db(self._partition)
         except Exception as exc:  # rocksdict raises bare Exception (e.g. lock held)
             raise StateStoreError(
                 f"cannot open RocksDB for table {self._table.name!r} partition "
@@ -127,7 +128,7 @@ class RocksPartition:
         written locally meanwhile, that tail would put some of its keys back to older values
         while its watermark stayed ahead, and the log would not be replayed over them.
         """
-        topic = self._table.changelog_topic.get_topic_name()
+        topic = self._table.changelog
         batches = await sender.send_many(topic, self._partition, list(changes.items()))
         if not batches:
             return
@@ -145,11 +146,9 @@ class RocksPartition:
             )
         last, count = batches[-1]
         meta = last.result()
-        store = self._table.data
-        # Skip when the partition moved away meanwhile: writing would reopen its database.
-        if meta is not None and self._partition in store._dbs:
+        if meta is not None:
             # A batch's result carries the offset of its first record.
-            store.set_persisted_offset(TP(topic, self._partition), meta.offset + count - 1)
+            self._table.set_changelog_offset(self._partition, meta.offset + count - 1)
 
     def scan(
         self, start: bytes = RECORDS_START, prefix: bytes | None = None

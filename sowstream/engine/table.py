@@ -32,6 +32,7 @@ from sowstream.engine.ports import Sender, wall_clock_ms
 from sowstream.engine.store import WATERMARK_KEY, PartitionStore, is_record_key
 from sowstream.errors import InvalidCommandError, SowstreamError, StateStoreError
 from sowstream.filters import Filter
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.history import Version, version_changes
 from sowstream.sow.keys import same_values
@@ -61,7 +62,7 @@ class PartitionTable:
 
     def __init__(
         self,
-        topic: TopicConfig,
+        compiled: CompiledTopic[TopicConfig],
         sender: Sender,
         new_store: Callable[[int], PartitionStore],
         *,
@@ -69,9 +70,11 @@ class PartitionTable:
     ) -> None:
         """``new_store`` makes a partition's store when it is first held; ``backed``: a faust
         table keeps this topic's stores (a plain topic then stores its queues and position)."""
+        topic = compiled.definition
         self.topic = topic
+        self.compiled = compiled  # its message type and stages, for the stages that read bodies
         self.backed = backed
-        self.parse = topic.codec.parse  # bound once: the scan and match loops call it per record
+        self.parse = compiled.codec.parse  # bound once: the scan and match loops call it per record
         self.expires = processes_expiration(topic.expiration)
         self.history = topic.history if topic.sow else None
         self.index_fields = [tuple(f) for f in topic.hash_indexes]
@@ -196,7 +199,7 @@ class PartitionTable:
         started = time.perf_counter()
         try:
             built = await memo.build(
-                ps.store, path, self._sender, self.holder(partition, ps), self.topic.codec
+                ps.store, path, self._sender, self.holder(partition, ps), self.compiled.codec
             )
         except SowstreamError as exc:
             # The store refused the writes (disk full, ...): queries scan instead, and the index

@@ -131,7 +131,9 @@ class Topology:
         infos: Infos = {}
         for t in self.config.topics:
             unit = self.topics.get(t.ident)
-            infos[t.ident] = topic_info(t, self.ctx.names, codec=unit.codec if unit else None)
+            infos[t.ident] = topic_info(
+                t, self.ctx.names, codec=unit.compiled.codec if unit else None
+            )
         for derived in self.derived:
             derived.describe(infos)
         return infos

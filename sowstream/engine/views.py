@@ -35,7 +35,7 @@ from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.atomic import purgeable, unwrap, wrap_batch
 from sowstream.engine.derived import runner_store, without_gaps, write_records
-from sowstream.engine.ports import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
@@ -72,7 +72,7 @@ class ViewRunner:
         self,
         view: ViewConfig,
         sender: Sender,
-        table: Any | None,
+        table: StateTable | None,
         input_reader: LogReader,
         *,
         input_topic: str,

@@ -17,6 +17,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.config.root import SowstreamConfig
 from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import LogRange, plan_log_range
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.fold import FilterDeletes, fold_sorted, reads_previous, state_row
 from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
@@ -126,7 +127,7 @@ def fold_log(topic: TopicConfig, log: DataFrame, until_ms: int, partitions: int)
     is_fdel = _filter_delete_condition()
     fdel_rows = [_raw(r.asDict()) for r in log.where(is_fdel).collect()]
     keyed = log.where(~is_fdel & log["key"].isNotNull()).repartition(partitions, "key", "partition")
-    if reads_previous(topic):
+    if reads_previous(compile_topic(topic)):
         # Each publish's Enrichment reads the record before it: every key folds its whole log.
         whole = keyed.sortWithinPartitions("key", "partition", "offset")
         return whole.mapInArrow(
@@ -165,10 +166,11 @@ def _folder(
     def fold(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
+        compiled = compile_topic(topic)  # once per task, on the executor that folds
         by_partition: dict[int, list[RawRecord]] = {}
         for rec in fdel_rows:
             by_partition.setdefault(rec.partition, []).append(rec)
-        deletes = {p: FilterDeletes.of(topic, recs) for p, recs in by_partition.items()}
+        deletes = {p: FilterDeletes.of(compiled, recs) for p, recs in by_partition.items()}
 
         def records() -> Iterator[RawRecord]:
             for batch in batches:
@@ -176,7 +178,7 @@ def _folder(
                     yield _raw(row)
 
         out: list[dict[str, Any]] = []
-        folded = fold_sorted(topic, records(), deletes, until_ms=until_ms, anchored=anchored)
+        folded = fold_sorted(compiled, records(), deletes, until_ms=until_ms, anchored=anchored)
         for partition, key, state in folded:
             if state is None:
                 out.append({"refold": key})

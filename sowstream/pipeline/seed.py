@@ -27,6 +27,7 @@ from sowstream.config.root import SowstreamConfig
 from sowstream.errors import PipelineError
 from sowstream.pipeline.log_range import META_TIMEOUT_S
 from sowstream.pipeline.rebuild import RebuildResult, require_supported
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.history import HISTORY_PREFIX
 from sowstream.sow.layout import (
     FAUST_OFFSET_KEY,
@@ -79,7 +80,7 @@ def _store_entries(
     """
     indexes = [tuple(f) for f in topic.hash_indexes]
     memo = tuple(topic.indexes)
-    codec = topic.codec
+    codec = compile_topic(topic).codec
 
     def entries(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -204,10 +205,9 @@ def write_seed(
     entries = _store_entries(topic, result.state, watermarks, topic.partitions)
     # partitions with no record still get their watermark
     present = {r.log_partition for r in result.state.select("log_partition").distinct().collect()}
+    codec = compile_topic(topic).codec
     missing = [
-        (p, *store_entries([], [], w, topic.codec)[0])
-        for p, w in watermarks.items()
-        if p not in present
+        (p, *store_entries([], [], w, codec)[0]) for p, w in watermarks.items() if p not in present
     ]
     if missing:
         entries = entries.unionByName(spark.createDataFrame(missing, ENTRY_SCHEMA))

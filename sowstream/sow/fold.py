@@ -15,6 +15,7 @@ from itertools import groupby
 from typing import Any
 
 from sowstream.errors import InvalidMessageError
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.expiration import processes_expiration
 from sowstream.sow.ops import (
     LogOp,
@@ -41,7 +42,9 @@ class FilterDeletes:
     offsets: list[int]
 
     @classmethod
-    def of(cls, topic: TopicDefinition, records: Iterable[RawRecord]) -> FilterDeletes:
+    def of(
+        cls, topic: CompiledTopic[TopicDefinition], records: Iterable[RawRecord]
+    ) -> FilterDeletes:
         """Decode a partition's filter deletes; a malformed one is skipped as the engine does."""
         ops: list[LogOp] = []
         for rec in sorted(records, key=lambda r: r.offset):
@@ -70,7 +73,7 @@ def _expired(state: SowRecord | None, at_ms: int) -> bool:
 
 
 def fold_key(
-    topic: TopicDefinition,
+    topic: CompiledTopic[TopicDefinition],
     records: Sequence[RawRecord],
     deletes: FilterDeletes = NO_DELETES,
     *,
@@ -82,7 +85,7 @@ def fold_key(
     expiry sweep would have removed it), and one that has expired by ``until_ms`` is not part of
     the result. Records the engine would reject or re-key are skipped, as the engine skips them.
     """
-    expires = processes_expiration(topic.expiration)
+    expires = processes_expiration(topic.definition.expiration)
     state: SowRecord | None = None
     last = -1
     for rec in records:
@@ -110,7 +113,7 @@ def fold_key(
 
 
 def _apply_deletes(
-    topic: TopicDefinition, state: SowRecord | None, ops: list[LogOp], expires: bool
+    topic: CompiledTopic[TopicDefinition], state: SowRecord | None, ops: list[LogOp], expires: bool
 ) -> SowRecord | None:
     for op in ops:
         if state is None:
@@ -136,7 +139,9 @@ class Step:
     seq: int = 0
 
 
-def apply_record(topic: TopicDefinition, state: dict[str, SowRecord], rec: RawRecord) -> list[Step]:
+def apply_record(
+    topic: CompiledTopic[TopicDefinition], state: dict[str, SowRecord], rec: RawRecord
+) -> list[Step]:
     """Apply one log record to ``state`` (in place) and say what it changed.
 
     Records the engine rejects or re-keys change nothing, as in the engine.
@@ -164,7 +169,7 @@ def apply_record(topic: TopicDefinition, state: dict[str, SowRecord], rec: RawRe
     return [Step(op.sow_key, old, new)]
 
 
-def replaces_record(topic: TopicDefinition, rec: RawRecord) -> bool:
+def replaces_record(topic: CompiledTopic[TopicDefinition], rec: RawRecord) -> bool:
     """Whether ``rec`` is a full publish the engine applies as it stands under its own key.
 
     Such a record replaces whatever came before it, so a bulk fold may start a key's history
@@ -183,7 +188,7 @@ def replaces_record(topic: TopicDefinition, rec: RawRecord) -> bool:
 
 
 def fold_sorted(
-    topic: TopicDefinition,
+    topic: CompiledTopic[TopicDefinition],
     records: Iterable[RawRecord],
     deletes: Mapping[int, FilterDeletes],
     *,
@@ -209,7 +214,7 @@ def fold_sorted(
             yield partition, key, state
 
 
-def reads_previous(topic: TopicDefinition) -> bool:
+def reads_previous(topic: CompiledTopic[TopicDefinition]) -> bool:
     """Whether applying a publish depends on the record before it (Enrichment with
     ``OF PREVIOUS``), so a key's history cannot be cut at its last publish."""
     enrichment = topic.stages.enrichment

@@ -1,7 +1,9 @@
 """Transaction-log operations and how each changes the SOW: the one definition of the semantics.
 
 The engine, the test oracle and the Spark rebuild all fold the log with these functions, so they
-agree by construction. Every function here is pure.
+agree by construction. Every function here is pure. Those that read bodies take the topic
+compiled (:class:`~sowstream.sow.compiled.CompiledTopic`: its message type and stages made
+once), the others only its definition.
 
 One publish goes through, in this order (docs/enrichment.md): the publish entitlement check on
 the message as received, the topic's Preprocessing, the SowKey, and when it is applied the
@@ -20,6 +22,7 @@ from sowstream.errors import InvalidMessageError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageParseError, MessageSerialiseError, MessageType
 from sowstream.messagetypes.changes import merge_delta
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.enrich import Stage, StageFailure
 from sowstream.sow.expiration import expiration_time, parse_expiration_header
 from sowstream.sow.keygen import generate_sow_key, load_key_generator
@@ -77,22 +80,25 @@ def malformed_reason(message_type: str) -> str:
 
 
 def parse_body(
-    topic: TopicDefinition, value: bytes | None, *, delta: bool = False
+    topic: CompiledTopic[TopicDefinition], value: bytes | None, *, delta: bool = False
 ) -> dict[str, Any]:
     """A message body's fields, read by the topic's message type (a delta_publish's with the
     type's delta reading); anything else is an InvalidMessageError naming topic and position."""
     if not value:
+        definition = topic.definition
         raise InvalidMessageError(
-            f"{_label(topic)}: empty message body",
-            topic=topic.name,
-            reason=malformed_reason(topic.message_type),
+            f"{_label(definition)}: empty message body",
+            topic=definition.name,
+            reason=malformed_reason(definition.message_type),
         )
     codec = topic.codec
     try:
         return codec.parse_delta(value) if delta else codec.parse(value)
     except MessageParseError as exc:
         raise InvalidMessageError(
-            f"{_label(topic)}: {exc}", topic=topic.name, reason=malformed_reason(codec.name)
+            f"{_label(topic.definition)}: {exc}",
+            topic=topic.definition.name,
+            reason=malformed_reason(codec.name),
         ) from exc
 
 
@@ -155,7 +161,7 @@ def published_name(topic: TopicDefinition, headers: Mapping[str, str]) -> str | 
 
 
 def decode_log_record(
-    topic: TopicDefinition,
+    compiled: CompiledTopic[TopicDefinition],
     key: bytes | None,
     value: bytes | None,
     headers: Mapping[str, str],
@@ -163,6 +169,7 @@ def decode_log_record(
     timestamp: int,
 ) -> LogOp:
     """Turn a raw log record into a :class:`LogOp`; bad input raises InvalidMessageError."""
+    topic = compiled.definition
     command = headers.get(h.COMMAND) or h.PUBLISH
     if command not in h.LOG_COMMANDS:
         raise InvalidMessageError(
@@ -198,15 +205,15 @@ def decode_log_record(
             _keyed(op, resolve_sow_key(topic, None, supplied, op.name), kafka_key is None)
             return op
     delta = command == h.DELTA_PUBLISH
-    op.body = parse_body(topic, value, delta=delta)
+    op.body = parse_body(compiled, value, delta=delta)
     op.data = value
     if command != h.SOW_DELETE:
         check_publish_entitlement(topic, headers, op.body)
-    preprocessing = topic.stages.preprocessing
+    preprocessing = compiled.stages.preprocessing
     if preprocessing is not None:
         op.body = preprocess(topic, preprocessing, op.body)
         if command != h.SOW_DELETE:
-            op.data = _written(topic, op.body, "Preprocessing", delta=delta)
+            op.data = _written(compiled, op.body, "Preprocessing", delta=delta)
     supplied = kafka_key if topic.user_supplied_keys and kafka_key else headers.get(h.SOW_KEY)
     sow_key = resolve_sow_key(topic, op.body, supplied, op.name)
     _keyed(op, sow_key, kafka_key != sow_key)
@@ -247,14 +254,19 @@ def preprocess(topic: TopicDefinition, stage: Stage, body: dict[str, Any]) -> di
 
 
 def _written(
-    topic: TopicDefinition, body: dict[str, Any], stage: str, *, delta: bool = False
+    compiled: CompiledTopic[TopicDefinition],
+    body: dict[str, Any],
+    stage: str,
+    *,
+    delta: bool = False,
 ) -> bytes:
     """``body`` in the topic's message type, or InvalidMessageError naming ``stage``."""
-    codec = topic.codec
+    codec = compiled.codec
     try:
         return codec.serialise_delta(body) if delta else codec.serialise(body)
     except (MessageSerialiseError, TypeError, ValueError, OverflowError) as exc:
         # orjson refuses integers beyond 64 bits with a TypeError, for example.
+        topic = compiled.definition
         raise InvalidMessageError(
             f"{_label(topic)}: the message after {stage} cannot be written as {codec.name}: {exc}",
             topic=topic.name,
@@ -269,7 +281,9 @@ def _keyed(op: LogOp, sow_key: str, rekey: bool) -> None:
     op.rekey = rekey
 
 
-def apply_keyed(topic: TopicDefinition, stored: SowRecord | None, op: LogOp) -> SowRecord | None:
+def apply_keyed(
+    compiled: CompiledTopic[TopicDefinition], stored: SowRecord | None, op: LogOp
+) -> SowRecord | None:
     """The record's state after ``op`` (None = absent).
 
     An op at or below the stored record's log offset was applied before (a replay after a crash)
@@ -284,10 +298,10 @@ def apply_keyed(topic: TopicDefinition, stored: SowRecord | None, op: LogOp) -> 
         return None
     assert op.sow_key is not None and op.body is not None and op.data is not None
     data = op.data
-    enrichment = topic.stages.enrichment
+    enrichment = compiled.stages.enrichment
     if enrichment is not None:
-        data = _enriched(topic, enrichment, stored, op)
-    elif op.command == h.DELTA_PUBLISH and (codec := topic.codec).supports_delta:
+        data = _enriched(compiled, enrichment, stored, op)
+    elif op.command == h.DELTA_PUBLISH and (codec := compiled.codec).supports_delta:
         try:
             if stored is not None:
                 data = codec.merge_fields(codec.parse(stored.data), op.body)
@@ -295,21 +309,25 @@ def apply_keyed(topic: TopicDefinition, stored: SowRecord | None, op: LogOp) -> 
                 # An inserting delta_publish is stored in the type's record form (avro).
                 data = codec.serialise(op.body)
         except MessageSerialiseError as exc:
+            topic = compiled.definition
             raise InvalidMessageError(
                 f"{_label(topic)}: the delta_publish cannot be merged into the record: {exc}",
                 topic=topic.name,
                 reason="bad_merge",
             ) from exc
-    expires = expiration_time(topic.expiration, op.expiration_ms, op.timestamp)
+    expires = expiration_time(compiled.definition.expiration, op.expiration_ms, op.timestamp)
     return SowRecord(op.sow_key, data, op.offset, op.timestamp, expires)
 
 
-def _enriched(topic: TopicDefinition, stage: Stage, stored: SowRecord | None, op: LogOp) -> bytes:
+def _enriched(
+    compiled: CompiledTopic[TopicDefinition], stage: Stage, stored: SowRecord | None, op: LogOp
+) -> bytes:
     """The record ``op`` stores on a topic with Enrichment: the message (a delta_publish merged
     into the stored record first) after the Enrichment, which reads the stored record as
     ``OF PREVIOUS`` and the log time as ``UNIX_TIMESTAMP()``."""
     assert op.body is not None
-    codec = topic.codec
+    topic = compiled.definition
+    codec = compiled.codec
     delta = op.command == h.DELTA_PUBLISH
     needed = stored is not None and (delta or stage.reads_previous)
     previous = stored.parsed(codec) if needed and stored is not None else None
@@ -321,7 +339,7 @@ def _enriched(topic: TopicDefinition, stage: Stage, stored: SowRecord | None, op
             f"{_label(topic)}: {exc}", topic=topic.name, reason="enrichment_failed"
         ) from exc
     try:
-        return _written(topic, enriched, "Enrichment")
+        return _written(compiled, enriched, "Enrichment")
     except InvalidMessageError:
         problem = _unwritable(codec, message) if delta else None
         if problem is not None:  # the merge itself, not the Enrichment, is what failed
@@ -342,7 +360,9 @@ def _unwritable(codec: MessageType, message: dict[str, Any]) -> str | None:
     return None
 
 
-def deleted_by_filter(topic: TopicDefinition, stored: SowRecord, op: LogOp) -> bool:
+def deleted_by_filter(
+    compiled: CompiledTopic[TopicDefinition], stored: SowRecord, op: LogOp
+) -> bool:
     """Whether a delete-by-filter at ``op.offset`` removes ``stored``.
 
     Records written after the delete (a higher log offset, seen again during a replay) are kept,
@@ -351,4 +371,4 @@ def deleted_by_filter(topic: TopicDefinition, stored: SowRecord, op: LogOp) -> b
     assert op.filter is not None
     if op.name is not None and split_key(stored.sow_key)[0] != op.name:
         return False
-    return stored.log_offset < op.offset and op.filter.matches(stored.parsed(topic.codec))
+    return stored.log_offset < op.offset and op.filter.matches(stored.parsed(compiled.codec))

@@ -5,7 +5,8 @@ validated: these protocols name only what ``sow`` reads, and the pydantic models
 ``sowstream.config`` (``TopicConfig``, ``ExpirationPolicy``, ``HistoryConfig``,
 ``KeyGeneratorConfig``) satisfy them structurally, so ``config`` sits above ``sow``.
 Members are read-only properties so that a frozen model's fields (``Literal`` types included)
-fit them.
+fit them. What is compiled from a definition (its message type and stages) is not part of it:
+:mod:`sowstream.sow.compiled` holds it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 from typing import Protocol
 
 from sowstream.filters import Filter
-from sowstream.messagetypes import MessageType
-from sowstream.sow.enrich import TopicStages
 
 __all__ = ["ExpirationRule", "HistoryWindow", "KeyGeneratorSpec", "TopicDefinition"]
 
@@ -83,13 +82,23 @@ class TopicDefinition(Protocol):
     def user_supplied_keys(self) -> bool: ...
 
     @property
-    def codec(self) -> MessageType:
-        """The message type that parses, writes and merges the topic's bodies."""
+    def schema_file(self) -> str | None:
+        """An avro topic's record schema file (what its message type is made with)."""
         ...
 
     @property
-    def stages(self) -> TopicStages:
-        """The compiled Preprocessing and Enrichment."""
+    def preprocessing(self) -> tuple[str, ...]:
+        """The Field texts of the topic's Preprocessing (compiled by ``sow.compiled``)."""
+        ...
+
+    @property
+    def enrichment(self) -> tuple[str, ...]:
+        """The Field texts of the topic's Enrichment."""
+        ...
+
+    @property
+    def instance_name(self) -> str:
+        """What ``AMPS_INSTANCE_NAME()`` gives in the topic's Preprocessing and Enrichment."""
         ...
 
     def key_domain_of(self, name: str) -> str: ...

@@ -20,6 +20,7 @@ from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, compile_filter
 from sowstream.filters.values import canonical_text, get_path
 from sowstream.messagetypes.changes import merge_deltas
+from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.patterns import NameScope, split_key
 from sowstream.sow.ports import TopicDefinition
 from sowstream.sow.record import SowRecord
@@ -119,14 +120,15 @@ class TopicSubscriptions:
 
     def __init__(
         self,
-        topic: TopicDefinition,
+        topic: CompiledTopic[TopicDefinition],
         entitlement: EntitlementLookup | None = None,
         *,
         current: CurrentRecord | None = None,
     ) -> None:
-        """``current`` reads the partition's state; given it, conflation intervals are journaled
+        """``topic``: compiled, as its bodies are parsed and written by its message type;
+        ``current`` reads the partition's state; given it, conflation intervals are journaled
         (see :mod:`sowstream.subscriptions.journal`) so a takeover can finish them."""
-        self.topic = topic
+        self.topic = topic.definition
         self._codec = topic.codec
         self._entitlement = entitlement or (lambda identity: None)
         self._current = current

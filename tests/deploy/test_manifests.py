@@ -199,7 +199,7 @@ def test_the_example_kafka_topics_are_the_engines(
     engine = Engine(config, bootstrap="kafka.invalid:9092", data_dir=tmp_path)
     expected = {s.name: (s.partitions, s.config) for s in engine.topic_specs()}
     for table in engine.tables.values():
-        changelog = table.changelog_topic
+        changelog = table.faust_table.changelog_topic
         policy = {"cleanup.policy": "compact"} if changelog.compacting else {}
         expected[changelog.get_topic_name()] = (changelog.partitions, policy)
     topics = [r for r in resources if r["kind"] == "KafkaTopic"]

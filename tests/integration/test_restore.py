@@ -1,4 +1,5 @@
-"""The batched changelog restore (sowstream.engine.restore) on a real broker and real RocksDB.
+"""The batched changelog restore (sowstream.engine.restore, and the recovery step around it in
+sowstream.engine.runtime_restore) on a real broker and real RocksDB.
 
 The copy itself: records, tombstones and faust's offset land as faust would write them, from any
 start offset, and every way it can stop leaves a store that knows how far it got. Then the
@@ -24,11 +25,11 @@ from rocksdict import Options, Rdict
 
 from sowstream.engine.restore import (
     BATCHED_MIN_RECORDS,
-    BatchedRecovery,
     PartitionCopy,
     RestoreStalledError,
     copy_changelog,
 )
+from sowstream.engine.runtime_restore import BatchedRecovery
 from sowstream.errors import StateStoreError
 from sowstream.sow.layout import FAUST_OFFSET_KEY
 from sowstream.wire.kafka import TopicSpec, ensure_topics

@@ -20,6 +20,7 @@ from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.filters import compile_filter
 from sowstream.filters.order_by import parse_order_by
 from sowstream.messagetypes.changes import merge_delta
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.model import DELTA_SUBSCRIBE, WITH_SOW, SubscriptionSpec
@@ -83,7 +84,7 @@ def _kept_stores(
     def new_store(partition: int) -> PartitionStore:
         return stores.setdefault(partition, MemoryPartition())
 
-    return TopicProcessor(topic, TopicNames("p"), sender, new_store=new_store)
+    return TopicProcessor(compile_topic(topic), TopicNames("p"), sender, new_store=new_store)
 
 
 class Harness:

@@ -23,6 +23,7 @@ from sowstream.config import load_config_text
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import INDEX_PREFIX, is_record_key
 from sowstream.filters.values import canonical_text, is_null
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import field_values, key_values, same_values, sow_key_from_values
 from sowstream.sow.layout import index_entries
 from sowstream.sow.memo import MEMO_PREFIX, memo_entries
@@ -164,7 +165,7 @@ def test_index_entries_match_the_stored_records(
     version (Avro) and updates now apply over them."""
 
     async def go() -> None:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), RecordingSender())
+        proc = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         ps.memo.update(MEMO)
         recs = log(ops)

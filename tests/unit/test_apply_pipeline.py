@@ -21,6 +21,7 @@ from sowstream.engine.store import WATERMARK_KEY, is_record_key
 from sowstream.errors import StateStoreError
 from sowstream.queues import Bookmark
 from sowstream.queues.store import entry_key
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
@@ -50,7 +51,7 @@ async def subscribed() -> tuple[RecordingSender, TopicProcessor, PartitionState]
     """A processor with one subscription and partition 0 loaded; Kafka acknowledges its sends
     when the test says."""
     sender = RecordingSender(held=True)
-    proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
+    proc = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
     proc.subs.upsert(SubscriptionSpec("s", "r", "t", "subscribe", None, parse_options("")))
     return sender, proc, await proc.ready(0)
 
@@ -154,7 +155,7 @@ def test_a_failed_store_write_resets_the_queues_of_the_partition() -> None:
     async def go() -> None:
         sender = RecordingSender(held=True)
         names = TopicNames("p")
-        proc = TopicProcessor(TOPIC, names, sender)
+        proc = TopicProcessor(compile_topic(TOPIC), names, sender)
         config = QueueConfig(name="WQ", underlying_topic=TOPIC.name)
         queue = QueueRuntime(config, names, sender, proc.store_changes, proc.stored)
         proc.queues.append(queue)

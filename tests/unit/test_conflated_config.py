@@ -9,6 +9,7 @@ import pytest
 from sowstream.config import ConfigError
 from sowstream.config import load_config_text as load
 from sowstream.config.conflated import conflated_pattern
+from sowstream.sow.compiled import compile_stages
 
 TOPIC = "sow:\n  - Name: orders\n    Key: [/id]\n"
 
@@ -325,8 +326,9 @@ def test_enrichment_becomes_the_conflated_topics_enrichment() -> None:
     )
     (own,) = config.conflated_topic_configs
     assert own.enrichment == ("/qty * 2 AS /double", "AMPS_INSTANCE_NAME() AS /src")
-    assert own.stages.enrichment is not None
-    assert own.stages.enrichment.apply({"id": 1, "qty": 4}, None, 0) == {
+    stages = compile_stages(own)
+    assert stages.enrichment is not None
+    assert stages.enrichment.apply({"id": 1, "qty": 4}, None, 0) == {
         "id": 1,
         "qty": 4,
         "double": 8,

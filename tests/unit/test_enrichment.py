@@ -14,6 +14,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidMessageError
 from sowstream.filters import FilterError, ast, compile_filter, compile_value, parse_filter
 from sowstream.filters.evaluate import StageInput
+from sowstream.sow.compiled import CompiledTopic, compile_topic
 from sowstream.sow.enrich import StageError, StageFailure, compile_stage
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import LogOp, apply_keyed, decode_log_record
@@ -294,7 +295,7 @@ def test_the_example_configuration_gives_chapter_08s_e1_records() -> None:
     from sowstream.config import load_config
 
     config = load_config(Path(__file__).resolve().parents[2] / "examples" / "enrichment.yaml")
-    orders = config.topic("Orders")
+    orders = compile_topic(config.topic("Orders"))
     state: SowRecord | None = None
     for offset, (qty, price) in enumerate([(-1, 100), (5, 100), (-2, 101)]):
         body = {"customer_id": "A-111", "order_id": 1000, "qty": qty, "price": price}
@@ -347,6 +348,7 @@ publish_entitlements:
   bob: {Orders: "/source = 'z'"}
 """
 ).topics[0]
+COMPILED = compile_topic(ORDERS)
 
 
 def key_of(topic: TopicConfig, order_key: str) -> bytes:
@@ -356,7 +358,7 @@ def key_of(topic: TopicConfig, order_key: str) -> bytes:
 def decode(body: dict[str, Any], offset: int, *, key: bytes | None = None, **headers: str) -> LogOp:
     if key is None:
         key = key_of(ORDERS, f"{body.get('customer_id')}-{body.get('order_id')}")
-    return decode_log_record(ORDERS, key, orjson.dumps(body), headers, offset, 5_000 + offset)
+    return decode_log_record(COMPILED, key, orjson.dumps(body), headers, offset, 5_000 + offset)
 
 
 def stored(state: SowRecord | None) -> dict[str, Any]:
@@ -373,7 +375,7 @@ def test_preprocessing_builds_the_key_and_the_stored_record_is_enriched() -> Non
         "qty": -1,
         "order_key": "A-111-1000",
     }
-    first = apply_keyed(ORDERS, None, op)
+    first = apply_keyed(COMPILED, None, op)
     assert stored(first) == {
         "customer_id": "A-111",
         "order_id": 1000,
@@ -384,16 +386,18 @@ def test_preprocessing_builds_the_key_and_the_stored_record_is_enriched() -> Non
         "at": 5.003,  # the log time of the record, in seconds
     }
     second = apply_keyed(
-        ORDERS, first, decode({"customer_id": "A-111", "order_id": 1000, "qty": 5}, 4)
+        COMPILED, first, decode({"customer_id": "A-111", "order_id": 1000, "qty": 5}, 4)
     )
     assert stored(second)["qty"] == 5 and stored(second)["at"] == 5.004
     third = apply_keyed(
-        ORDERS, second, decode({"customer_id": "A-111", "order_id": 1000, "qty": -2}, 5)
+        COMPILED, second, decode({"customer_id": "A-111", "order_id": 1000, "qty": -2}, 5)
     )
     assert stored(third)["qty"] == 5
     # a replay of an applied record changes nothing: the Enrichment is not run again
     assert (
-        apply_keyed(ORDERS, third, decode({"customer_id": "A-111", "order_id": 1000, "qty": 9}, 4))
+        apply_keyed(
+            COMPILED, third, decode({"customer_id": "A-111", "order_id": 1000, "qty": 9}, 4)
+        )
         is third
     )
 
@@ -406,9 +410,9 @@ def test_a_record_keyed_by_the_raw_message_is_rekeyed_not_applied() -> None:
 
 def test_e10_delta_publish_enrichment_runs_on_the_merged_record() -> None:
     record = {"customer_id": "C", "order_id": 1, "status": "open", "qty": 5}
-    first = apply_keyed(ORDERS, None, decode(record, 1))
+    first = apply_keyed(COMPILED, None, decode(record, 1))
     merged = apply_keyed(
-        ORDERS,
+        COMPILED,
         first,
         decode({"customer_id": "C", "order_id": 1, "qty": 6}, 2, **{h.COMMAND: h.DELTA_PUBLISH}),
     )
@@ -417,7 +421,7 @@ def test_e10_delta_publish_enrichment_runs_on_the_merged_record() -> None:
     # AFTER the delta merge, so OF CURRENT reads the merged record (qty present, from the
     # stored record); enrichment-before-merge would have given "missing".
     status_only = apply_keyed(
-        ORDERS,
+        COMPILED,
         merged,
         decode(
             {"customer_id": "C", "order_id": 1, "status": "x"}, 3, **{h.COMMAND: h.DELTA_PUBLISH}
@@ -430,7 +434,7 @@ def test_e10_delta_publish_enrichment_runs_on_the_merged_record() -> None:
 def test_e7_publish_entitlement_sees_the_message_as_received() -> None:
     # bob may only publish source 'z', which Preprocessing then removes: accepted
     op = decode({"customer_id": "B", "order_id": 3, "source": "z"}, 1, **{h.IDENTITY: "bob"})
-    assert "source" not in stored(apply_keyed(ORDERS, None, op))
+    assert "source" not in stored(apply_keyed(COMPILED, None, op))
     with pytest.raises(InvalidMessageError) as refused:
         decode({"customer_id": "B", "order_id": 4, "source": "a"}, 2, **{h.IDENTITY: "bob"})
     assert refused.value.reason == "entitlement"
@@ -444,10 +448,13 @@ def test_a_failing_enrichment_is_rejected_with_its_field() -> None:
         "sow:\n  - Name: T\n    Key: /id\n    Enrichment:\n      - /q * 2 AS /totals/value\n"
         "      - /q * 10000000000000000000 AS /big\n"
     ).topics[0]
+    compiled = compile_topic(topic)
 
     def apply(body: dict[str, Any]) -> SowRecord | None:
         key = generated_sow_key("T", "T", ("/id",), body).encode()
-        return apply_keyed(topic, None, decode_log_record(topic, key, orjson.dumps(body), {}, 1, 1))
+        return apply_keyed(
+            compiled, None, decode_log_record(compiled, key, orjson.dumps(body), {}, 1, 1)
+        )
 
     with pytest.raises(InvalidMessageError) as failed:
         apply({"id": 1, "q": 1, "totals": "n/a"})
@@ -468,9 +475,11 @@ def test_a_failing_enrichment_is_rejected_with_its_field() -> None:
 
 
 def test_a_failing_preprocessing_is_rejected_before_the_key() -> None:
-    topic = load_config_text(
-        "sow:\n  - Name: T\n    Key: /k/id\n    Preprocessing: [/id AS /k/id]\n"
-    ).topics[0]
+    topic = compile_topic(
+        load_config_text(
+            "sow:\n  - Name: T\n    Key: /k/id\n    Preprocessing: [/id AS /k/id]\n"
+        ).topics[0]
+    )
     with pytest.raises(InvalidMessageError) as failed:
         decode_log_record(topic, None, b'{"id": 1, "k": 5}', {}, 1, 1)
     assert failed.value.reason == "preprocessing_failed"
@@ -480,12 +489,12 @@ def test_a_failing_preprocessing_is_rejected_before_the_key() -> None:
 # -- other message types: the stages work on the parsed message ---------------------------------
 
 
-def typed(yaml: str, tmp_path: Any = None) -> TopicConfig:
+def typed(yaml: str, tmp_path: Any = None) -> CompiledTopic[TopicConfig]:
     (topic,) = load_config_text(yaml, str(tmp_path / "c.yaml") if tmp_path else "c.yaml").topics
-    return topic
+    return compile_topic(topic)
 
 
-def run(topic: TopicConfig, *bodies: bytes | tuple[str, bytes]) -> SowRecord | None:
+def run(topic: CompiledTopic[TopicConfig], *bodies: bytes | tuple[str, bytes]) -> SowRecord | None:
     """Apply ``bodies`` in turn (publishes, or (command, body) pairs), each keyed right."""
     state: SowRecord | None = None
     for offset, item in enumerate(bodies):

@@ -15,6 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.fold import FilterDeletes, apply_record, fold_sorted, is_filter_delete
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord
@@ -40,6 +41,7 @@ sow:
       - AMPS_INSTANCE_NAME() AS /by
 """
 ).topics[0]
+COMPILED = compile_topic(TOPIC)
 
 
 def key_of(i: int) -> bytes:
@@ -116,20 +118,20 @@ def bulk(records: list[RawRecord], *, anchored: bool) -> dict[bytes, Any]:
     """The Spark rebuild's fold: per key, optionally from its last publish, refolding keys
     the cut cannot start (every key here: the Enrichment reads the record before)."""
     fdel = [r for r in records if is_filter_delete(r.headers)]
-    deletes = {0: FilterDeletes.of(TOPIC, fdel)}
+    deletes = {0: FilterDeletes.of(COMPILED, fdel)}
     keyed = sorted(
         (r for r in records if not is_filter_delete(r.headers) and r.key is not None),
         key=lambda r: (r.key or b"", r.offset),
     )
     out: dict[bytes, Any] = {}
     again: set[bytes | None] = set()
-    for _, key, state in fold_sorted(TOPIC, keyed, deletes, until_ms=0, anchored=anchored):
+    for _, key, state in fold_sorted(COMPILED, keyed, deletes, until_ms=0, anchored=anchored):
         if state is None:
             again.add(key)
         else:
             out[state.sow_key.encode()] = orjson.loads(state.data)
     full = [r for r in keyed if r.key in again]
-    for _, _, state in fold_sorted(TOPIC, full, deletes, until_ms=0):
+    for _, _, state in fold_sorted(COMPILED, full, deletes, until_ms=0):
         if state is not None:
             out[state.sow_key.encode()] = orjson.loads(state.data)
     return out
@@ -139,7 +141,7 @@ def stepped(records: list[RawRecord]) -> dict[bytes, Any]:
     """What a bookmark replay computes, one record at a time."""
     state: dict[str, SowRecord] = {}
     for rec in records:
-        apply_record(TOPIC, state, rec)
+        apply_record(COMPILED, state, rec)
     return {k.encode(): orjson.loads(r.data) for k, r in state.items()}
 
 

@@ -14,6 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.config import load_config_text
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.fold import (
     FilterDeletes,
     apply_record,
@@ -27,12 +28,17 @@ from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from tests.unit.test_processor_model import TOPIC, key_of, op, ops, run, to_records
 
-EXPIRING = load_config_text(
-    "sow:\n  - Name: t\n    Key: /id\n    Expiration: 10s\n    Durability: transient\n"
-).topics[0]
+EXPIRING = compile_topic(
+    load_config_text(
+        "sow:\n  - Name: t\n    Key: /id\n    Expiration: 10s\n    Durability: transient\n"
+    ).topics[0]
+)
+COMPILED = compile_topic(TOPIC)
 
 
-def bulk(records: list[RawRecord], topic: Any = TOPIC, until_ms: int = 10**15) -> dict[bytes, Any]:
+def bulk(
+    records: list[RawRecord], topic: Any = COMPILED, until_ms: int = 10**15
+) -> dict[bytes, Any]:
     by_partition: dict[int, list[RawRecord]] = {}
     keyed = []
     for rec in records:
@@ -91,14 +97,14 @@ def test_filter_delete_after_the_last_update_and_bad_records_are_skipped() -> No
     bad = RawRecord(0, 1, 1, key_of(1), b"{not json", {})
     fdel = RawRecord(0, 2, 1, None, None, {h.COMMAND: h.SOW_DELETE, h.FILTER: "/g = 1"})
     bad_filter = RawRecord(0, 3, 1, None, None, {h.COMMAND: h.SOW_DELETE, h.FILTER: "/g = ("})
-    deletes = FilterDeletes.of(TOPIC, [bad_filter, fdel])
+    deletes = FilterDeletes.of(COMPILED, [bad_filter, fdel])
     assert deletes.offsets == [2]
-    assert fold_key(TOPIC, [pub, bad], deletes, until_ms=0) is None
-    assert fold_key(TOPIC, [pub, bad], FilterDeletes.of(TOPIC, []), until_ms=0) is not None
+    assert fold_key(COMPILED, [pub, bad], deletes, until_ms=0) is None
+    assert fold_key(COMPILED, [pub, bad], FilterDeletes.of(COMPILED, []), until_ms=0) is not None
 
 
 def test_state_row_is_flat() -> None:
-    state = fold_key(TOPIC, [rec(7, 42, {"id": 1, "g": 0})], until_ms=0)
+    state = fold_key(COMPILED, [rec(7, 42, {"id": 1, "g": 0})], until_ms=0)
     assert state is not None
     row = state_row(state, 3)
     assert row["log_partition"] == 3 and row["log_offset"] == 7 and row["log_timestamp"] == 42
@@ -110,7 +116,7 @@ def test_state_row_is_flat() -> None:
 def test_unkeyed_records_are_left_to_the_engine_rekey(i: int) -> None:
     # a record whose Kafka key is not its SowKey is re-keyed by the engine, not applied
     wrong = RawRecord(0, 0, 1, b"other", orjson.dumps({"id": i}), {})
-    assert fold_key(TOPIC, [wrong], until_ms=0) is None
+    assert fold_key(COMPILED, [wrong], until_ms=0) is None
 
 
 # -- anchored folds: Spark drops each key's records before its last full publish ------------------
@@ -142,7 +148,7 @@ def messy_records(sequence: list[tuple[str, int, int, int]]) -> list[RawRecord]:
 def anchored_bulk(records: list[RawRecord]) -> dict[bytes, Any]:
     """What the Spark job does: prune at each key's last publish, fold, refold flagged keys."""
     fdel = [r for r in records if is_filter_delete(r.headers)]
-    deletes = {0: FilterDeletes.of(TOPIC, fdel)}
+    deletes = {0: FilterDeletes.of(COMPILED, fdel)}
     keyed = sorted(
         (r for r in records if not is_filter_delete(r.headers) and r.key is not None),
         key=lambda r: (r.key or b"", r.offset),
@@ -154,13 +160,13 @@ def anchored_bulk(records: list[RawRecord]) -> dict[bytes, Any]:
     pruned = [r for r in keyed if r.offset >= anchors.get(r.key, -1)]
     out: dict[bytes, Any] = {}
     again: set[bytes | None] = set()
-    for _, key, state in fold_sorted(TOPIC, pruned, deletes, until_ms=0, anchored=True):
+    for _, key, state in fold_sorted(COMPILED, pruned, deletes, until_ms=0, anchored=True):
         if state is None:
             again.add(key)
         else:
             out[state.sow_key.encode()] = orjson.loads(state.data)
     full = [r for r in keyed if r.key in again]
-    for _, _, state in fold_sorted(TOPIC, full, deletes, until_ms=0):
+    for _, _, state in fold_sorted(COMPILED, full, deletes, until_ms=0):
         if state is not None:
             out[state.sow_key.encode()] = orjson.loads(state.data)
     return out
@@ -187,7 +193,7 @@ def test_stepping_record_by_record_ends_where_the_engine_does(
 ) -> None:
     state: dict[str, SowRecord] = {}
     for rec in messy_records(sequence):
-        for step in apply_record(TOPIC, state, rec):
+        for step in apply_record(COMPILED, state, rec):
             assert state.get(step.sow_key) is step.after  # each step says what it left
     assert {k.encode(): orjson.loads(r.data) for k, r in state.items()} == run(
         messy_records(sequence), [], None
@@ -197,10 +203,10 @@ def test_stepping_record_by_record_ends_where_the_engine_does(
 def test_a_delete_by_filter_numbers_its_removals_in_sow_key_order() -> None:
     state: dict[str, SowRecord] = {}
     for i in range(3):
-        apply_record(TOPIC, state, rec(i, 1, {"id": i, "g": 1}))
+        apply_record(COMPILED, state, rec(i, 1, {"id": i, "g": 1}))
     fdel = RawRecord(0, 9, 1, None, None, {h.COMMAND: h.SOW_DELETE, h.FILTER: "/g = 1"})
-    steps = apply_record(TOPIC, state, fdel)
+    steps = apply_record(COMPILED, state, fdel)
     assert [s.seq for s in steps] == [1, 2, 3] and not state
     assert [s.sow_key for s in steps] == sorted(key_of(i).decode() for i in range(3))
     assert all(s.after is None and s.before is not None for s in steps)
-    assert apply_record(TOPIC, state, fdel) == []  # nothing left to remove
+    assert apply_record(COMPILED, state, fdel) == []  # nothing left to remove

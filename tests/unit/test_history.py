@@ -21,6 +21,7 @@ from sowstream.config.models import HistoryConfig
 from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import InvalidCommandError
 from sowstream.sow.bookmarks import Bookmark, message_bookmark, parse_bookmark
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.history import (
     DELETED,
     HISTORY_PREFIX,
@@ -208,7 +209,7 @@ def engine_history(
     topic: Any, records: list[RawRecord], cuts: list[int], replay_from: int | None
 ) -> list[tuple[bytes, bytes]]:
     async def go() -> list[tuple[bytes, bytes]]:
-        proc = TopicProcessor(topic, TopicNames("p"), RecordingSender())
+        proc = TopicProcessor(compile_topic(topic), TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         bounds = sorted({0, len(records), *[c % (len(records) + 1) for c in cuts]})
         for lo, hi in itertools.pairwise(bounds):

@@ -315,3 +315,88 @@ def test_checker_reports_an_import_up_the_layers() -> None:
         "sowstream/engine/app.py:9 -> sowstream.client.client"
         "  (engine and client are peers in [runtime])",
     ]
+
+
+# Only the runtime modules of the engine use faust (and aiokafka, its Kafka client; mode, its
+# service library): engine/runtime.py and the runtime_*.py modules beside it. The rest of the
+# engine reaches them through the ports (sowstream.engine.ports) and the units' Wiring.
+RUNTIME_LIBRARIES = frozenset({"faust", "aiokafka", "mode"})
+
+
+def is_runtime_module(module: str, root: str = ROOT) -> bool:
+    """Whether ``module`` is one of the engine's runtime modules, which may import faust."""
+    return module == f"{root}.engine.runtime" or module.startswith(f"{root}.engine.runtime_")
+
+
+def library_imports(path: Path, libraries: frozenset[str]) -> list[tuple[int, str]]:
+    """(line, name) of every import of one of ``libraries`` in a file: top-level, under
+    ``TYPE_CHECKING``, inside functions, or by ``importlib.import_module("...")``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names = [node.args[0].value]
+        found.extend((node.lineno, n) for n in names if n.split(".")[0] in libraries)
+    return found
+
+
+def runtime_leaks(modules: Mapping[str, tuple[Path, bool]], root: str) -> list[str]:
+    """Imports of faust, aiokafka or mode in an engine module that is not a runtime module."""
+    leaks = []
+    for module, (path, _) in modules.items():
+        if not module.startswith(f"{root}.engine.") or is_runtime_module(module, root):
+            continue
+        for line, name in library_imports(path, RUNTIME_LIBRARIES):
+            leaks.append(f"{module}:{line} imports {name}")
+    return leaks
+
+
+def test_only_the_runtime_modules_of_the_engine_import_faust(
+    graph: tuple[dict[str, tuple[Path, bool]], list[Edge]],
+) -> None:
+    modules, _ = graph
+    assert f"{ROOT}.engine.runtime" in modules
+    assert library_imports(modules[f"{ROOT}.engine.runtime"][0], RUNTIME_LIBRARIES)
+    leaks = runtime_leaks(modules, ROOT)
+    if leaks:
+        pytest.fail("\nonly the engine's runtime modules import faust:\n" + "\n".join(leaks))
+
+
+def test_checker_finds_every_kind_of_faust_import(tmp_path: Path) -> None:
+    source = _write(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "engine/__init__.py": "",
+            "engine/runtime.py": "import faust\n",
+            "engine/runtime_extra.py": "from aiokafka.errors import KafkaError\n",
+            "engine/plain.py": "from faust.types import TP\n",
+            "engine/checked.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    import mode\n"
+                "def f():\n    import aiokafka.producer\n"
+                "import importlib\nimportlib.import_module('faust.tables')\n"
+            ),
+            "engine/fine.py": "import faustian\nfrom . import runtime\n",
+            "other.py": "import faust\n",  # not the engine
+        },
+    )
+    modules, _ = collect(source, "pkg")
+    assert sorted(runtime_leaks(modules, "pkg")) == [
+        "pkg.engine.checked:3 imports mode",
+        "pkg.engine.checked:5 imports aiokafka.producer",
+        "pkg.engine.checked:7 imports faust.tables",
+        "pkg.engine.plain:1 imports faust.types",
+    ]

@@ -11,6 +11,7 @@ import pytest
 from sowstream.config import ConfigError
 from sowstream.config import load_config_text as load
 from sowstream.errors import InvalidMessageError
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.fold import apply_record
 from sowstream.sow.keygen import KeyGeneratorError, joined, load_key_generator
 from sowstream.sow.ops import RawRecord, decode_log_record
@@ -70,7 +71,7 @@ def test_yaml_and_amps_xml_configure_the_same_generator() -> None:
 
 
 def test_engine_and_rebuild_use_the_generator() -> None:
-    topic = load(YAML).topic("quotes")
+    topic = compile_topic(load(YAML).topic("quotes"))
     op = decode_log_record(topic, None, b'{"symbol": "ibm", "px": 1}', {}, 0, 0)
     assert op.sow_key == "Q-IBM"
     # The fold behind the Spark rebuild decodes the same way, so it keys the same.
@@ -132,12 +133,12 @@ def test_bad_key_generator_shapes_are_named() -> None:
 
 
 def test_a_message_the_generator_fails_on_is_rejected_with_the_reason() -> None:
-    topic = load(YAML).topic("quotes")
+    topic = compile_topic(load(YAML).topic("quotes"))
     with pytest.raises(InvalidMessageError) as info:
         decode_log_record(topic, None, b'{"px": 1}', {}, 0, 0)
     assert info.value.reason == "key_generator_failed"
     assert "by_upper_symbol" in str(info.value) and "KeyError" in str(info.value)
-    empty = load(YAML.replace("by_upper_symbol", "empty_key")).topic("quotes")
+    empty = compile_topic(load(YAML.replace("by_upper_symbol", "empty_key")).topic("quotes"))
     with pytest.raises(InvalidMessageError) as info:
         decode_log_record(empty, None, b'{"symbol": "x"}', {}, 0, 0)
     assert info.value.reason == "bad_sow_key"

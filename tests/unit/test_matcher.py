@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from sowstream.config import load_config_text
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import Change, Delivery, SubscriptionSpec
@@ -47,7 +48,7 @@ def change(
 
 
 def subs(*specs: SubscriptionSpec) -> TopicSubscriptions:
-    ts = TopicSubscriptions(TOPIC, CONFIG.entitlement_lookup("t"))
+    ts = TopicSubscriptions(compile_topic(TOPIC), CONFIG.entitlement_lookup("t"))
     for spec in specs:
         ts.upsert(spec)
     return ts

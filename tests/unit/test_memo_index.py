@@ -28,6 +28,7 @@ from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.errors import StateStoreError
 from sowstream.filters import ast, compile_filter
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.layout import store_entries
 from sowstream.sow.memo import BUILDING, MEMO_PREFIX, READY, marker_key, memo_entries
@@ -78,7 +79,9 @@ def expected_memo_entries(ps: PartitionState) -> set[bytes]:
     out: set[bytes] = set()
     for key, raw in ps.store.scan():
         if is_record_key(key):
-            out |= memo_entries(ps.memo, key, SowRecord.from_bytes(raw).parsed(topic().codec))
+            out |= memo_entries(
+                ps.memo, key, SowRecord.from_bytes(raw).parsed(compile_topic(topic()).codec)
+            )
     return out
 
 
@@ -169,7 +172,7 @@ def test_indexed_queries_return_exactly_what_a_scan_returns(
 
     async def go() -> None:
         sender = RecordingSender()
-        proc = TopicProcessor(topic(), TopicNames("p"), sender)
+        proc = TopicProcessor(compile_topic(topic()), TopicNames("p"), sender)
         ps = await proc.ready(0)
         assert ps.memo == {"/a"}  # Index: built at load
         await proc.process([publish(i, b) for i, b in enumerate(bodies.values())])
@@ -216,7 +219,7 @@ def test_entries_follow_every_update_delete_and_filter_delete(
 ) -> None:
     async def go() -> None:
         sender = RecordingSender()
-        proc = TopicProcessor(topic(), TopicNames("p"), sender)
+        proc = TopicProcessor(compile_topic(topic()), TopicNames("p"), sender)
         ps = await proc.ready(0)
         bounds = sorted({0, len(steps), *[c % (len(steps) + 1) for c in cuts]})
         offset = 0
@@ -240,7 +243,7 @@ def test_entries_follow_every_update_delete_and_filter_delete(
 def test_a_range_query_builds_the_index_once_and_keeps_it_current() -> None:
     async def go() -> None:
         sender = RecordingSender()
-        proc = TopicProcessor(topic(), TopicNames("p"), sender)
+        proc = TopicProcessor(compile_topic(topic()), TopicNames("p"), sender)
         ps = await proc.ready(0)
         await proc.process([publish(i, {"id": i, "qty": i * 10}) for i in range(100)])
         await proc.drain()
@@ -264,7 +267,7 @@ def test_a_range_query_builds_the_index_once_and_keeps_it_current() -> None:
 def test_an_and_is_served_by_its_most_selective_index() -> None:
     async def go() -> None:
         sender = RecordingSender()
-        proc = TopicProcessor(topic(), TopicNames("p"), sender)
+        proc = TopicProcessor(compile_topic(topic()), TopicNames("p"), sender)
         ps = await proc.ready(0)
         bodies = {key_of(i): {"id": i, "a": i % 2, "qty": i} for i in range(200)}
         await proc.process([publish(i, b) for i, b in enumerate(bodies.values())])
@@ -300,7 +303,7 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
         )
         # A persistent topic keeps the store it finds (a transient one starts empty).
         proc = TopicProcessor(
-            topic().model_copy(update={"durability": "persistent"}),
+            compile_topic(topic().model_copy(update={"durability": "persistent"})),
             TopicNames("p"),
             RecordingSender(),
             new_store=lambda partition: store,
@@ -309,7 +312,7 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
         assert ps.memo == {"/a"}
         assert store.get(marker_key("/a")) == READY and store.get(marker_key("/b")) is None
         assert stored_memo_entries(ps) == memo_entries(
-            ["/a"], rec.sow_key.encode(), rec.parsed(topic().codec)
+            ["/a"], rec.sow_key.encode(), rec.parsed(compile_topic(topic()).codec)
         )
         assert memo.load(store).ready == {"/a"} and not memo.load(store).partial
 
@@ -319,7 +322,9 @@ def test_partial_indexes_are_rebuilt_or_dropped_at_load() -> None:
 def test_expired_records_take_their_entries_with_them() -> None:
     async def go() -> None:
         sender = RecordingSender()
-        proc = TopicProcessor(topic("    Expiration: enabled\n"), TopicNames("p"), sender)
+        proc = TopicProcessor(
+            compile_topic(topic("    Expiration: enabled\n")), TopicNames("p"), sender
+        )
         ps = await proc.ready(0)
         records = [
             RawRecord(
@@ -344,7 +349,7 @@ def test_expired_records_take_their_entries_with_them() -> None:
 
 def test_a_seed_store_holds_the_same_memo_index_as_one_the_engine_filled() -> None:
     async def go() -> None:
-        proc = TopicProcessor(topic(), TopicNames("p"), RecordingSender())
+        proc = TopicProcessor(compile_topic(topic()), TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         bodies = [{"id": i, "a": [i, str(i * 2)], "b": "x"} for i in range(20)]
         await proc.process([publish(i, b) for i, b in enumerate(bodies)])
@@ -355,7 +360,9 @@ def test_a_seed_store_holds_the_same_memo_index_as_one_the_engine_filled() -> No
         records = [SowRecord.from_bytes(v) for k, v in ps.store.scan() if is_record_key(k)]
         seed = {
             k: v
-            for k, v in store_entries([], records, ps.watermark, topic().codec, memo=["/a"])
+            for k, v in store_entries(
+                [], records, ps.watermark, compile_topic(topic()).codec, memo=["/a"]
+            )
             if k.startswith((MEMO_PREFIX, b"\x00M/"))
         }
         # record 0 holds 0 and "0": one text and one number entry between them
@@ -379,7 +386,10 @@ def test_a_failed_build_is_logged_and_the_query_scans(caplog: pytest.LogCaptureF
         # persistent: the processor keeps the store it is given (a transient one starts empty)
         config = topic().model_copy(update={"indexes": (), "durability": "persistent"})
         proc = TopicProcessor(
-            config, TopicNames("p"), sender, new_store=lambda partition: NoRoomForIndexes()
+            compile_topic(config),
+            TopicNames("p"),
+            sender,
+            new_store=lambda partition: NoRoomForIndexes(),
         )
         ps = await proc.ready(0)
         bodies = {key_of(i): {"id": i, "qty": i} for i in range(10)}

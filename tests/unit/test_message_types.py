@@ -25,6 +25,7 @@ from sowstream.messagetypes import (
 )
 from sowstream.messagetypes.avro import AvroType, delta_schema
 from sowstream.sow.aggregate import merge_partials, parse_aggregation
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.ops import apply_keyed, decode_log_record
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.matcher import TopicSubscriptions
@@ -309,8 +310,11 @@ def test_a_user_type_from_an_entry_point(tmp_path: Path, monkeypatch: pytest.Mon
     try:
         assert "kv" in registry.names()
         config = load_config_text("sow: [{Name: t, MessageType: kv, Key: /id}]")
-        topic = config.topics[0]
-        assert (topic.ident, topic.codec.parse(b"id:1;a:2")) == ("kv:t", {"id": "1", "a": "2"})
+        topic = compile_topic(config.topics[0])
+        assert (topic.definition.ident, topic.codec.parse(b"id:1;a:2")) == (
+            "kv:t",
+            {"id": "1", "a": "2"},
+        )
         merged = apply_keyed(topic, None, op(topic, b"id:1;a:2", 1))
         assert merged is not None
         assert topic.codec.parse(
@@ -400,7 +404,8 @@ def test_avro_schema_file_is_relative_to_the_config_file(tmp_path: Path) -> None
     for name in ("c.yaml", "c.xml"):
         (topic,) = load_config(tmp_path / name).topics
         assert topic.schema_file == str(tmp_path / "schemas" / "order.avsc")
-        assert topic.codec.parse(topic.codec.serialise(ORDER)) == ORDER
+        codec = compile_topic(topic).codec
+        assert codec.parse(codec.serialise(ORDER)) == ORDER
     with pytest.raises(ConfigError) as caught:
         load_config_text(xml.replace("schemas/order", "missing"), "amps.xml")
     assert caught.value.element == "SOW/Topic[o]/Schema"
@@ -429,7 +434,7 @@ def op(topic: Any, value: bytes, offset: int, command: str = h.PUBLISH, key: str
 
 
 def test_fix_publish_keys_by_tag_and_delta_publish_merges() -> None:
-    t = TYPES.topic("t", "fix")
+    t = compile_topic(TYPES.topic("t", "fix"))
     first = apply_keyed(t, None, op(t, fix("11=A1|55=IBM|38=100|"), 1))
     assert first is not None
     second = apply_keyed(t, first, op(t, fix("11=A1|38=200|"), 2, h.DELTA_PUBLISH))
@@ -438,7 +443,7 @@ def test_fix_publish_keys_by_tag_and_delta_publish_merges() -> None:
 
 
 def test_a_malformed_body_is_refused_with_the_type_and_position() -> None:
-    t = TYPES.topic("t", "fix")
+    t = compile_topic(TYPES.topic("t", "fix"))
     with pytest.raises(InvalidMessageError) as caught:
         decode_log_record(t, None, fix("11=A1|oops|"), {}, 1, 0)
     assert caught.value.reason == "malformed_fix"
@@ -449,7 +454,8 @@ def test_a_malformed_body_is_refused_with_the_type_and_position() -> None:
 
 
 def test_xml_delta_with_another_root_cannot_merge() -> None:
-    t = TYPES.topic("u", "xml")  # publisher SowKeys: the update is not refused for its key
+    # publisher SowKeys: the update is not refused for its key
+    t = compile_topic(TYPES.topic("u", "xml"))
     stored = apply_keyed(t, None, op(t, b'<order id="1"><qty>1</qty></order>', 1, key="k1"))
     update = op(t, b'<trade id="1"/>', 2, h.DELTA_PUBLISH, key="k1")
     with pytest.raises(InvalidMessageError, match="cannot be merged") as caught:
@@ -458,7 +464,7 @@ def test_xml_delta_with_another_root_cannot_merge() -> None:
 
 
 def test_binary_needs_a_sow_key_and_delta_publish_replaces() -> None:
-    t = TYPES.topic("t", "binary")
+    t = compile_topic(TYPES.topic("t", "binary"))
     with pytest.raises(InvalidMessageError, match="the publisher must supply a SowKey"):
         decode_log_record(t, None, b"\x00\x01", {}, 1, 0)
     first = apply_keyed(t, None, op(t, b"\x00\x01", 1, key="k1"))
@@ -501,7 +507,7 @@ def _spec(command: str, flt: str | None, mtype: str, options: str = "oof") -> Su
 
 
 def test_fix_delta_subscription_gets_fix_deltas_and_oof() -> None:
-    t = TYPES.topic("t", "fix")
+    t = compile_topic(TYPES.topic("t", "fix"))
     subs = TopicSubscriptions(t)
     subs.upsert(_spec("delta_subscribe", "/38 > 50", "fix"))
     old, new = fix("11=A1|55=IBM|38=100|"), fix("11=A1|55=IBM|38=200|")
@@ -512,7 +518,7 @@ def test_fix_delta_subscription_gets_fix_deltas_and_oof() -> None:
 
 
 def test_binary_subscriptions_get_whole_messages_and_take_no_filter() -> None:
-    t = TYPES.topic("t", "binary")
+    t = compile_topic(TYPES.topic("t", "binary"))
     subs = TopicSubscriptions(t)
     with pytest.raises(InvalidCommandError, match="takes no content filter"):
         subs.view(_spec("delta_subscribe", "/a = 1", "binary"))

@@ -8,6 +8,7 @@ import pytest
 from sowstream.config import load_config_text
 from sowstream.config.models import TopicConfig
 from sowstream.errors import InvalidMessageError
+from sowstream.sow.compiled import CompiledTopic, compile_topic
 from sowstream.sow.expiration import expiration_time, parse_expiration_header
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import apply_keyed, decode_log_record, deleted_by_filter
@@ -15,13 +16,13 @@ from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 
 
-def topic(extra: str = "") -> TopicConfig:
+def topic(extra: str = "") -> CompiledTopic[TopicConfig]:
     cfg = load_config_text(f"sow:\n  - Name: orders\n    Key: /id\n{extra}")
-    return cfg.topics[0]
+    return compile_topic(cfg.topics[0])
 
 
 def op(
-    t: TopicConfig,
+    t: CompiledTopic[TopicConfig],
     body: object,
     offset: int,
     *,
@@ -33,7 +34,8 @@ def op(
     value = orjson.dumps(body) if body is not None else None
     hdrs = {h.COMMAND: cmd, **(headers or {})}
     if key is None and isinstance(body, dict):
-        key = generated_sow_key(t.name, t.effective_key_domain, t.keys, body).encode()
+        d = t.definition
+        key = generated_sow_key(d.name, d.effective_key_domain, d.keys, body).encode()
     return decode_log_record(t, key, value, hdrs, offset, ts)
 
 
@@ -110,7 +112,7 @@ def test_bad_records_raise_with_reason(
 
 
 def test_user_keyed_topic_takes_key_or_header() -> None:
-    t = load_config_text("sow:\n  - Name: blobs\n").topics[0]
+    t = compile_topic(load_config_text("sow:\n  - Name: blobs\n").topics[0])
     assert decode_log_record(t, b"QUJD", b'{"v": 1}', {}, 1, 0).sow_key == "QUJD"
     via_header = decode_log_record(t, None, b'{"v": 1}', {h.SOW_KEY: "QUJD"}, 1, 0)
     assert via_header.sow_key == "QUJD" and via_header.rekey
@@ -133,8 +135,8 @@ def test_expiration_rules() -> None:
 
 
 def test_expiration_policies() -> None:
-    enabled = topic("    Expiration: enabled\n").expiration
-    disabled = topic().expiration
+    enabled = topic("    Expiration: enabled\n").definition.expiration
+    disabled = topic().definition.expiration
     assert expiration_time(enabled, None, 100) is None
     assert expiration_time(enabled, 1000, 100) == 1100
     assert expiration_time(disabled, 1000, 100) == 1100  # stored, though never processed

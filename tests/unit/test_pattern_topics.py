@@ -20,6 +20,7 @@ from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import InvalidCommandError, InvalidMessageError
 from sowstream.filters import compile_filter
 from sowstream.pipeline.rebuild import PipelineError, require_supported
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord, decode_log_record, deleted_by_filter
 from sowstream.sow.patterns import (
@@ -52,6 +53,7 @@ sow:
 """
 CONFIG = load_config_text(YAML)
 ORDERS = CONFIG.topics[0]
+COMPILED = compile_topic(ORDERS)
 
 
 def key(name: str, i: int) -> str:
@@ -207,7 +209,7 @@ def raw(name: str | None, body: dict[str, Any] | None, offset: int, **extra: str
 
 
 def decode_raw(rec: RawRecord) -> Any:
-    return decode_log_record(ORDERS, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp)
+    return decode_log_record(COMPILED, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp)
 
 
 def test_each_name_keys_its_records_in_its_own_domain() -> None:
@@ -217,7 +219,7 @@ def test_each_name_keys_its_records_in_its_own_domain() -> None:
     assert us.sow_key == record_key("orders.us", key("orders.us", 1))
     assert eu.sow_key == record_key("orders.eu", key("orders.eu", 1))
     assert not us.rekey and not eu.rekey
-    shared = CONFIG.topics[0].model_copy(update={"key_domain": "d"})
+    shared = compile_topic(CONFIG.topics[0].model_copy(update={"key_domain": "d"}))
     op = decode_log_record(shared, None, b'{"id": 1}', {h.TOPIC: "orders.us"}, 0, 0)
     assert op.kafka_key == generated_sow_key("orders.us", "d", ["/id"], {"id": 1}) and op.rekey
 
@@ -233,7 +235,7 @@ def test_a_record_without_a_matching_name_is_rejected(
     headers: dict[str, str], reason: str, text: str
 ) -> None:
     with pytest.raises(InvalidMessageError) as caught:
-        decode_log_record(ORDERS, None, b'{"id": 1}', headers, 0, 0)
+        decode_log_record(COMPILED, None, b'{"id": 1}', headers, 0, 0)
     assert caught.value.reason == reason
     assert text in str(caught.value)
 
@@ -243,7 +245,7 @@ def test_a_delete_by_filter_takes_its_own_name_only() -> None:
     assert op.name == "orders.us" and op.sow_key is None
     us = SowRecord(record_key("orders.us", "k"), b'{"id": 1}', 1, 1)
     eu = SowRecord(record_key("orders.eu", "k"), b'{"id": 1}', 1, 1)
-    assert deleted_by_filter(ORDERS, us, op) and not deleted_by_filter(ORDERS, eu, op)
+    assert deleted_by_filter(COMPILED, us, op) and not deleted_by_filter(COMPILED, eu, op)
 
 
 # -- planning ----------------------------------------------------------------------------------
@@ -263,7 +265,7 @@ def test_key_lookups_need_one_name() -> None:
 
 
 def test_subscribers_get_their_names_with_real_topic_and_sow_key() -> None:
-    subs = TopicSubscriptions(ORDERS)
+    subs = TopicSubscriptions(COMPILED)
     us = SubscriptionSpec("us", "r", "orders", "subscribe", topic_regex=name_regex("orders.us"))
     every = SubscriptionSpec("all", "r", "orders", "subscribe", topic_regex="orders\\..*")
     subs.upsert(us)
@@ -325,7 +327,7 @@ def test_the_processor_keeps_and_answers_each_name_apart() -> None:
 
     async def go() -> dict[str, list[tuple[str, str, int]]]:
         sender = RecordingSender()
-        proc = TopicProcessor(ORDERS, TopicNames("p"), sender)
+        proc = TopicProcessor(COMPILED, TopicNames("p"), sender)
         await proc.ready(0)
         await proc.process(records[:4])
         await proc.drain()

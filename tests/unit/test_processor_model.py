@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from sowstream.config import TopicConfig, load_config_text
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import is_record_key
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
@@ -90,7 +91,7 @@ def run(
     from ``replay_from`` after a crash that lost the watermark."""
 
     async def go() -> dict[bytes, Any]:
-        proc = TopicProcessor(topic, TopicNames("p"), RecordingSender())
+        proc = TopicProcessor(compile_topic(topic), TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         bounds = sorted({0, len(records), *[c % (len(records) + 1) for c in cuts]})
         for lo, hi in itertools.pairwise(bounds):
@@ -133,7 +134,7 @@ def test_index_entries_follow_updates_and_deletes() -> None:
     ]
 
     async def go() -> list[bytes]:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), RecordingSender())
+        proc = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), RecordingSender())
         ps = await proc.ready(0)
         await proc.process(to_records(sequence))
         await proc.drain()

@@ -10,6 +10,7 @@ import orjson
 
 from sowstream.config import load_config_text
 from sowstream.engine.processor import TopicProcessor
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
@@ -32,7 +33,7 @@ def publish(offset: int, ident: int, **headers: str) -> RawRecord:
 
 
 async def loaded(sender: RecordingSender, count: int) -> TopicProcessor:
-    proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
+    proc = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
     await proc.ready(0)
     await proc.process([publish(i, i) for i in range(count)])
     await proc.drain()

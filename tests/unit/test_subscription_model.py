@@ -20,6 +20,7 @@ from sowstream.client.subscription import Subscription, _Live
 from sowstream.engine.processor import TopicProcessor
 from sowstream.filters import compile_filter
 from sowstream.messagetypes.changes import merge_delta
+from sowstream.sow.compiled import compile_topic
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
@@ -58,7 +59,7 @@ def app_messages(
     sender = RecordingSender()
 
     async def go() -> None:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        proc = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         ps = await proc.ready(0)
         proc.subs.upsert(spec)
         bounds = sorted({0, len(records), *[c % (len(records) + 1) for c in cuts]})
@@ -162,7 +163,7 @@ def test_messages_for_one_record_follow_log_order() -> None:
     sender = RecordingSender()
 
     async def go() -> None:
-        proc = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        proc = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         await proc.ready(0)
         proc.subs.upsert(spec)
         recs = to_records(sequence)

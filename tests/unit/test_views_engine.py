@@ -23,6 +23,7 @@ from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.engine.views import ViewRunner
 from sowstream.errors import StateStoreError
+from sowstream.sow.compiled import compile_topic
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.views.maintainer import ViewMaintainer
@@ -211,7 +212,7 @@ def new_runner(sender: RecordingSender, memory: dict[int, Any] | None = None) ->
         ListReader(sender, "in"),  # type: ignore[arg-type]
         input_topic="in",
         log_topic="log.V",
-        codec=VIEW.topic_config().codec,
+        codec=compile_topic(VIEW.topic_config()).codec,
     )
     if memory is not None:
         runner._memory = memory
@@ -240,7 +241,7 @@ def test_duplicated_events_and_restarts_leave_the_view_equal_to_a_recomputation(
         sender = RecordingSender()
         records = to_records(sequence)
         # The underlying worker applies the log ...
-        source = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        source = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         await source.ready(0)
         for start in range(0, len(records), split):
@@ -248,7 +249,7 @@ def test_duplicated_events_and_restarts_leave_the_view_equal_to_a_recomputation(
         await source.drain()
         # ... and after a crash another one applies it again from nothing (a transient topic
         # rebuilt without its events): every event is produced a second time.
-        again = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        again = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         again.views.append(ViewFeed(VIEW, "t", "in"))
         await again.ready(0)
         await again.process(records)
@@ -296,7 +297,7 @@ def test_a_batch_in_which_faust_jumped_ahead_is_completed_from_the_input_topic()
 
     async def go() -> None:
         sender = RecordingSender()
-        source = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        source = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         await source.ready(0)
         # Three records moving between two groups: every update is a retraction and an addition.
@@ -350,7 +351,7 @@ def test_a_batch_whose_change_events_kafka_refused_is_not_stored() -> None:
     async def go() -> None:
         outage = InputOutage(accepted=5)
         sender = outage.sender
-        source = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        source = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         records = to_records([("publish", i % 3, i % 2, i % 7) for i in range(12)])
         await source.ready(0)
@@ -389,7 +390,7 @@ def test_an_expiry_whose_change_events_kafka_refused_is_postponed() -> None:
         ).topics[0]
         outage = InputOutage(accepted=1_000)
         sender = outage.sender
-        source = TopicProcessor(topic, TopicNames("p"), sender)
+        source = TopicProcessor(compile_topic(topic), TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         ps = await source.ready(0)
         body = {h.EXPIRATION: "5"}
@@ -431,7 +432,7 @@ def test_events_of_a_revoked_partition_are_not_applied_and_drop_waits_for_a_batc
 
     async def go() -> None:
         sender = RecordingSender()
-        source = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        source = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         await source.ready(0)
         await source.process(to_records([("publish", 1, 1, 5), ("publish", 2, 1, 7)]))
@@ -485,7 +486,7 @@ def test_a_batch_cut_short_in_the_changelog_is_rolled_back(
 
     async def go() -> None:
         sender = RecordingSender()
-        source = TopicProcessor(TOPIC, TopicNames("p"), sender)
+        source = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         await source.ready(0)
         await source.process(to_records(sequence))

@@ -17,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from sowstream.config.models import RocksDBConfig
 from sowstream.engine.commands import Acknowledge, CommandInbox, ControlRecord
 from sowstream.engine.meta import Infos
-from sowstream.engine.ports import LogReader, Sender
+from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.pump import HeldPartitions, KafkaLogReader
 from sowstream.sow.ops import RawRecord
 from sowstream.wire.kafka import TopicSpec
@@ -46,7 +46,7 @@ class Partitions:
 class Wiring(Protocol):
     """What a unit declares with the runtime: tables, agents on Kafka topics, tasks."""
 
-    def table(self, name: str, partitions: int, rocksdb: RocksDBConfig | None = None) -> Any:
+    def table(self, name: str, partitions: int, rocksdb: RocksDBConfig | None = None) -> StateTable:
         """A RocksDB table replicated to its changelog (``rocksdb``: its tuning, if any)."""
 
     def command_agent(self, topic: str, partitions: int, name: str, inbox: ControlInbox) -> None:

@@ -45,7 +45,7 @@ class ConflatedUnit:
             ctx.log_reader(self.input_topic),
             input_topic=self.input_topic,
             log_topic=names.log(conflated.name, own.message_type),
-            codec=unit.codec,
+            codec=unit.compiled.codec,
             pattern=own.pattern is not None,
         )
         topics[underlying.ident].proc.views.append(ConflatedFeed(conflated, self.input_topic))

@@ -114,7 +114,7 @@ class QueueUnit:
             if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in kept
         ]
         target = config.topic(queue.publish_target, queue.message_type)
-        codec = self._topics[target.ident].codec if target.ident in self._topics else None
+        codec = self._topics[target.ident].compiled.codec if target.ident in self._topics else None
         info = infos.get(queue.name) or {
             **topic_info(target, self._ctx.names, codec=codec),
             "name": queue.name,

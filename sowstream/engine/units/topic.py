@@ -1,36 +1,21 @@
 """A SOW topic on a worker: its processor, the pump feeding it from its log, its control inbox.
 
 The unit compiles what the topic's records go through (its message type and its Preprocessing
-and Enrichment stages) once, when the worker is assembled, and holds them for everything that
-reads the topic's records.
+and Enrichment stages, :func:`~sowstream.sow.compiled.compile_topic`) once, when the worker is
+assembled, and holds them (:attr:`TopicUnit.compiled`) for everything that reads the topic's
+records: its processor and the derived topics' units.
 """
 
 from __future__ import annotations
 
 from sowstream.config.models import TopicConfig
 from sowstream.engine.commands import CommandInbox
+from sowstream.engine.ports import StateTable
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.pump import LogPump
 from sowstream.engine.units.base import Context, ControlInbox, Partitions
-from sowstream.messagetypes import MessageType, registry
-from sowstream.sow.enrich import ENRICHMENT, NO_STAGES, PREPROCESSING, TopicStages, compile_stage
+from sowstream.sow.compiled import CompiledTopic, compile_topic
 from sowstream.subscriptions.matcher import EntitlementLookup
-
-
-def compile_stages(topic: TopicConfig) -> TopicStages:
-    """The topic's compiled Preprocessing and Enrichment (:data:`NO_STAGES` when it has none)."""
-    if not topic.preprocessing and not topic.enrichment:
-        return NO_STAGES
-    return TopicStages(
-        compile_stage(PREPROCESSING, topic.preprocessing, instance_name=topic.instance_name)
-        if topic.preprocessing
-        else None,
-        compile_stage(
-            ENRICHMENT, topic.enrichment, instance_name=topic.instance_name, key_fields=topic.keys
-        )
-        if topic.enrichment
-        else None,
-    )
 
 
 class TopicUnit:
@@ -46,8 +31,8 @@ class TopicUnit:
         auto: bool = False,
     ) -> None:
         self.topic = topic
-        self.codec: MessageType = registry.get(topic.message_type, topic)
-        self.stages = compile_stages(topic)
+        # What every record of the topic goes through, compiled once for all that read them.
+        self.compiled: CompiledTopic[TopicConfig] = compile_topic(topic)
         # Queues take their messages from this topic's publishes (and keep them in its store).
         self.feeds_queues = feeds_queues
         # Created on first use: its commands come through the shared control topic.
@@ -57,12 +42,12 @@ class TopicUnit:
         self.ctl_topic = (
             names.auto_control if auto else names.control(topic.name, topic.message_type)
         )
-        self.table = None
+        self.table: StateTable | None = None
         if not auto and topic.durability == "persistent" and (topic.sow or feeds_queues):
             self.table = ctx.wiring.table(f"sow-{topic.kafka_name}", topic.partitions, ctx.rocksdb)
         log_topic = names.log(topic.name, topic.message_type)
         self.proc = TopicProcessor(
-            topic,
+            self.compiled,
             names,
             ctx.sender,
             table=self.table,

@@ -60,7 +60,7 @@ class ViewUnit:
             ctx.log_reader(self.input_topic),
             input_topic=self.input_topic,
             log_topic=names.log(view.name, view.message_type),
-            codec=own.codec,
+            codec=own.compiled.codec,
         )
         for ref in view.topics:
             # A queue's available messages change without a log of their own: only real
