@@ -169,18 +169,21 @@ def test_an_unknown_command_fails_naming_it() -> None:
     assert reply.message == "unknown command 'bogus'"
 
 
-def test_a_queue_command_answers_for_the_queue() -> None:
+def test_a_queue_command_answers_for_its_underlying_topic_and_partition() -> None:
+    """One answer per (underlying topic, partition): a queue over several topics gets one from
+    each, told apart by the topic (docs/protocol.md, Browsing)."""
     setup = Setup()
     asyncio.run(setup.router.answer(setup.orders, command("queue_status", topic="work"), 1))
     rows, end = setup.replies()
-    assert (rows.topic, orjson.loads(rows.records[0].data)) == (
-        "work",
+    assert (rows.topic, rows.partition, orjson.loads(rows.records[0].data)) == (
+        "orders",
+        1,
         {"topic": "orders", "depth": 0, "leased": 0},
     )
     assert (end.command, end.count) == ("part_end", 1)
     asyncio.run(setup.router.answer(setup.orders, command("delta_subscribe", topic="work"), 1))
     (failed,) = setup.replies()
-    assert (failed.status, failed.reason, failed.topic) == ("failure", "invalid", "work")
+    assert (failed.status, failed.reason, failed.topic) == ("failure", "invalid", "orders")
     assert failed.message.startswith("delta_subscribe is not available on queue 'work'")
 
 
