@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from sowstream.wire.avro import decode, encode
@@ -101,6 +102,9 @@ class ReplyRecord(NamedTuple):
     topic: str = ""  # on a Pattern topic, the name the record was published under
 
 
+_RECORD_FIELDS = itemgetter(*ReplyRecord._fields)
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A message from the engine on a client's reply topic."""
@@ -176,15 +180,6 @@ class Reply:
             count=r["count"],
             answer_id=r["answer_id"],
             log_offset=r["log_offset"],
-            records=[
-                ReplyRecord(
-                    x["sow_key"],
-                    x["data"],
-                    x["timestamp"],
-                    x["log_offset"],
-                    x["sort_rank"],
-                    x["topic"],
-                )
-                for x in r["records"]
-            ],
+            # itemgetter and _make: less Python per record, and a scan decodes many records.
+            records=list(map(ReplyRecord._make, map(_RECORD_FIELDS, r["records"]))),
         )
