@@ -147,3 +147,41 @@ class InputUnit(DerivedUnit, Protocol):
 
     def loading(self) -> list[int]:
         """Assigned input partitions not loaded (or not caught up) yet."""
+
+
+class InputRunner(Protocol):
+    """What a view's or conflated topic's runner does with the input partitions it is given."""
+
+    def assign(self, partitions: Iterable[int]) -> None: ...
+
+    async def drop(self, partitions: Iterable[int]) -> None: ...
+
+    async def warm(self, partitions: Iterable[int]) -> None: ...
+
+    def assigned(self) -> list[int]: ...
+
+    def loading(self) -> list[int]: ...
+
+
+class FedUnit:
+    """The lifecycle a unit fed by an input topic of its own shares: its input partitions go
+    to its runner as faust assigns and revokes them, and each tick warms those held."""
+
+    runner: InputRunner
+    input_topic: str
+    _ctx: Context
+
+    def assign(self, assigned: Partitions) -> None:
+        self.runner.assign(assigned.of(self.input_topic))
+
+    async def drop(self, revoked: Partitions) -> None:
+        await self.runner.drop(revoked.of(self.input_topic))
+
+    async def tick(self) -> None:
+        await self.runner.warm(self._ctx.assignment.partitions(self.input_topic))
+
+    def assigned(self) -> list[int]:
+        return self.runner.assigned()
+
+    def loading(self) -> list[int]:
+        return self.runner.loading()

@@ -11,13 +11,13 @@ from sowstream.config.models import TopicConfig
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.conflated import ConflatedRunner
 from sowstream.engine.meta import Infos, input_topic_spec
-from sowstream.engine.units.base import Context, Partitions
+from sowstream.engine.units.base import Context, FedUnit
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.views.conflated import ConflatedFeed
 from sowstream.wire.kafka import TopicSpec
 
 
-class ConflatedUnit:
+class ConflatedUnit(FedUnit):
     """One conflated topic on this worker (``own``: the conflated topic as a SOW topic)."""
 
     kind = "conflated topic"
@@ -38,7 +38,7 @@ class ConflatedUnit:
         names = ctx.names
         self.input_topic = names.view_input(conflated.name, own.message_type)
         table = ctx.wiring.table(f"conflated-{own.kafka_name}", conflated.partitions)
-        self.runner = ConflatedRunner(
+        self.runner: ConflatedRunner = ConflatedRunner(
             conflated,
             ctx.sender,
             table,
@@ -78,21 +78,6 @@ class ConflatedUnit:
         name = f"sowstream.conflated.{self.name}"
         wiring.batch_agent(self.input_topic, partitions, name, self.runner.handle)
         wiring.task(self.runner.run)  # the flush every Interval
-
-    def assign(self, assigned: Partitions) -> None:
-        self.runner.assign(assigned.of(self.input_topic))
-
-    async def drop(self, revoked: Partitions) -> None:
-        await self.runner.drop(revoked.of(self.input_topic))
-
-    async def tick(self) -> None:
-        await self.runner.warm(self._ctx.assignment.partitions(self.input_topic))
-
-    def assigned(self) -> list[int]:
-        return self.runner.assigned()
-
-    def loading(self) -> list[int]:
-        return self.runner.loading()
 
     def specs(self) -> list[TopicSpec]:
         return [input_topic_spec(self.input_topic, self.conflated.partitions)]

@@ -9,7 +9,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.config.root import SowstreamConfig
 from sowstream.config.views import ViewConfig
 from sowstream.engine.meta import Infos, input_topic_spec
-from sowstream.engine.units.base import Context, Partitions
+from sowstream.engine.units.base import Context, FedUnit
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.engine.views import ViewRunner
 from sowstream.views.projection import TopicRef
@@ -32,7 +32,7 @@ def underlying(
     return (json or found)[0]
 
 
-class ViewUnit:
+class ViewUnit(FedUnit):
     """One view on this worker."""
 
     kind = "view"
@@ -53,7 +53,7 @@ class ViewUnit:
         names = ctx.names
         self.input_topic = names.view_input(view.name, view.message_type)
         table = ctx.wiring.table(f"view-{own.topic.kafka_name}", self._partitions, ctx.rocksdb)
-        self.runner = ViewRunner(
+        self.runner: ViewRunner = ViewRunner(
             view,
             ctx.sender,
             table,
@@ -86,21 +86,6 @@ class ViewUnit:
         self._ctx.wiring.batch_agent(
             self.input_topic, self._partitions, f"sowstream.view.{self.name}", self.runner.handle
         )
-
-    def assign(self, assigned: Partitions) -> None:
-        self.runner.assign(assigned.of(self.input_topic))
-
-    async def drop(self, revoked: Partitions) -> None:
-        await self.runner.drop(revoked.of(self.input_topic))
-
-    async def tick(self) -> None:
-        await self.runner.warm(self._ctx.assignment.partitions(self.input_topic))
-
-    def assigned(self) -> list[int]:
-        return self.runner.assigned()
-
-    def loading(self) -> list[int]:
-        return self.runner.loading()
 
     def specs(self) -> list[TopicSpec]:
         return [input_topic_spec(self.input_topic, self._partitions)]
