@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
-.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-sow bench-apply bench-memory bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
+.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-sow bench-scan bench-apply bench-memory bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,10 @@ bench: $(STAMP)
 
 bench-sow: $(STAMP)
 	$(BIN)/python -m bench.sow_bench
+
+# The full-scan sow alone, repeated (about half a minute).
+bench-scan: $(STAMP)
+	$(BIN)/python -m bench.scan_bench
 
 # The per-record apply path in process, step by step (no broker; about a minute).
 bench-apply: $(STAMP)
