@@ -66,8 +66,9 @@ class _Pending:
     conflation_key: str = ""
     journal: bytes | None = None  # its conflation journal entry's store key
     restored: bool = False  # read back from the journal: ``latest`` is looked up when it settles
-    # Read back from the journal: the subscriber holds ``base`` or a later flush of this record
-    # (the flush may have reached it before the crash), so it gets whole states and every oof.
+    # Read back from the journal: the subscriber holds ``base``, or the flush that was on its way
+    # at the crash (positioned at ``offset``, so a repeat of it is dropped by the client). Its
+    # message is therefore positioned at ``offset`` too and built against ``base``, whole.
     uncertain: bool = False
 
 
@@ -143,6 +144,7 @@ class TopicSubscriptions:
         self._always: set[str] = set()  # subscriptions with pinned views: not in the index
         self._forced: dict[str, int] = {}  # reply topic -> conflation imposed on a slow client
         self._waiting: set[str] = set()  # subscriptions with a conflation interval running
+        self._restored: set[int] = set()  # partitions with intervals read back from the journal
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -250,6 +252,8 @@ class TopicSubscriptions:
         if not self._subs:
             return []
         out: list[Delivery] = []
+        for partition in self._restored & {change.partition for change in changes}:
+            out.extend(self._settle_restored(partition, changes))
         codec = self._codec
         for change in changes:
             before = change.before_body(codec)
@@ -449,8 +453,6 @@ class TopicSubscriptions:
             pending.conflation_key = ckey
         active.owners[ckey] = change.sow_key
         pending.restored = False
-        if pending.uncertain and was:
-            pending.base = change.before  # the latest state the subscriber may hold
         pending.partition, pending.offset = change.partition, change.offset
         pending.timestamp, pending.seq = change.timestamp, change.seq
         if now:
@@ -537,7 +539,8 @@ class TopicSubscriptions:
         for item in items:
             self._unjournal(item, self._cleared)
             if item.restored:
-                self._resolve(active.on(item.partition), item)
+                current = self._current(item.partition, item.sow_key) if self._current else None
+                self._resolve(active.on(item.partition), item, current)
         # Log order per partition: the client drops a message that is not newer than the last one
         # it delivered from that partition (its failover de-duplication).
         ordered = sorted(items, key=lambda p: (p.partition, p.offset, p.seq))
@@ -605,6 +608,7 @@ class TopicSubscriptions:
             uncertain=True,
         )
         active.owners[entry.conflation_key] = entry.sow_key
+        self._restored.add(partition)
         spec = active.view.spec
         interval = spec.options.conflation_ms or self._forced.get(spec.reply_to) or 0
         if active.due_at is None:
@@ -620,12 +624,53 @@ class TopicSubscriptions:
         for partition, entry in self._orphans.pop(sub_key, []):
             self._journal.setdefault(partition, {})[entry.key] = None
 
-    def _resolve(self, view: _View, item: _Pending) -> None:
-        """A restored record's state now: what its flush sends (or the reason it left focus)."""
-        record = self._current(item.partition, item.sow_key) if self._current else None
+    def _settle_restored(self, partition: int, changes: Sequence[Change]) -> list[Delivery]:
+        """Send ``partition``'s intervals read back from the journal, as of before ``changes``.
+
+        Each message stands where the flush lost in the crash stood (the client drops it if that
+        flush did arrive), built against what the subscriber held before the interval. Either
+        way the subscriber then holds each record as it was before ``changes``, so the intervals
+        they start have a certain base.
+        """
+        self._restored.discard(partition)
+        before: dict[str, SowRecord | None] = {}
+        for change in changes:
+            if change.partition == partition:
+                before.setdefault(change.sow_key, change.before)
+        out: list[Delivery] = []
+        for active in self._subs.values():
+            items = [
+                item
+                for item in active.pending.values()
+                if item.partition == partition and item.restored
+            ]
+            for item in items:
+                del active.pending[item.sow_key]
+                if active.owners.get(item.conflation_key) == item.sow_key:
+                    del active.owners[item.conflation_key]
+                self._unjournal(item, self._journal)  # stored with these changes' batch
+                if item.sow_key in before:
+                    state = before[item.sow_key]
+                elif self._current is not None:
+                    state = self._current(partition, item.sow_key)
+                else:
+                    state = None
+                self._resolve(active.on(partition), item, state)
+            for item in sorted(items, key=lambda p: (p.offset, p.seq)):
+                delivery = self._settle(active.on(partition).spec, item)
+                if delivery is not None:
+                    out.append(delivery)
+        return out
+
+    def _resolve(self, view: _View, item: _Pending, record: SowRecord | None) -> None:
+        """A restored record's state ``record``: what its message sends (or why it left focus)."""
         body = record.parsed(self._codec) if record is not None else None
         if view.in_focus(body):
             item.latest = record
+            if record is not None and record.log_offset > item.offset:
+                # Changed since without a journal entry: impossible while in focus, but a newer
+                # state is newer wherever it came from.
+                item.offset, item.timestamp, item.seq = record.log_offset, record.log_timestamp, 0
         else:
             item.latest = None
             if body is None:
@@ -634,8 +679,6 @@ class TopicSubscriptions:
                 item.reason = OOF_ENTITLEMENT
             else:
                 item.reason = OOF_MATCH
-        if record is not None and record.log_offset > item.offset:
-            item.offset, item.timestamp, item.seq = record.log_offset, record.log_timestamp, 0
         item.restored = False
 
     def drop_partition(self, partition: int) -> None:
@@ -644,17 +687,16 @@ class TopicSubscriptions:
             active.take(partition)
         self._journal.pop(partition, None)
         self._cleared.pop(partition, None)
+        self._restored.discard(partition)
         for key, orphans in list(self._orphans.items()):
             self._orphans[key] = [(p, e) for p, e in orphans if p != partition]
 
     def _settle(self, spec: SubscriptionSpec, item: _Pending) -> Delivery | None:
         if item.latest is None:
-            if not spec.options.oof or (item.base is None and not item.uncertain):
-                return None
+            if not spec.options.oof or item.base is None:
+                return None  # the subscriber holds nothing of it (or the lost flush's oof)
             # The subscriber never saw the interval's updates: show what it last received.
-            empty = self._codec.empty
-            last = item.base or SowRecord(item.sow_key, empty, item.offset, item.timestamp)
-            return self._delivery(spec, OOF, last, item, reason=item.reason)
+            return self._delivery(spec, OOF, item.base, item, reason=item.reason)
         if item.base is None or item.went_out or item.uncertain or not spec.delta:
             return self._delivery(spec, PUBLISH, item.latest, item)
         base, latest = item.base.parsed(self._codec), item.latest.parsed(self._codec)

@@ -22,6 +22,7 @@ from confluent_kafka import Producer
 
 from sowstream.client import Client, Subscription
 from sowstream.errors import SowstreamError
+from sowstream.filters import compile_filter
 from sowstream.sow.keys import generated_sow_key
 from sowstream.wire.kafka import producer_config
 from tests.integration.test_recovery import FILTER, fold_log
@@ -34,6 +35,7 @@ DEV_CONFIG = REPO / "deploy" / "k8s" / "overlays" / "dev" / "sowstream.yaml"
 TOPIC = "orders"
 KEYS = 300
 STEP_LOAD = 200  # records each step must see published while the fleet changes
+CONFLATED_FILTER = "/qty < 500"  # about half the records, each update moving some in or out
 
 
 def dev_config(prefix: str) -> tuple[str, int]:
@@ -122,11 +124,20 @@ class Load:
 
 
 class Subscriber:
-    """An application's copy of the topic, built from one sow_and_subscribe as messages come."""
+    """An application's copy of the topic, built from one sow_and_subscribe as messages come.
 
-    def __init__(self, sub: Subscription) -> None:
+    Every message is checked against what the copy holds at that point: an ``oof`` only for a
+    record held, carrying (under conflation) the state last received; a delta only for a record
+    held. The first message that breaks this is kept in ``error``.
+    """
+
+    def __init__(
+        self, sub: Subscription, flt: str | None = None, *, conflated: bool = False
+    ) -> None:
         self.sub = sub
-        self.cache = Cache()
+        self.filter = compile_filter(flt) if flt else None
+        self.cache = Cache(held_only=True, oof_last=conflated)
+        self.error: AssertionError | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -137,7 +148,14 @@ class Subscriber:
             msg = self.sub.next(timeout=0.2)
             if msg is not None and msg.command in ("sow", "publish", "oof"):
                 with self._lock:
-                    self.cache.apply(msg)
+                    try:
+                        self.cache.apply(msg)
+                    except AssertionError as exc:
+                        self.error = self.error or exc
+
+    def wanted(self, sow: dict[str, Any]) -> dict[str, Any]:
+        """What the subscriber must hold when the topic holds ``sow``."""
+        return {k: v for k, v in sow.items() if self.filter is None or self.filter.matches(v)}
 
     def view(self) -> dict[str, Any]:
         with self._lock:
@@ -185,11 +203,25 @@ def owners(fleet: LocalStatefulSet) -> dict[int, list[str]]:
     return found
 
 
+def holds(subscriber: Subscriber, sow: dict[str, Any]) -> Callable[[], tuple[bool, str]]:
+    """A probe: does ``subscriber`` hold its part of ``sow``?"""
+    wanted = subscriber.wanted(sow)
+
+    def probe() -> tuple[bool, str]:
+        held = subscriber.view()
+        missing = wanted.keys() - held.keys()
+        extra = held.keys() - wanted.keys()
+        wrong = [k for k in wanted.keys() & held.keys() if wanted[k] != held[k]]
+        return held == wanted, f"missing {len(missing)}, extra {len(extra)}, wrong {wrong[:5]}"
+
+    return probe
+
+
 def check(
     step: str,
     fleet: LocalStatefulSet,
     client: Client,
-    subscriber: Subscriber,
+    subscribers: list[Subscriber],
     log_topic: str,
     partitions: int,
 ) -> dict[int, list[str]]:
@@ -230,14 +262,9 @@ def check(
 
     eventually(f"{step}: the SOW is the fold of the log", sow_is_fold)
 
-    def subscriber_holds_sow() -> tuple[bool, str]:
-        held = subscriber.view()
-        missing = expected.keys() - held.keys()
-        extra = held.keys() - expected.keys()
-        wrong = [k for k in expected.keys() & held.keys() if expected[k] != held[k]]
-        return held == expected, f"missing {len(missing)}, extra {len(extra)}, wrong {wrong[:5]}"
-
-    eventually(f"{step}: the subscriber holds the SOW", subscriber_holds_sow)
+    for n, subscriber in enumerate(subscribers):
+        eventually(f"{step}: subscriber {n} holds its part of the SOW", holds(subscriber, expected))
+        assert subscriber.error is None, f"{step}: subscriber {n}: {subscriber.error}"
     return owners(fleet)
 
 
@@ -284,7 +311,16 @@ def test_the_statefulset_scales_and_loses_pods_and_volumes_without_losing_anythi
         Client(fleet.bootstrap, prefix=prefix, timeout=30.0) as listener,
     ):
         log_topic = client.topic_info(TOPIC).log_topic
-        subscriber = Subscriber(listener.sow_and_subscribe(TOPIC, options="oof"))
+        subscribers = [
+            Subscriber(listener.sow_and_subscribe(TOPIC, options="oof")),
+            # Conflated and filtered: records enter and leave its focus within an interval while
+            # workers are killed, and the journal must tell it only about records it holds.
+            Subscriber(
+                listener.sow_and_subscribe(TOPIC, CONFLATED_FILTER, options="oof,conflation=200ms"),
+                CONFLATED_FILTER,
+                conflated=True,
+            ),
+        ]
         try:
             for step, change in steps:
                 before = load.published
@@ -294,7 +330,7 @@ def test_the_statefulset_scales_and_loses_pods_and_volumes_without_losing_anythi
                 fleet.wait_ready()
                 load.pause()
                 assert load.published - before >= STEP_LOAD, f"{step}: too little load"
-                found = check(step, fleet, client, subscriber, log_topic, partitions)
+                found = check(step, fleet, client, subscribers, log_topic, partitions)
                 assert {w[0] for w in found.values()} <= {p.name for p in fleet.running()}
             # The pod whose volume was lost said it was not ready until it had restored the
             # partitions it owns again, into its new volume.
@@ -305,4 +341,5 @@ def test_the_statefulset_scales_and_loses_pods_and_volumes_without_losing_anythi
             assert any(fleet.pod(0).volume.rglob("CURRENT")), "no RocksDB in pod 0's new volume"
         finally:
             load.stop()
-            subscriber.stop()
+            for subscriber in subscribers:
+                subscriber.stop()

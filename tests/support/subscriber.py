@@ -47,14 +47,34 @@ class Cache:
     kept apart as ``partial``; otherwise a delta for a record the cache lacks is an error.
     """
 
-    def __init__(self, *, partial_ok: bool = False) -> None:
+    def __init__(
+        self, *, partial_ok: bool = False, held_only: bool = False, oof_last: bool = False
+    ) -> None:
+        """``held_only``: an ``oof`` must name a record the cache holds (true when the
+        subscriber saw the whole picture: a SOW part on every partition); ``oof_last``: every
+        ``oof`` body must be the state held (conflation: the last state the subscriber received;
+        without it, reason ``match`` carries the new state instead)."""
         self.records: dict[str, Any] = {}
         self.partial: set[str] = set()
         self.partial_ok = partial_ok
+        self.held_only = held_only
+        self.oof_last = oof_last
 
     def apply(self, msg: Message) -> None:
         key = msg.sow_key
         if msg.command == "oof":
+            held = self.records.get(key)
+            if self.held_only:
+                assert held is not None, f"an oof for record {key}, which the subscriber lacks"
+            if (
+                held is not None
+                and key not in self.partial
+                and (self.oof_last or msg.reason != "match")
+            ):
+                body = without_nulls(msg.json())
+                assert body == without_nulls(held), (
+                    f"the oof for {key} carries {body}, the subscriber holds {held}"
+                )
             self.records.pop(key, None)
             self.partial.discard(key)
         elif msg.command in ("sow", "publish"):
@@ -120,7 +140,11 @@ class Harness:
         self.sub = Subscription(
             "s", [self.spec], user, key_fields={topic.name: topic.keys}, window=window
         )
-        self.cache = Cache(partial_ok=command == DELTA_SUBSCRIBE)
+        self.cache = Cache(
+            partial_ok=command == DELTA_SUBSCRIBE,
+            held_only=command in WITH_SOW,
+            oof_last=user.conflation_ms is not None and not paginated,
+        )
         self._group: list[Message] = []
         self._placed: set[int] = set()
 

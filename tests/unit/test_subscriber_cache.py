@@ -271,6 +271,32 @@ def test_paginated_subscriber_holds_the_window(
     st.booleans(),
     st.booleans(),
 )
+@example(  # in and out of focus within the interval before the kill: no oof, the record unheld
+    steps=[
+        (("publish", 0, 0, 0), ""),
+        (("publish", 0, 0, 0), ""),
+        (("delete", 0, 0, 0), "cut"),
+        (("delete", 0, 0, 0), "crash"),
+    ],
+    placement=(0, 0, 0),
+    command=SOW_AND_SUBSCRIBE,
+    flt=None,
+    ckey=False,
+    select=False,
+)
+@example(  # a change after the takeover: the oof carries what the subscriber held, not v=1
+    steps=[
+        (("publish", 0, 0, 0), "flush"),
+        (("publish", 0, 0, 1), "cut"),
+        (("publish", 2, 0, 0), "crash"),
+        (("delete", 0, 0, 0), "flush"),
+    ],
+    placement=(0, 0, 0),
+    command=SOW_AND_SUBSCRIBE,
+    flt=None,
+    ckey=False,
+    select=False,
+)
 def test_conflated_subscriber_survives_worker_crashes(
     steps: list[tuple[tuple[str, int, int, int], str]],
     placement: tuple[int, int, int],
@@ -279,6 +305,8 @@ def test_conflated_subscriber_survives_worker_crashes(
     ckey: bool,
     select: bool,
 ) -> None:
-    """A crash mid-interval loses nothing: the new owner finishes the interval from the journal."""
+    """A crash mid-interval loses nothing: the new owner finishes the interval from the journal,
+    and tells the subscriber nothing about a record it does not hold (every oof carries the state
+    it last received)."""
     options = options_text(True, True, ckey, select)
     run(steps, placement, command, flt, options, None, DURABLE)
