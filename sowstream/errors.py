@@ -32,6 +32,18 @@ class InvalidCommandError(SowstreamError):
     """A command's options are wrong (BatchSize over the limit, skip_n without top_n, ...)."""
 
 
+class AuthenticationError(SowstreamError):
+    """A credential is missing, malformed, expired or does not verify; ``str()`` says which.
+
+    ``reason`` is ``authentication_failed``, or ``not_entitled`` when the credential is valid
+    but belongs to another identity than the one claimed.
+    """
+
+    def __init__(self, message: str, *, reason: str = "authentication_failed") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class CommandFailedError(SowstreamError):
     """The engine rejected a command; ``reason`` is its code and ``str()`` its explanation."""
 

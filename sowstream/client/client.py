@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Self
 
+from sowstream.auth import Auth
 from sowstream.client.cluster import cluster_status
 from sowstream.client.connection import HEARTBEAT_SECONDS, Connection
 from sowstream.client.messages import Command, Message
@@ -56,7 +57,11 @@ class Client:
         timeout: float = 30.0,
         identity: str = "",
         message_type: str = JSON,
+        auth: Auth | None = None,
     ) -> None:
+        """``auth`` (:class:`~sowstream.auth.HmacAuth` or :class:`~sowstream.auth.BearerAuth`)
+        puts a credential on every record the client writes; an engine that checks credentials
+        applies entitlements to the identity it proves, not to ``identity``."""
         self._connection = connection = Connection(
             bootstrap,
             name=name,
@@ -65,6 +70,7 @@ class Client:
             timeout=timeout,
             identity=identity,
             message_type=message_type,
+            auth=auth,
         )
         self._querying = Querying(connection)
         self._queueing = Queueing(connection)

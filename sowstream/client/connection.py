@@ -21,6 +21,7 @@ from typing import Any, Self, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
+from sowstream.auth import Auth, HmacAuth
 from sowstream.broker.bootstrap import resolve_bootstrap
 from sowstream.client.queue import QueueSubscription
 from sowstream.client.replies import ReplyBox
@@ -82,8 +83,13 @@ class Connection:
         timeout: float = 30.0,
         identity: str = "",
         message_type: str = JSON,
+        auth: Auth | None = None,
     ) -> None:
         self.message_type = type_name(message_type)
+        # Credentials for every record written (commands, registrations, publishes).
+        self.auth = auth
+        if not identity and isinstance(auth, HmacAuth):
+            identity = auth.identity
         self.bootstrap = resolve_bootstrap(bootstrap)
         self.name = name or f"client-{uuid.uuid4().hex[:12]}"
         self.names = TopicNames(prefix)
@@ -361,8 +367,11 @@ class Connection:
     ) -> None:
         """Write one record to a log topic, its delivery tracked for :meth:`written`."""
         producer = self._require()
+        raw_key = key.encode() if key is not None else None
+        if self.auth is not None:
+            headers = {**headers, h.CREDENTIAL: self.auth.credential(topic, raw_key, value)}
         kwargs: dict[str, Any] = {
-            "key": key.encode() if key is not None else None,
+            "key": raw_key,
             "value": value,
             "headers": h.to_kafka_headers(headers),
             "on_delivery": self._on_delivery,
@@ -398,15 +407,29 @@ class Connection:
         """Write each command to its control-topic partition and wait until Kafka has them."""
         producer = self._require()
         for topic, partition, command in commands:
-            producer.produce(topic, value=command.encode(), partition=partition)
+            value = command.encode()
+            producer.produce(
+                topic, value=value, partition=partition, headers=self._signed(topic, None, value)
+            )
         producer.flush(self.timeout)
 
     def send_now(self, commands: Iterable[Send]) -> None:
         """Write commands nobody waits for on the producer that does not linger (acks)."""
         producer = self._ack_producer()
         for topic, partition, command in commands:
-            producer.produce(topic, value=command.encode(), partition=partition)
+            value = command.encode()
+            producer.produce(
+                topic, value=value, partition=partition, headers=self._signed(topic, None, value)
+            )
         producer.poll(0)
+
+    def _signed(
+        self, topic: str, key: bytes | None, value: bytes | None
+    ) -> list[tuple[str, str | bytes | None]]:
+        """The credential header of a record, if the client has credentials."""
+        if self.auth is None:
+            return []
+        return [(h.CREDENTIAL, self.auth.credential(topic, key, value).encode())]
 
     def prepare_acks(self, control_topics: Iterable[str]) -> None:
         """Connect the ack producer and fetch these control topics' metadata now: the first
@@ -565,12 +588,10 @@ class Connection:
     def register(self, specs: list[SubscriptionSpec]) -> None:
         """Write the registrations to the registry topic (so any worker can serve them)."""
         producer = self._require()
+        topic = self.names.subscriptions
         for spec in specs:
-            producer.produce(
-                self.names.subscriptions,
-                key=spec.key.encode(),
-                value=encode("Subscription", spec.to_wire()),
-            )
+            key, value = spec.key.encode(), encode("Subscription", spec.to_wire())
+            producer.produce(topic, key=key, value=value, headers=self._signed(topic, key, value))
         if producer.flush(self.timeout):
             raise CommandTimeoutError("could not register the subscription in time")
 

@@ -17,6 +17,7 @@ from typing import Literal, get_args
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from sowstream.auth.verify import AuthenticationSettings
 from sowstream.config.errors import FieldProblem
 from sowstream.config.fields import (
     MAX_PARTITIONS,
@@ -538,6 +539,8 @@ class EngineConfig(Frozen):
     # How a worker refills a partition store from its changelog when the store is missing or far
     # behind: ``batched`` (confluent-kafka into RocksDB WriteBatches) or ``faust`` (its recovery).
     restore: RestoreMode = "batched"
+    # Credentials the engine checks (JWTs, HMAC secrets); unset, identities are asserted.
+    authentication: AuthenticationSettings = AuthenticationSettings()
 
     @field_validator("auto_create_topics", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ import socket
 import time
 from pathlib import Path
 
+from sowstream.auth import Authenticator
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.autotopics import AutoTopics
 from sowstream.engine.clients import Clients
@@ -101,10 +102,13 @@ class Engine:
             app_id=engine.app_id,
             kafka=engine.kafka,
             rocksdb=engine.rocksdb,
+            authenticator=Authenticator(engine.authentication),
         )
         self.topology = Topology(config, ctx)
         self.auto = AutoTopics(config, self.topology)
-        self.router = CommandRouter(self.topology, self.auto, sender, assignment, self.worker_name)
+        self.router = CommandRouter(
+            self.topology, self.auto, sender, assignment, self.worker_name, ctx.authenticator
+        )
         self.clients = Clients(self.topology, self.auto, engine.slow_consumer, sender.forget_gone)
         sender.on_gone = self.clients.reply_topic_missing
         http = f"{metrics_host}:{self.metrics_port}" if self.metrics_port else None

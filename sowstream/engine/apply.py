@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sowstream.auth import Authenticator
 from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import delivered
@@ -38,7 +39,9 @@ from sowstream.sow.ops import (
     LogOp,
     RawRecord,
     apply_keyed,
+    authenticated,
     check_publish_entitlement,
+    check_refused,
     decode_log_record,
     deleted_by_filter,
     parse_body,
@@ -77,6 +80,8 @@ class Applier:
         self.log_topic = names.log(self.topic.name, self.topic.message_type)
         # Set when this topic is a view or conflated topic: only its maintainer writes the log.
         self.view_name: str | None = None
+        # Checks publishers' credentials (set by the engine; None: identities are asserted).
+        self.authenticator: Authenticator | None = None
         self._table = table
         self._sender = sender
         self._subs = subs
@@ -112,7 +117,7 @@ class Applier:
                 if not table.holds(partition, ps):
                     continue  # revoked while waiting: the new owner reads these records again
                 await table.settle(ps, keep=MAX_IN_FLIGHT - 1)
-                outcome = self._fold(ps, recs, replay=False)
+                outcome = self._fold(ps, self._identified(recs), replay=False)
                 sent: list[asyncio.Future[Any]] = []
                 required: list[asyncio.Future[Any]] = []
                 if outcome.events:
@@ -196,7 +201,7 @@ class Applier:
 
     def apply(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
         """Fold ``recs`` into the partition and write the result as one batch."""
-        outcome = self._fold(ps, recs, replay=replay)
+        outcome = self._fold(ps, self._identified(recs), replay=replay)
         self._commit(ps, outcome)
         return outcome
 
@@ -222,6 +227,16 @@ class Applier:
                 _position(outcome),
                 outcome.bodies,
             )
+
+    def _identified(self, recs: Sequence[RawRecord]) -> Sequence[RawRecord]:
+        """``recs`` with their credentials checked, where the engine checks publishes: every
+        one when credentials are required, else those of topics with publish entitlements."""
+        auth = self.authenticator
+        if auth is None or not auth.enabled:
+            return recs
+        if not auth.settings.required and not self.topic.publish_filters:
+            return recs
+        return authenticated(auth, self.log_topic, recs)
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
         """Compute what ``recs`` do to the partition, without writing it yet.
@@ -327,6 +342,7 @@ class Applier:
             outcome.last_record = rec
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
             try:
+                check_refused(topic, rec.headers)
                 sow_key = plain_key(compiled, rec, command)
                 if topic.publish_filters and command != h.SOW_DELETE:
                     delta = command == h.DELTA_PUBLISH

@@ -50,6 +50,7 @@ class Clients:
             ctx.kafka,
             self.registration,
             loaded=ctx.subscriptions_known,
+            authenticator=ctx.authenticator,
         )
         self.slow_consumers = SlowConsumerWatch(
             ctx.bootstrap,

@@ -36,6 +36,9 @@ class ControlRecord(NamedTuple):
     partition: int
     offset: int
     value: bytes | None
+    key: bytes | None = None
+    credential: str | None = None  # its sow.credential header
+    timestamp_ms: int = 0
 
 
 class CommandInbox(Generic[A, R]):

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
-from sowstream.errors import SowstreamError
+from sowstream.auth import Authenticator
+from sowstream.errors import AuthenticationError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import producer_config
 
@@ -38,8 +41,12 @@ class SubscriptionRegistry:
         apply: Apply,
         *,
         loaded: asyncio.Event | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
+        """``authenticator`` checks each registration's credential (None: identities are
+        asserted)."""
         self.topic = topic
+        self._authenticator = authenticator
         self._bootstrap = bootstrap
         self._extra = dict(extra)
         self._apply = apply
@@ -70,6 +77,28 @@ class SubscriptionRegistry:
         except (SowstreamError, FilterError, ValueError, KeyError, EOFError) as exc:
             log.warning("ignored unreadable registration %r on %s: %s", key, self.topic, exc)
             return
+        auth = self._authenticator
+        if auth is not None and auth.enabled:
+            # Checked against the time the registration was written, so a worker reading the
+            # registry again after a restart decides as the first one did.
+            headers = h.header_map(msg.headers())
+            try:
+                identity = auth.identify(
+                    headers.get(h.CREDENTIAL),
+                    spec.identity,
+                    self.topic,
+                    msg.key(),
+                    value,
+                    msg.timestamp()[1],
+                )
+            except AuthenticationError as exc:
+                # The placement command carries the same credential and is refused with the
+                # reason, so the client hears of it; here the registration is only ignored.
+                log.warning("ignored registration %r on %s: %s", key, self.topic, exc)
+                self._apply(key, None)
+                return
+            if identity != spec.identity:
+                spec = replace(spec, identity=identity)
         self._apply(key, spec)
 
     async def run(self) -> None:

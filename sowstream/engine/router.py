@@ -15,15 +15,16 @@ from typing import Protocol
 
 import orjson
 
+from sowstream.auth import Authenticator
 from sowstream.engine.commands import ControlRecord, runs
 from sowstream.engine.partition import PartitionMoved
-from sowstream.engine.ports import Assignment, Sender
+from sowstream.engine.ports import Assignment, Sender, wall_clock_ms
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.topology import Topology
 from sowstream.engine.units.base import ControlInbox
 from sowstream.engine.units.topic import TopicUnit
-from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.errors import AuthenticationError, InvalidCommandError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
@@ -83,12 +84,15 @@ class CommandRouter:
         sender: Sender,
         assignment: Assignment,
         worker_name: str,
+        authenticator: Authenticator | None = None,
     ) -> None:
+        """``authenticator`` checks each command's credential (None: identities asserted)."""
         self._topology = topology
         self._creation = creation
         self._sender = sender
         self._assignment = assignment
         self._worker_name = worker_name
+        self._authenticator = authenticator
 
     # -- control topics of configured topics: batches -------------------------------------------
 
@@ -118,6 +122,8 @@ class CommandRouter:
         for record in records:
             cmd = decode_command(record)
             if cmd is not None:
+                cmd = await self.authenticated(cmd, record)
+            if cmd is not None:
                 commands.append((cmd, record.partition))
         for run in runs(commands, self._is_queue_ack):
             try:
@@ -130,6 +136,34 @@ class CommandRouter:
                     "topic %s: command %s failed", unit.topic.name, run.items[0][0].command_id
                 )
 
+    async def authenticated(self, cmd: Command, record: ControlRecord) -> Command | None:
+        """``cmd`` acting as the identity its credential proves; None once refused (the
+        client is answered with the reason, so a refusal never looks like silence)."""
+        authenticator = self._authenticator
+        if authenticator is None or not authenticator.enabled:
+            return cmd
+        try:
+            identity = authenticator.identify(
+                record.credential,
+                cmd.identity,
+                record.topic,
+                record.key,
+                record.value,
+                wall_clock_ms(),
+            )
+        except AuthenticationError as exc:
+            log.warning(
+                "refused command %s on %s[%d]: %s",
+                cmd.command_id,
+                record.topic,
+                record.partition,
+                exc,
+            )
+            writer = ReplyWriter.for_command(self._sender, cmd, cmd.topic, record.partition)
+            await writer.failure(exc.reason, str(exc))
+            return None
+        return cmd if identity == cmd.identity else cmd.with_(identity=identity)
+
     def _is_queue_ack(self, item: Addressed) -> bool:
         cmd = item[0]
         return cmd.command == QUEUE_ACK and cmd.topic in self._topology.queues
@@ -139,6 +173,8 @@ class CommandRouter:
     async def auto_command(self, record: ControlRecord) -> None:
         """A command on the shared control topic: create a topic, or one for a created topic."""
         cmd = decode_command(record)
+        if cmd is not None:
+            cmd = await self.authenticated(cmd, record)
         if cmd is None:
             return
         if cmd.command == h.DECLARE_TOPIC:

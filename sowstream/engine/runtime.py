@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,6 +37,7 @@ from sowstream.engine.runtime_restore import batched_table_manager, restore_prog
 from sowstream.engine.security import kafka_security
 from sowstream.engine.units.base import ControlInbox, Partitions
 from sowstream.sow.ops import RawRecord
+from sowstream.wire import headers as h
 
 log = logging.getLogger("sowstream.engine")
 
@@ -257,7 +258,24 @@ def faust_credentials(kafka: dict[str, str]) -> CredentialsT | None:
 
 
 def _control_record(msg: Any) -> ControlRecord:
-    return ControlRecord(msg.topic, msg.partition, msg.offset, msg.value)
+    return ControlRecord(
+        msg.topic,
+        msg.partition,
+        msg.offset,
+        msg.value,
+        msg.key,
+        header_text(msg.headers, h.CREDENTIAL),
+        int(msg.timestamp * 1000),
+    )
+
+
+def header_text(headers: Any, name: str) -> str | None:
+    """Header ``name`` of a faust message as text (faust gives a mapping or a list of pairs)."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for key, value in pairs:
+        if key == name and value is not None:
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return None
 
 
 def _event_record(msg: Any) -> RawRecord:

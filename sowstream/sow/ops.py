@@ -14,11 +14,12 @@ applied once (see ``apply_keyed``), so a replay never enriches a record again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from sowstream.errors import InvalidMessageError
+from sowstream.auth import Authenticator
+from sowstream.errors import AuthenticationError, InvalidMessageError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageParseError, MessageSerialiseError, MessageType
 from sowstream.messagetypes.changes import merge_delta
@@ -170,6 +171,7 @@ def decode_log_record(
 ) -> LogOp:
     """Turn a raw log record into a :class:`LogOp`; bad input raises InvalidMessageError."""
     topic = compiled.definition
+    check_refused(topic, headers)
     command = headers.get(h.COMMAND) or h.PUBLISH
     if command not in h.LOG_COMMANDS:
         raise InvalidMessageError(
@@ -220,6 +222,36 @@ def decode_log_record(
     if command != h.SOW_DELETE:
         op.expiration_ms = parse_expiration_header(topic.name, headers.get(h.EXPIRATION))
     return op
+
+
+def check_refused(topic: TopicDefinition, headers: Mapping[str, str]) -> None:
+    """Refuse a record whose credential the worker refused (see :func:`authenticated`)."""
+    refused = headers.get(h.REFUSED)
+    if refused is not None:
+        reason, _, message = refused.partition(" ")
+        raise InvalidMessageError(f"{_label(topic)}: {message}", topic=topic.name, reason=reason)
+
+
+def authenticated(
+    authenticator: Authenticator, log_topic: str, recs: Sequence[RawRecord]
+) -> list[RawRecord]:
+    """``recs`` acting as the identities their credentials prove: header ``sow.identity`` set
+    to the verified identity, or ``sow.refused`` set when the credential does not hold (checked
+    against each record's own timestamp, so a replay of the log after a restart decides alike)."""
+    out: list[RawRecord] = []
+    for rec in recs:
+        headers = rec.headers
+        claimed = headers.get(h.IDENTITY) or ""
+        changed = dict(headers)
+        changed.pop(h.REFUSED, None)
+        try:
+            changed[h.IDENTITY] = authenticator.identify(
+                headers.get(h.CREDENTIAL), claimed, log_topic, rec.key, rec.value, rec.timestamp
+            )
+        except AuthenticationError as exc:
+            changed[h.REFUSED] = f"{exc.reason} {exc}"
+        out.append(replace(rec, headers=changed) if changed != headers else rec)
+    return out
 
 
 def check_publish_entitlement(

@@ -16,6 +16,11 @@ COMMAND_ID = "sow.cmd_id"  # correlates the ack with the command
 VIEW = "sow.view"  # on a view's log: the view whose maintainer wrote the record (only it may)
 ORIGIN = "sow.origin"  # "partition:offset" of the unkeyed record this keyed copy came from
 IDENTITY = "sow.identity"  # the publisher's identity, for publish entitlements
+# The record's credential (sowstream.auth): on commands, registrations and publishes.
+CREDENTIAL = "sow.credential"
+# Set by the worker itself on a log record whose credential it refused ("<reason> <message>"):
+# the fold dead-letters the record with that reason.
+REFUSED = "sow.refused"
 
 # Live subscription messages on a reply topic: the value is the JSON body, the rest is here, so a
 # plain Kafka consumer can read a subscription. Engine replies (Avro) carry no sow.cmd header.

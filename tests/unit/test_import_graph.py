@@ -26,7 +26,7 @@ SOURCE = Path(__file__).resolve().parents[2] / ROOT
 # peers: they must not import each other. "sowstream" stands for the root __init__ and __main__;
 # "errors" and "units" are the modules sowstream/errors.py and sowstream/units.py.
 LAYERS: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = (
-    ("ground", (("errors", "units"), ("filters", "wire"), ("broker",))),
+    ("ground", (("errors", "units"), ("filters", "wire", "auth"), ("broker",))),
     ("pure", (("messagetypes",), ("sow",), ("subscriptions", "views", "queues"), ("config",))),
     ("runtime", (("engine", "client", "pipeline"),)),
     ("front", (("console",), ("cli",))),

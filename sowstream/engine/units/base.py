@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from sowstream.auth import Authenticator
 from sowstream.config.models import RocksDBConfig
 from sowstream.engine.commands import Acknowledge, CommandInbox, ControlRecord
 from sowstream.engine.meta import Infos
@@ -99,6 +100,8 @@ class Context:
     # Set once the worker is settled for applying logs (subscriptions known, start-up garbage
     # frozen): the log pumps wait for it.
     logs_open: asyncio.Event = field(default_factory=asyncio.Event)
+    # Checks the credentials of commands, registrations and publishes (None: asserted).
+    authenticator: Authenticator | None = None
 
     def log_reader(self, topic: str) -> LogReader:
         """A reader of Kafka topic ``topic``, for rebuilds, catch-ups and gap reads."""

@@ -54,6 +54,7 @@ class TopicUnit:
             log_reader=ctx.log_reader(log_topic),
             entitlement=entitlement,
         )
+        self.proc.applier.authenticator = ctx.authenticator
         consumer = {
             "bootstrap.servers": ctx.bootstrap,
             "group.id": f"{ctx.app_id}-log-pump",
