@@ -18,6 +18,7 @@ import yaml
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
 
+from sowstream.auth import Auth
 from sowstream.client import Client
 from sowstream.errors import SowstreamError
 
@@ -76,8 +77,12 @@ class EngineProcesses:
         views: list[dict[str, Any]] | None = None,
         conflated_topics: list[dict[str, Any]] | None = None,
         publish_entitlements: dict[str, dict[str, str]] | None = None,
+        auth: Auth | None = None,
     ) -> None:
+        """``auth``: the credentials of the clients the harness makes itself (readiness probes,
+        :meth:`client`), for engines that require them."""
         self.bootstrap = bootstrap
+        self.auth = auth
         self.workdir = workdir
         self.kafka = dict(kafka or {})
         self.prefix = prefix or f"t{uuid.uuid4().hex[:10]}"
@@ -180,6 +185,7 @@ class EngineProcesses:
 
     def client(self, **kwargs: Any) -> Client:
         """A connected client for this engine."""
+        kwargs.setdefault("auth", self.auth)
         return Client(self.bootstrap, prefix=self.prefix, config=self.kafka, **kwargs).connect()
 
     def wait_stable(self, deadline: float) -> None:
@@ -204,7 +210,9 @@ class EngineProcesses:
         deadline = time.monotonic() + timeout
         self.wait_stable(deadline)
         last: Exception | None = None
-        with Client(self.bootstrap, prefix=self.prefix, config=self.kafka, timeout=5.0) as client:
+        with Client(
+            self.bootstrap, prefix=self.prefix, config=self.kafka, timeout=5.0, auth=self.auth
+        ) as client:
             while time.monotonic() < deadline:
                 for name in self.procs:
                     if not self.alive(name):
