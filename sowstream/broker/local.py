@@ -76,9 +76,13 @@ class LocalBroker:
         version: str = KAFKA_VERSION,
         *,
         sasl_users: Mapping[str, str] | None = None,
+        acls: bool = False,
     ) -> None:
-        # sasl_users adds a SASL/PLAIN listener (user -> password) for tests of secured clusters
+        # sasl_users adds a SASL/PLAIN listener (user -> password) for tests of secured clusters;
+        # acls turns Kafka's authorizer on for it: SASL users get only what ACLs grant them (the
+        # PLAINTEXT listener and the controller stay super users, to administer it).
         self.sasl_users = dict(sasl_users or {})
+        self.acls = acls
         self.home = Path(home or DEFAULT_HOME).resolve()
         self.version = version
         self.data_dir = self.home / "data"
@@ -153,6 +157,12 @@ class LocalBroker:
             props["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
                 f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
             )
+            if self.acls:
+                props["authorizer.class.name"] = (
+                    "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+                )
+                props["super.users"] = "User:ANONYMOUS"
+                props["allow.everyone.if.no.acl.found"] = "false"
         path = self.home / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
