@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
@@ -12,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sowstream.auth import Auth, BearerAuth, HmacAuth
 from sowstream.config import ConfigError
 from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError
@@ -116,3 +118,19 @@ def payload_for(text: str, codec: MessageType, soh: str | None) -> str | dict[st
             raise SowstreamError("an avro payload is given as a JSON object of its fields")
         return fields
     return text.replace(soh, "\x01") if soh else text
+
+
+def client_auth(identity: str = "") -> Auth | None:
+    """The credentials of the CLI's client, from the environment (never from the command line,
+    where other users of the machine could read them): ``SOWSTREAM_TOKEN`` (a JWT), or
+    ``SOWSTREAM_HMAC_SECRET`` with ``SOWSTREAM_IDENTITY`` (or ``--identity``)."""
+    token = os.environ.get("SOWSTREAM_TOKEN")
+    if token:
+        return BearerAuth(token)
+    secret = os.environ.get("SOWSTREAM_HMAC_SECRET")
+    if secret:
+        who = identity or os.environ.get("SOWSTREAM_IDENTITY", "")
+        if not who:
+            raise typer.BadParameter("SOWSTREAM_HMAC_SECRET needs --identity or SOWSTREAM_IDENTITY")
+        return HmacAuth(who, secret)
+    return None

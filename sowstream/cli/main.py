@@ -23,6 +23,7 @@ from sowstream.cli.common import (
     Bootstrap,
     MessageTypeOpt,
     body_value,
+    client_auth,
     err,
     friendly_errors,
     out,
@@ -122,7 +123,7 @@ def worker(
 
 def _cluster_status(bootstrap: str, prefix: str, kafka: dict[str, str]) -> dict[str, Any]:
     """The worker's ``/status/cluster``: what ``sowstream status --json`` prints."""
-    with Client(bootstrap, prefix=prefix, config=kafka) as client:
+    with Client(bootstrap, prefix=prefix, config=kafka, auth=client_auth()) as client:
         return client.cluster_status()
 
 
@@ -161,7 +162,7 @@ def _publish(
     message_type: str,
     soh: str | None,
 ) -> None:
-    with Client(bootstrap, prefix=prefix, message_type=message_type) as client:
+    with Client(bootstrap, prefix=prefix, message_type=message_type, auth=client_auth()) as client:
         send = client.publish if command == "publish" else client.delta_publish
         codec = client.topic_info(topic, declare=True).codec
         count = 0
@@ -265,7 +266,7 @@ def sow(
     message_type: MessageTypeOpt = "json",
 ) -> None:
     """Query the State of the World (now, as of a bookmark, or aggregated)."""
-    with Client(bootstrap, prefix=prefix, message_type=message_type) as client:
+    with Client(bootstrap, prefix=prefix, message_type=message_type, auth=client_auth()) as client:
         messages = client.sow(
             topic,
             filter,
@@ -311,7 +312,13 @@ def subscribe(
 ) -> None:
     """Subscribe: live messages (with --sow, the matching records first), until Ctrl-C."""
     opts = ",".join(o for o in ("oof" if oof else "", options or "") if o)
-    with Client(bootstrap, prefix=prefix, identity=identity, message_type=message_type) as client:
+    with Client(
+        bootstrap,
+        prefix=prefix,
+        identity=identity,
+        message_type=message_type,
+        auth=client_auth(identity),
+    ) as client:
         sub: Subscription | QueueSubscription
         if sow:
             place = client.sow_and_delta_subscribe if delta else client.sow_and_subscribe
@@ -414,7 +421,7 @@ def delete(
     message_type: MessageTypeOpt = "json",
 ) -> None:
     """Delete records from the SOW (sow_delete) by filter, SowKeys or data."""
-    with Client(bootstrap, prefix=prefix, message_type=message_type) as client:
+    with Client(bootstrap, prefix=prefix, message_type=message_type, auth=client_auth()) as client:
         count = client.sow_delete(topic, filter=filter, sow_keys=key, data=data)
     out.print(f"deleted {count} record(s) from {topic}")
 
@@ -437,7 +444,7 @@ def status(
 ) -> None:
     """The cluster: workers, their partitions, restore progress, log lag, records,
     subscriptions, queues and dead letters. Workers that do not answer are shown as such."""
-    with Client(bootstrap, prefix=prefix) as client:
+    with Client(bootstrap, prefix=prefix, auth=client_auth()) as client:
         doc = client.cluster_status(wait, topic=topic)
     if as_json:
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")

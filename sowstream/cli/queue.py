@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from sowstream.cli.common import Bootstrap, err, out
+from sowstream.cli.common import Bootstrap, client_auth, err, out
 from sowstream.client import Client, Message
 from sowstream.client.client import TopicInfo
 from sowstream.client.cluster import queue_row
@@ -170,7 +170,7 @@ def subscribe(
     if max_backlog is not None and max_backlog < 1:
         raise typer.BadParameter("--max-backlog must be at least 1")
     options = f"max_backlog={max_backlog}" if max_backlog is not None else None
-    with Client(bootstrap, prefix=prefix, identity=identity) as client:
+    with Client(bootstrap, prefix=prefix, identity=identity, auth=client_auth(identity)) as client:
         _queue_info(client, queue)
         sub = client.subscribe(queue, filter, options=options)
         view = LeaseView(queue)
@@ -230,7 +230,7 @@ def _acknowledge(
         raise InvalidCommandError("give at least one bookmark (topic|partition|offset)")
     if filter is not None and marks:
         raise InvalidCommandError("give bookmarks or --filter, not both")
-    with Client(bootstrap, prefix=prefix) as client:
+    with Client(bootstrap, prefix=prefix, auth=client_auth()) as client:
         _queue_info(client, queue)
         count = client.ack(queue, marks or None, action=action, filter=filter)
     verb = {"": "acknowledged", "cancel": "returned", "expire": "expired"}[action]
@@ -304,7 +304,7 @@ def status(
 
     Counters start when a worker takes a partition, so they restart after a rebalance.
     """
-    with Client(bootstrap, prefix=prefix) as client:
+    with Client(bootstrap, prefix=prefix, auth=client_auth()) as client:
         if queues:
             names = [_queue_info(client, name).name for name in queues]
         else:

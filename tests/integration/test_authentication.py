@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jwt
+import orjson
 import pytest
 from confluent_kafka import Consumer, Producer
 from cryptography.hazmat.primitives import serialization
@@ -231,3 +232,17 @@ def wait_reply(bootstrap: str, reply_topic: str, command_id: str) -> Reply:
     finally:
         consumer.close()
     raise AssertionError(f"no failure reply to {command_id} on {reply_topic}")
+
+
+def test_the_cli_takes_its_credential_from_the_environment(
+    engine: EngineProcesses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refused = engine.cli("sow", "orders", "--json")
+    assert refused.returncode != 0
+    assert "requires every command" in refused.stderr + refused.stdout
+    monkeypatch.setenv("SOWSTREAM_HMAC_SECRET", SECRETS["alice"])
+    monkeypatch.setenv("SOWSTREAM_IDENTITY", "alice")
+    answer = engine.cli("sow", "orders", "--json")
+    assert answer.returncode == 0, answer.stderr
+    rows = [orjson.loads(line) for line in answer.stdout.splitlines() if line.strip()]
+    assert rows and all(row["data"]["desk"] == "a" for row in rows), rows

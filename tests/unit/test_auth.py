@@ -12,10 +12,12 @@ from typing import Any
 import jwt
 import orjson
 import pytest
+import typer
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from sowstream.auth import AuthenticationSettings, Authenticator, BearerAuth, HmacAuth
+from sowstream.cli.common import client_auth
 from sowstream.config import ConfigError, load_config_text
 from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import AuthenticationError
@@ -301,3 +303,15 @@ def test_publishes_act_as_the_identity_their_credential_proves() -> None:
     assert reasons[5][0] == "entitlement" and "'bob' may not publish" in reasons[5][1]
     assert reasons[6][0] == "authentication_failed" and "requires every" in reasons[6][1]
     assert sorted(reasons) == [3, 4, 5, 6]
+
+
+def test_the_cli_reads_credentials_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SOWSTREAM_TOKEN", "SOWSTREAM_HMAC_SECRET", "SOWSTREAM_IDENTITY"):
+        monkeypatch.delenv(name, raising=False)
+    assert client_auth() is None
+    monkeypatch.setenv("SOWSTREAM_HMAC_SECRET", "s")
+    with pytest.raises(typer.BadParameter, match="needs --identity or SOWSTREAM_IDENTITY"):
+        client_auth()
+    assert client_auth("alice") == HmacAuth("alice", "s")
+    monkeypatch.setenv("SOWSTREAM_TOKEN", "t")
+    assert client_auth("alice") == BearerAuth("t")
