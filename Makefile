@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
-.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-sow bench-scan bench-apply bench-memory bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore clean
+.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-sow bench-scan bench-apply bench-memory bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ chromium:
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
+
+# Chaos runs (tests/support/chaos.py): 3 workers under mixed load while workers, the broker and
+# clients are killed; RUNS=10 SECONDS=120 for the runs of docs/reliability.md.
+chaos: $(STAMP)
+	$(BIN)/sowstream broker provision
+	$(BIN)/python -m tests.support.chaos run --runs $(or $(RUNS),1) --seconds $(or $(SECONDS),90)
 
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration

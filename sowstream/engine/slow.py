@@ -59,6 +59,8 @@ class SlowConsumerWatch:
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
         self.conflated: set[str] = set()
+        self._blind = False  # the last check could not read the cluster
+        self._grace_until = 0  # no client is taken for gone before this (epoch ms)
 
     def _backlogs(self, clients: list[str]) -> dict[str, int]:
         """Unread messages per reply topic (clients that never committed count from 0)."""
@@ -74,6 +76,7 @@ class SlowConsumerWatch:
             )
         assert self._consumer is not None
         out: dict[str, int] = {}
+        unreachable = 0
         for reply in clients:
             try:
                 _, end = self._consumer.get_watermark_offsets(TopicPartition(reply, 0), timeout=5)
@@ -83,11 +86,15 @@ class SlowConsumerWatch:
                 result = futures[reply].result(timeout=5)
                 committed = result.topic_partitions[0].offset
                 beat = result.topic_partitions[0].metadata
-            except KafkaException:
-                continue  # gone or unreachable: the reply path handles vanished clients
+            except (KafkaException, TimeoutError):
+                # gone (the reply path handles vanished clients), or the cluster is away
+                unreachable += 1
+                continue
             out[reply] = end - max(committed, 0)
             if beat and beat.isdigit():
                 self.last_seen[reply] = int(beat)
+        if clients and unreachable == len(clients):
+            raise TimeoutError(f"no backlog of {len(clients)} clients could be read")
         return out
 
     async def check(self) -> None:
@@ -97,11 +104,24 @@ class SlowConsumerWatch:
         if not clients:
             return
         loop = asyncio.get_running_loop()
-        backlogs = await loop.run_in_executor(None, self._backlogs, clients)
+        try:
+            backlogs = await loop.run_in_executor(None, self._backlogs, clients)
+        except TimeoutError:
+            self._blind = True  # the cluster is away: nobody could heartbeat meanwhile
+            raise
         now = int(time.time() * 1000)
+        if self._blind:
+            # Back in sight of the cluster: clients silent meanwhile (a broker restart) get a
+            # whole client_timeout from now before they are taken for gone.
+            self._blind = False
+            self._grace_until = now + self.policy.client_timeout
         for reply, backlog in backlogs.items():
             seen = self.last_seen.get(reply)
-            if seen is not None and now - seen > self.policy.client_timeout:
+            if (
+                seen is not None
+                and now > self._grace_until
+                and now - seen > self.policy.client_timeout
+            ):
                 log.warning(
                     "client %s silent for %.0fs: taking it for gone", reply, (now - seen) / 1000
                 )
@@ -144,5 +164,5 @@ class SlowConsumerWatch:
             await asyncio.sleep(interval)
             try:
                 await self.check()
-            except KafkaException as exc:
-                log.warning("slow-consumer check failed: %s", exc)
+            except Exception as exc:  # a failed round (the cluster away) must not end the worker
+                log.warning("slow-consumer check failed: %r", exc)
