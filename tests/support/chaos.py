@@ -60,7 +60,7 @@ WORKERS = ("w1", "w2", "w3")
 FILTERS = [None, "/qty > 500", "/desk = 'a'", "/desk IN ('b', 'c') AND /qty < 700"]
 
 TOPICS: list[dict[str, Any]] = [
-    {"Name": "orders", "Key": ["/id"], "Partitions": PARTITIONS},
+    {"Name": "orders", "Key": ["/id"], "Partitions": PARTITIONS, "Expiration": "enabled"},
     {"Name": "prices", "Key": ["/sym"], "Partitions": PARTITIONS},
 ]
 PLAIN: list[dict[str, Any]] = [{"Name": "jobs", "Key": ["/n"], "Partitions": PARTITIONS}]
@@ -617,14 +617,16 @@ def check(
             stories = "\n".join(f"  {k}:\n{history(records, k)}" for k in keys[:3])
             problems.append(f"orders SOW != fold of its log: {detail}\n{stories}")
         sow = snapshot(client, "orders")
+        wanted = [f.spec.wanted(sow) for f in followers]
+
+        def subscribers_hold_sow() -> tuple[bool, str]:
+            wrong = [n for n, f in enumerate(followers) if f.view() != wanted[n]]
+            return not wrong, f"subscribers {wrong} differ from the SOW"
+
+        settled(subscribers_hold_sow, 90)  # one deadline for all of them
         for n, f in enumerate(followers):
-            wanted = f.spec.wanted(sow)
-            if (
-                detail := settled(
-                    lambda f=f, w=wanted: (f.view() == w, differences(f.view(), w)), 60
-                )
-            ) is not None:
-                problems.append(f"subscriber {n} ({f.spec}): {detail}")
+            if f.view() != wanted[n]:
+                problems.append(f"subscriber {n} ({f.spec}): {differences(f.view(), wanted[n])}")
             if f.error is not None:
                 problems.append(f"subscriber {n} ({f.spec}): {f.error}")
         sleeper = SubscriberSpec("sow_and_subscribe", None, False, None).wanted(sow)
