@@ -133,6 +133,11 @@ class ConflatedRunner:
                     partition,
                 )
 
+    def position(self, partition: int) -> int | None:
+        """The input offset to read next for ``partition``; None while it is not loaded."""
+        conflator = self._parts.get(partition)
+        return None if conflator is None else conflator.taken + 1
+
     def assign(self, partitions: Iterable[int]) -> None:
         """Partitions faust assigned this worker: only these are loaded and folded."""
         self._held.update(partitions)
