@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, TopicPartition
@@ -55,6 +56,9 @@ class InputPump:
         self._assignment = assignment
         self._consumer_config = dict(consumer_config)  # bootstrap, group and engine.kafka
         self._next: dict[int, int] = {}  # the offset the consumer reads next, per partition
+        # A thread of its own for the blocking fetch: an idle fetch waits 50 ms, and a worker
+        # with many logs and views would otherwise queue them in the loop's small default pool.
+        self._fetcher: ThreadPoolExecutor | None = None
 
     def positions(self) -> dict[int, int]:
         """Where each partition this worker owns and has loaded is to be read from; empty while
@@ -79,7 +83,7 @@ class InputPump:
         if not wanted:
             await asyncio.sleep(IDLE_SECONDS)
             return
-        msgs = await asyncio.get_running_loop().run_in_executor(None, _fetch, consumer)
+        msgs = await asyncio.get_running_loop().run_in_executor(self._fetcher, _fetch, consumer)
         records = [_record(m) for m in msgs if not m.error() and m.partition() in self._next]
         if not records:
             return
@@ -91,6 +95,7 @@ class InputPump:
         """Fetch and apply until the worker stops; a failure is logged and the pump resumes
         from the runner's positions."""
         loop = asyncio.get_running_loop()
+        self._fetcher = ThreadPoolExecutor(1, thread_name_prefix=f"input-{self.topic}")
         consumer = Consumer(
             {
                 "enable.auto.commit": False,
@@ -109,4 +114,5 @@ class InputPump:
                     self._next = {}
                     await asyncio.sleep(PUMP_RETRY_SECONDS)
         finally:
-            await loop.run_in_executor(None, consumer.close)
+            await loop.run_in_executor(self._fetcher, consumer.close)
+            self._fetcher.shutdown(wait=False)
