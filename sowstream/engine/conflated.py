@@ -50,8 +50,12 @@ class ConflatedRunner:
         log_topic: str,
         codec: MessageType,
         pattern: bool = False,
+        log_partitions: int | None = None,
     ) -> None:
+        """``log_partitions``: the conflated log's partition count, so a flush goes out per
+        partition in Kafka batches (None: one send per record, partitioned by the producer)."""
         self.conflated = conflated
+        self._log_partitions = log_partitions
         self.input_topic = input_topic
         self.log_topic = log_topic
         self._sender = sender
@@ -198,6 +202,7 @@ class ConflatedRunner:
                         self._codec,
                         pending.items(),
                         self._topic_of,
+                        partitions=self._log_partitions,
                     )
                 except Exception:
                     conflator.restore(pending)

@@ -47,6 +47,7 @@ class ConflatedUnit(FedUnit):
             log_topic=names.log(conflated.name, own.message_type),
             codec=unit.compiled.codec,
             pattern=own.pattern is not None,
+            log_partitions=own.partitions,
         )
         topics[underlying.ident].proc.views.append(ConflatedFeed(conflated, self.input_topic))
 
