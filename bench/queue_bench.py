@@ -1,14 +1,16 @@
-"""Queue benchmark: messages leased and acknowledged per second against a bare consumer group.
+"""Queue benchmark: messages leased and acknowledged per second against Kafka share groups.
 
 Run with ``make bench-queues`` (``python -m bench.queue_bench``; ``--messages 3000`` is
 quicker). It uses $SOWSTREAM_BOOTSTRAP or starts the embedded local broker, and one worker. For
 1, 4 and 16 subscribers at backlog 1, 10 and 100 it publishes the same number of messages, lets
 the subscribers lease and acknowledge every one, and compares the rate with a bare
 confluent-kafka consumer group of as many members reading (and committing) 20 times as many
-records of the same size; both are timed from the first message received to the last. Then, at
-half the best one-subscriber rate, it reports publish→delivery latency and the ack round trip
-against bare Kafka's produce→consume latency in the same run. Everything printed is measured in
-this run.
+records of the same size, and with a Kafka share group (KIP-932) of as many consumers acquiring
+the same messages and acknowledging each ACCEPT (``bench.share_groups``); all are timed from
+the first message received to the last, and every queue row prints its ratio to the share
+group. Then, at half the best one-subscriber rate, it reports publish→delivery latency and the
+ack round trip against bare Kafka's produce→consume and a share consumer's produce→delivery
+latency in the same run. Everything printed is measured in this run.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from bench.common import (
     worker_command,
     workspace,
 )
+from bench.share_groups import share_group_latency, share_group_rate
 from sowstream.client import Client, Message
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -329,7 +332,7 @@ def main() -> None:
     args = parser.parse_args()
     subscribers = [int(s) for s in args.subscribers.split(",")]
     backlogs = [int(b) for b in args.backlogs.split(",")]
-    rows: list[tuple[int, int, float, float, float, float, float]] = []
+    rows: list[tuple[int, int, float, float, float, float, float, float]] = []
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
         work, prefix = workspace(stack, "queuebench")
@@ -349,15 +352,20 @@ def main() -> None:
         for subs in subscribers:
             # More records for the baseline (3,000 take a few milliseconds): the rate is per record.
             group = consumer_group_rate(bootstrap, f"{bare_topic}{subs}", args.messages * 20, subs)
+            share = share_group_rate(
+                bootstrap, f"{prefix}.share{subs}", args.messages, subs, PARTITIONS
+            )
+            console.print(f"share group of {subs}: {share:,.0f} msg/s")
             for backlog in backlogs:
                 rate, cpu, own, everything = leased_rate(
                     bootstrap, prefix, run, args.messages, subs, backlog, psutil.Process(worker.pid)
                 )
                 run += 1
-                rows.append((subs, backlog, rate, group, cpu, own, everything))
+                rows.append((subs, backlog, rate, group, share, cpu, own, everything))
                 console.print(
                     f"{subs} subscribers, backlog {backlog}: {rate:,.0f} msg/s "
-                    f"(consumer group {group:,.0f}/s), CPU per message: worker {cpu:,.0f} µs, "
+                    f"({rate / share:.2f}x share groups, consumer group {group:,.0f}/s), "
+                    f"CPU per message: worker {cpu:,.0f} µs, "
                     f"clients {own:,.0f} µs, all processes {everything:,.0f} µs"
                 )
         # The latency run has one subscriber: half of the best one-subscriber rate.
@@ -365,6 +373,9 @@ def main() -> None:
         half = best / 2
         latencies, acks, queue_rate = queue_latency(bootstrap, prefix, half, args.latency_seconds)
         bare, bare_rate = kafka_latency(bootstrap, bare_topic, half, args.latency_seconds)
+        shared, share_rate = share_group_latency(
+            bootstrap, f"{prefix}.sharelat", half, args.latency_seconds, PARTITIONS
+        )
 
     viewed = ", a view over the queue" if args.view else ""
     table = Table(
@@ -373,51 +384,67 @@ def main() -> None:
     table.add_column("subscribers", justify="right")
     table.add_column("backlog", justify="right")
     table.add_column("leased+acked", justify="right")
+    table.add_column("share group (ACCEPT each)", justify="right")
+    table.add_column("vs share groups", justify="right")
     table.add_column("bare consumer group", justify="right")
-    table.add_column("ratio", justify="right")
+    table.add_column("vs bare", justify="right")
     table.add_column("worker CPU/msg", justify="right")
     table.add_column("clients CPU/msg", justify="right")
     table.add_column("all CPU/msg", justify="right")
-    for subs, backlog, rate, group, cpu, own, everything in rows:
+    for subs, backlog, rate, group, share, cpu, own, everything in rows:
         table.add_row(
             str(subs),
             str(backlog),
             f"{rate:,.0f}/s",
+            f"{share:,.0f}/s",
+            f"{rate / share:.2f}x share groups",
             f"{group:,.0f}/s",
             f"{rate / group:.2f}x",
             f"{cpu:,.0f} µs",
             f"{own:,.0f} µs",
             f"{everything:,.0f} µs",
         )
-    Console(width=160).print(table)  # a narrow terminal must not cut figures
+    Console(width=200).print(table)  # a narrow terminal must not cut figures
     lat = Table(title=f"latency at half the best rate ({half:,.0f} msg/s), same run")
     lat.add_column("measure")
     lat.add_column("p50", justify="right")
     lat.add_column("p99", justify="right")
-    lat.add_column("p99 ratio", justify="right")
+    lat.add_column("p99 vs bare", justify="right")
+    lat.add_column("p99 vs share group", justify="right")
     lat.add_row(
         "bare Kafka produce→consume",
         f"{pct(bare, 0.5):.1f} ms",
         f"{pct(bare, 0.99):.1f} ms",
-        "1.00",
+        "1.00x",
+        "",
+    )
+    lat.add_row(
+        "share group produce→delivery (1 consumer)",
+        f"{pct(shared, 0.5):.1f} ms",
+        f"{pct(shared, 0.99):.1f} ms",
+        f"{pct(shared, 0.99) / pct(bare, 0.99):.2f}x",
+        "1.00x",
     )
     lat.add_row(
         "queue publish→lease delivered",
         f"{pct(latencies, 0.5):.1f} ms",
         f"{pct(latencies, 0.99):.1f} ms",
         f"{pct(latencies, 0.99) / pct(bare, 0.99):.2f}x",
+        f"{pct(latencies, 0.99) / pct(shared, 0.99):.2f}x share groups",
     )
     lat.add_row(
         "ack round trip (one ack waiting for the engine's answer)",
         f"{pct(acks, 0.5):.1f} ms",
         f"{pct(acks, 0.99):.1f} ms",
         "",
+        "",
     )
-    Console(width=160).print(lat)
+    Console(width=200).print(lat)
     middle = statistics.median(latencies or [0])
     console.print(
-        f"samples: queue {len(latencies)}, bare {len(bare)}; queue median {middle:.1f} ms; "
-        f"published at {queue_rate:,.0f}/s to the queue, {bare_rate:,.0f}/s to bare Kafka"
+        f"samples: queue {len(latencies)}, bare {len(bare)}, share group {len(shared)}; queue "
+        f"median {middle:.1f} ms; published at {queue_rate:,.0f}/s to the queue, "
+        f"{bare_rate:,.0f}/s to bare Kafka, {share_rate:,.0f}/s to the share group"
     )
 
 

@@ -2,14 +2,17 @@
 
 Run with ``make bench-views`` (``python -m bench.view_bench``; ``--records 20000`` is quicker).
 It uses $SOWSTREAM_BOOTSTRAP or starts the embedded local broker, and one worker serving every
-topic below. In one run, on that worker:
+topic below. In one run, on that worker, each rate a *catch-up* of the same backlog: the worker
+is stopped, ``--records`` new records are published, the worker is started again, and the clock
+runs from the first of them the worker applies (its ``sowstream_updates_applied_total`` for the
+topic moves) until the work is done, so plain ingest and each view do the same work from the
+same start:
 
-1. plain ingest: ``--records`` new records published to a topic without views, timed from the
-   first publish until the worker's ``sowstream_updates_applied_total`` counts them all;
-2. the same to a topic under a grouped SUM/COUNT view (``--groups`` groups), timed until the
+1. plain ingest: a topic without views, until the applied count covers the backlog;
+2. the same backlog of a topic under a grouped SUM/COUNT view (``--groups`` groups), until the
    view's COUNT and SUM totals equal what was published;
-3. the same to a topic joined with a limits topic (one limit per group), grouped by the join key;
-   then 2 and 3 again over topics of their own with views set to ``Conflation: inline``;
+3. the same of a topic joined with a limits topic (one limit per group), grouped by the join
+   key; then 2 and 3 again over topics of their own with views set to ``Conflation: inline``;
 4. publish→view-subscriber latency: one update per new record at ``--latency-rate`` (default
    half the rate of 2), the view's MAX(/sent) read on arrival;
 5. a conflated topic (Interval 1 s) over ``--records`` price records updated at up to
@@ -184,20 +187,77 @@ def wait_view(client: Client, view: str, expected: tuple[int, int], timeout: flo
     raise SystemExit(f"view {view} did not reach {expected} in {timeout:.0f} s")
 
 
-def plain_rate(client: Client, port: int, records: int, groups: int) -> float:
-    batch, _ = bodies(records, groups, seed=1)
-    started = publish_all(client, "plain", batch)
+READY_TOPICS = ["plain", "pos", "jpos", "ipos", "jipos", "lim", "by_grp", "joined", "px-C"]
+
+
+class Worker:
+    """The one worker of the run, stopped and started again around each backlog (same data
+    directory, same metrics port)."""
+
+    def __init__(self, stack: ExitStack, bootstrap: str, prefix: str, work: Path) -> None:
+        self.bootstrap, self.prefix, self.work = bootstrap, prefix, work
+        self.port = free_port()
+        self.config = write_config(work, prefix)
+        self._log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
+        stack.callback(self._log.close)
+        self.proc: subprocess.Popen[bytes] | None = None
+        stack.callback(self.stop)
+
+    def start(self, wait: bool = True) -> float:
+        """Start the worker; seconds until every topic answers a query (0 without ``wait``)."""
+        self.proc = subprocess.Popen(
+            worker_command(
+                self.config, self.bootstrap, self.work, "--metrics-port", str(self.port)
+            ),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        if not wait:
+            return 0.0
+        ready = wait_queryable(self.bootstrap, self.prefix, READY_TOPICS, 300)
+        if ready is None:
+            raise SystemExit(f"worker did not start; see {self.work / 'worker.log'}")
+        return ready
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+
+def catch_up(worker: Worker, client: Client, topic: str, batch: list[bytes]) -> float:
+    """Publish ``batch`` to ``topic`` with the worker stopped, start it, and return the
+    perf_counter time at which it applied the first of them (polled every 10 ms)."""
+    worker.stop()
+    publish_all(client, topic, batch)
+    worker.start(wait=False)  # the metrics answer (0) as soon as it runs; watched from now
     deadline = time.perf_counter() + 900
-    while applied(port, "plain") < records:
+    while applied(worker.port, topic) <= 0:
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"the worker applied nothing of {topic} in 900 s")
+        time.sleep(0.01)
+    started = time.perf_counter()
+    if wait_queryable(worker.bootstrap, worker.prefix, READY_TOPICS, 300) is None:
+        raise SystemExit(f"worker did not start; see {worker.work / 'worker.log'}")
+    return started
+
+
+def plain_rate(worker: Worker, client: Client, records: int, groups: int) -> float:
+    batch, _ = bodies(records, groups, seed=1)
+    started = catch_up(worker, client, "plain", batch)
+    deadline = time.perf_counter() + 900
+    while applied(worker.port, "plain") < records:
         if time.perf_counter() > deadline:
             raise SystemExit("plain ingest did not finish in 900 s")
         time.sleep(0.05)
     return records / (time.perf_counter() - started)
 
 
-def grouped_rate(client: Client, records: int, groups: int, inline: bool = False) -> float:
+def grouped_rate(
+    worker: Worker, client: Client, records: int, groups: int, inline: bool = False
+) -> float:
     batch, total = bodies(records, groups, seed=2)
-    started = publish_all(client, "ipos" if inline else "pos", batch)
+    started = catch_up(worker, client, "ipos" if inline else "pos", batch)
     done = wait_view(client, "by_grp_inline" if inline else "by_grp", (records, total), 900)
     return records / (done - started)
 
@@ -210,9 +270,11 @@ def publish_limits(client: Client, port: int, groups: int) -> None:
         time.sleep(0.1)
 
 
-def join_rate(client: Client, records: int, groups: int, inline: bool = False) -> float:
+def join_rate(
+    worker: Worker, client: Client, records: int, groups: int, inline: bool = False
+) -> float:
     batch, total = bodies(records, groups, seed=3)
-    started = publish_all(client, "jipos" if inline else "jpos", batch)
+    started = catch_up(worker, client, "jipos" if inline else "jpos", batch)
     done = wait_view(client, "joined_inline" if inline else "joined", (records, total), 900)
     return records / (done - started)
 
@@ -368,36 +430,22 @@ def main() -> None:
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
         work, prefix = workspace(stack, "viewbench")
-        config = write_config(work, prefix)
-        port = free_port()
-        log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
-        stack.callback(log.close)
-        worker = subprocess.Popen(
-            worker_command(config, bootstrap, work, "--metrics-port", str(port)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        stack.callback(stop_process, worker)
-        ready = wait_queryable(
-            bootstrap,
-            prefix,
-            ["plain", "pos", "jpos", "ipos", "jipos", "lim", "by_grp", "joined", "px-C"],
-            180,
-        )
-        if ready is None:
-            raise SystemExit(f"worker did not start; see {work / 'worker.log'}")
-        console.print(f"worker pid {worker.pid} ready in {ready:.1f} s; log {work / 'worker.log'}")
+        worker = Worker(stack, bootstrap, prefix, work)
+        ready = worker.start()
+        console.print(f"worker ready in {ready:.1f} s; log {work / 'worker.log'}")
         with Client(bootstrap, prefix=prefix, timeout=600) as client:
-            plain = plain_rate(client, port, args.records, args.groups)
-            console.print(f"plain SOW ingest: {plain:,.0f} upd/s")
-            grouped = grouped_rate(client, args.records, args.groups)
-            console.print(f"grouped SUM/COUNT view: {grouped:,.0f} upd/s")
-            publish_limits(client, port, args.groups)
-            joined = join_rate(client, args.records, args.groups)
-            console.print(f"join view: {joined:,.0f} upd/s")
-            grouped_inline = grouped_rate(client, args.records, args.groups, inline=True)
+            for topic in READY_TOPICS:  # what publishing needs, known while the worker runs
+                list(client.sow(topic, top_n=0))
+            publish_limits(client, worker.port, args.groups)
+            plain = plain_rate(worker, client, args.records, args.groups)
+            console.print(f"plain SOW ingest (catch-up): {plain:,.0f} upd/s")
+            grouped = grouped_rate(worker, client, args.records, args.groups)
+            console.print(f"grouped SUM/COUNT view (catch-up): {grouped:,.0f} upd/s")
+            joined = join_rate(worker, client, args.records, args.groups)
+            console.print(f"join view (catch-up): {joined:,.0f} upd/s")
+            grouped_inline = grouped_rate(worker, client, args.records, args.groups, inline=True)
             console.print(f"grouped view, Conflation inline: {grouped_inline:,.0f} upd/s")
-            joined_inline = join_rate(client, args.records, args.groups, inline=True)
+            joined_inline = join_rate(worker, client, args.records, args.groups, inline=True)
             console.print(f"join view, Conflation inline: {joined_inline:,.0f} upd/s")
         # Below what the view absorbs, so the figure is a delay and not a growing backlog.
         target = args.latency_rate or min(2_000.0, grouped / 2)
@@ -416,30 +464,35 @@ def main() -> None:
     table.add_column("value", justify="right")
     table.add_column("ratio", justify="right")
     table.add_column("aim", justify="right")
-    table.add_row("plain SOW ingest (publish → applied)", f"{plain:,.0f} upd/s", "1.00", "")
     table.add_row(
-        "grouped SUM/COUNT view (publish → view totals right)",
+        "plain SOW ingest (catch-up: first applied → all applied)",
+        f"{plain:,.0f} upd/s",
+        "1.00",
+        "",
+    )
+    table.add_row(
+        "grouped SUM/COUNT view (catch-up: first applied → view totals right)",
         f"{grouped:,.0f} upd/s",
         f"{grouped / plain:.2f}x",
-        "≥0.5x",
+        "≥0.6x",
     )
     table.add_row(
-        "two-topic join view, grouped (publish → view totals right)",
+        "two-topic join view, grouped (catch-up: first applied → view totals right)",
         f"{joined:,.0f} upd/s",
         f"{joined / plain:.2f}x",
-        "≥0.3x",
+        "≥0.4x",
     )
     table.add_row(
-        "grouped view, Conflation inline",
+        "grouped view, Conflation inline (catch-up)",
         f"{grouped_inline:,.0f} upd/s",
         f"{grouped_inline / plain:.2f}x",
-        "≥0.5x",
+        "≥0.6x",
     )
     table.add_row(
-        "join view, Conflation inline",
+        "join view, Conflation inline (catch-up)",
         f"{joined_inline:,.0f} upd/s",
         f"{joined_inline / plain:.2f}x",
-        "≥0.3x",
+        "≥0.4x",
     )
     table.add_row(
         f"update → view subscriber p50 (at {lat_rate:,.0f} upd/s)",
@@ -451,7 +504,7 @@ def main() -> None:
         f"update → view subscriber p99 ({len(latencies):,} messages)",
         f"{pct(latencies, 0.99):.1f} ms",
         "",
-        "",
+        "≤50 ms",
     )
     in_rate = conf["in_msgs"] / conf["in_span"]
     out_rate = conf["out_msgs"] / conf["out_span"]
@@ -483,7 +536,7 @@ def main() -> None:
         "updates of one record",
         "",
     )
-    Console(width=150).print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":

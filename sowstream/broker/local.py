@@ -141,6 +141,12 @@ class LocalBroker:
             "transaction.state.log.min.isr": "1",
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.num.partitions": "4",
+            # share groups (share.version=1, on by default in 4.2): a member's first partitions
+            # come a heartbeat or two after it joins, so beat every second, not every five
+            "group.share.heartbeat.interval.ms": "1000",
+            "group.share.min.heartbeat.interval.ms": "1000",
+            "group.share.initialize.retry.interval.ms": "2000",
             "min.insync.replicas": "1",
             # tests start and stop many consumer groups: do not wait for more members
             "group.initial.rebalance.delay.ms": "0",

@@ -50,8 +50,12 @@ class ConflatedRunner:
         log_topic: str,
         codec: MessageType,
         pattern: bool = False,
+        log_partitions: int | None = None,
     ) -> None:
+        """``log_partitions``: the conflated log's partition count, so a flush goes out per
+        partition in Kafka batches (None: one send per record, partitioned by the producer)."""
         self.conflated = conflated
+        self._log_partitions = log_partitions
         self.input_topic = input_topic
         self.log_topic = log_topic
         self._sender = sender
@@ -133,6 +137,11 @@ class ConflatedRunner:
                     partition,
                 )
 
+    def position(self, partition: int) -> int | None:
+        """The input offset to read next for ``partition``; None while it is not loaded."""
+        conflator = self._parts.get(partition)
+        return None if conflator is None else conflator.taken + 1
+
     def assign(self, partitions: Iterable[int]) -> None:
         """Partitions faust assigned this worker: only these are loaded and folded."""
         self._held.update(partitions)
@@ -193,6 +202,7 @@ class ConflatedRunner:
                         self._codec,
                         pending.items(),
                         self._topic_of,
+                        partitions=self._log_partitions,
                     )
                 except Exception:
                     conflator.restore(pending)

@@ -14,12 +14,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
+from confluent_kafka import murmur2
 
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
+
+Headers = list[tuple[str, bytes]]
 
 log = logging.getLogger("sowstream.engine")
 
@@ -80,14 +83,18 @@ async def write_records(
     codec: MessageType,
     records: Iterable[tuple[str, Mapping[str, Any] | None]],
     topic_of: Callable[[str], tuple[str, str]] | None = None,
+    partitions: int | None = None,
 ) -> None:
     """Write ``(SowKey, record or None for a delete)`` to ``log_topic`` and wait for Kafka's
     acknowledgements; RuntimeError if any is missing (the caller then stores nothing).
 
     For a Pattern topic's log, ``topic_of`` turns each key into the SowKey and the topic name
-    the record goes out under (header ``sow.topic``)."""
+    the record goes out under (header ``sow.topic``). Given the log's ``partitions``, the
+    records go out per partition (murmur2 of the key, as every client routes them) in Kafka
+    batches, not one send each."""
     futures: list[asyncio.Future[Any]] = []
     json = codec.name == "json"
+    per_partition: dict[int, tuple[list[tuple[bytes, bytes | None]], list[Headers]]] = {}
     for key, record in records:
         headers = [header]
         sow_key = key
@@ -99,9 +106,18 @@ async def write_records(
             value = None
         else:
             value = orjson.dumps(record) if json else codec.serialise(record)
-        fut = await sender.send(log_topic, value, key=sow_key.encode(), headers=headers)
+        raw_key = sow_key.encode()
+        if partitions is not None:
+            keyed, headed = per_partition.setdefault(murmur2(raw_key, partitions), ([], []))
+            keyed.append((raw_key, value))
+            headed.append(headers)
+            continue
+        fut = await sender.send(log_topic, value, key=raw_key, headers=headers)
         if fut is not None:
             futures.append(fut)
+    for partition, (keyed, headed) in per_partition.items():
+        sent = await sender.send_many(log_topic, partition, keyed, headers=headed)
+        futures.extend(fut for fut, _ in sent)
     await delivered(futures, f"records of {log_topic!r}")
 
 

@@ -66,14 +66,25 @@ class Sender:
         """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
 
     async def send_many(
-        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None]],
+        headers: Sequence[list[tuple[str, bytes]]] | None = None,
     ) -> list[tuple[asyncio.Future[Any], int]]:
         """Queue ``(key, value)`` records for one partition, in order, in as few Kafka batches
-        as they fit; returns each batch's delivery future (whose result's ``offset`` is the
-        batch's first) with its number of records. By default one send per record."""
+        as they fit (``headers``: each record's, in the same order); returns each batch's
+        delivery future (whose result's ``offset`` is the batch's first) with its number of
+        records. By default one send per record."""
         out: list[tuple[asyncio.Future[Any], int]] = []
         for i, (key, value) in enumerate(records, 1):
-            fut = await self.send(topic, value, key=key, partition=partition)
+            fut = await self.send(
+                topic,
+                value,
+                key=key,
+                partition=partition,
+                headers=None if headers is None else headers[i - 1],
+            )
             if fut is not None:
                 out.append((fut, 1))
             if i % REPLICATE_YIELD_EVERY == 0:

@@ -19,13 +19,14 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import faust
 from aiokafka.errors import KafkaError
 from faust.auth import SASLCredentials, SSLCredentials
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 from faust.types.auth import CredentialsT
 
@@ -78,7 +79,11 @@ class FaustSender(Sender):
         return cast("asyncio.Future[Any]", fut)
 
     async def send_many(
-        self, topic: str, partition: int, records: Sequence[tuple[bytes, bytes | None]]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes, bytes | None]],
+        headers: Sequence[list[tuple[str, bytes]]] | None = None,
     ) -> list[tuple[asyncio.Future[Any], int]]:
         # aiokafka's send costs ~8 us of event-loop CPU per record (a future, a batch lookup);
         # filling its batches here costs ~1 us (docs/benchmarks.md, issue 13).
@@ -88,12 +93,13 @@ class FaustSender(Sender):
             self._tracked.add(topic)
         out: list[tuple[asyncio.Future[Any], int]] = []
         batch, count = producer.create_batch(), 0
-        for key, value in records:
-            if batch.append(key=key, value=value, timestamp=None) is None:
+        for i, (key, value) in enumerate(records):
+            extra = [] if headers is None else headers[i]
+            if batch.append(key=key, value=value, timestamp=None, headers=extra) is None:
                 # Full (a first record always fits): queue it, after the batches before it.
                 out.append((await producer.send_batch(batch, topic, partition=partition), count))
                 batch, count = producer.create_batch(), 0
-                batch.append(key=key, value=value, timestamp=None)
+                batch.append(key=key, value=value, timestamp=None, headers=extra)
             count += 1
         if count:
             out.append((await producer.send_batch(batch, topic, partition=partition), count))
@@ -222,6 +228,23 @@ class FaustTable:
             store.set_persisted_offset(TP(self.changelog, partition), offset)
 
 
+class PumpedConsumer(AIOKafkaConsumer):
+    """faust's consumer, never fetching the partitions of *pumped* topics: the group assigns
+    them (and the tables co-partitioned with them), an input pump of our own reads them
+    (engine.inputs). aiokafka still prefetches one response per such partition, which waits
+    unread."""
+
+    def _fetched(self, tps: Iterable[Any]) -> set[Any]:
+        pumped: set[str] = getattr(self.app, "pumped_topics", set())
+        return {tp for tp in tps if tp.topic not in pumped}
+
+    def _set_active_tps(self, tps: Any) -> Any:
+        return super()._set_active_tps(self._fetched(tps))
+
+    def resume_partitions(self, tps: Iterable[Any]) -> None:
+        super().resume_partitions(self._fetched(tps))
+
+
 class EngineApp(faust.App):
     """faust's App with *early tasks*: faust starts ``app.task`` coroutines only once table
     recovery is over, but the probes' heartbeat and the status announcements must run while a
@@ -230,6 +253,17 @@ class EngineApp(faust.App):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._early_tasks: list[Callable[[], Awaitable[None]]] = []
+        self.pumped_topics: set[str] = set()  # assigned by the group, never fetched by faust
+
+    def _new_consumer(self) -> Any:
+        return PumpedConsumer(
+            self.transport,
+            callback=self.topics.on_message,
+            on_partitions_revoked=self._on_partitions_revoked,
+            on_partitions_assigned=self._on_partitions_assigned,
+            beacon=self.beacon,
+            loop=self.transport.loop,
+        )
 
     def early_task(self, fun: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
         """Run ``fun`` from the app's first start on (a decorator, like ``app.task``)."""
@@ -402,6 +436,19 @@ class FaustRuntime:
                 await handle([_event_record(e.message) for e in events])
 
         self.app.agent(self._raw_topic(topic, partitions), name=name)(in_batches)
+
+    def pumped_agent(
+        self,
+        topic: str,
+        partitions: int,
+        name: str,
+        handle: Callable[[list[RawRecord]], Awaitable[None]],
+    ) -> None:
+        # The agent subscribes the group to the topic; the consumer never fetches it, so
+        # ``handle`` sees nothing unless faust resumes it some way we missed (still correct:
+        # the runners skip what they applied and read gaps themselves).
+        self.app.pumped_topics.add(topic)
+        self.batch_agent(topic, partitions, name, handle)
 
     def task(self, fun: Callable[[], Awaitable[None]]) -> None:
         self.app.task(fun)

@@ -1,20 +1,23 @@
 """Maintained views on a worker: a view's input topic in, the view's own log out.
 
 Each view has an input topic (``<prefix>.view-in.<view>``) that the processors of its
-underlying topics fill with change events (``sowstream.views.routing``), a faust agent that
-consumes it, and a table (RocksDB, replicated to its changelog) that keeps, per input
-partition, the :class:`~sowstream.views.maintainer.ViewMaintainer` state: one entry per group
-and per joined row, the position of the last event taken from each source partition, and the
-input offset applied (the *watermark*, written last in each batch).
+underlying topics fill with change events (``sowstream.views.routing``), an input pump that
+reads it in batches (``engine.inputs``), and a table (RocksDB, replicated to its changelog)
+that keeps, per input partition, the :class:`~sowstream.views.maintainer.ViewMaintainer`
+state: one entry per group and per joined row, the position of the last event taken from each
+source partition, and the input offset applied (the *watermark*, written last in each batch).
 
 A batch of events is applied in input order; the view records it creates, changes or deletes
 are produced to the view's log (publishes keyed by the record's SowKey, ``sow_delete`` for a
-group that emptied, each marked with the ``sow.view`` header), and only once Kafka has
-acknowledged them is the state stored. The view's own topic processor then applies its log like
-any SOW topic, so readers get ``sow``, subscriptions, deltas, ``oof`` and views over the view.
+group that emptied, each marked with the ``sow.view`` header; in Kafka batches per log
+partition), and only once Kafka has acknowledged them is the state stored: each group and
+joined row the batch touched once, in its last state (the record cache of Kafka Streams; every
+change still goes out to the log, as ``Conflation: none`` promises subscribers). The view's own
+topic processor then applies its log like any SOW topic, so readers get ``sow``,
+subscriptions, deltas, ``oof`` and views over the view.
 
 At-least-once, made exact: a crash can lose state writes, never acknowledged outputs. The input
-is read again from the stored watermark (any offset missing from what faust hands over, at a
+is read again from the stored watermark (any offset missing from what the pump hands over, at a
 batch's start or inside it, is fetched from the topic directly), so no event is lost; events at
 or below the watermark are skipped, and events an underlying worker produced twice (it replayed
 its log) are skipped by their source position.
@@ -78,8 +81,13 @@ class ViewRunner:
         input_topic: str,
         log_topic: str,
         codec: MessageType,
+        log_partitions: int | None = None,
     ) -> None:
+        """``log_partitions``: the view log's partition count, so a batch's view records go out
+        per partition in Kafka batches (None: one send per record, partitioned by the
+        producer)."""
         self.view = view
+        self._log_partitions = log_partitions
         self.input_topic = input_topic
         self.log_topic = log_topic
         self._sender = sender
@@ -164,6 +172,14 @@ class ViewRunner:
             except Exception:
                 log.exception("view %s partition %d: catching up failed", self.view.name, partition)
                 self._parts.pop(partition, None)
+
+    def position(self, partition: int) -> int | None:
+        """The input offset to read next for ``partition`` (after its watermark); None while it
+        is not loaded and caught up."""
+        vp = self._parts.get(partition)
+        if vp is None or not vp.caught_up:
+            return None
+        return vp.watermark + 1
 
     def assign(self, partitions: Iterable[int]) -> None:
         """Partitions faust assigned this worker: only these are loaded and applied."""
@@ -254,6 +270,7 @@ class ViewRunner:
                 self._view_header,
                 self._codec,
                 ((c.sow_key, c.record) for c in changes),
+                partitions=self._log_partitions,
             )
             entries = vp.maintainer.take_entries()
             entries.update(entries_marks)

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
-from confluent_kafka import Consumer, Producer, murmur2
+from confluent_kafka import AcknowledgeType, Consumer, Producer, ShareConsumer, murmur2
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
 
 from sowstream.broker.local import LocalBroker, answers
 from sowstream.errors import BrokerError
@@ -54,6 +62,70 @@ def test_local_broker_lifecycle(tmp_path: Path) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))  # nothing listens there any more
     assert not broker.stop()  # stopping twice is harmless
+
+
+def _share_member(bootstrap: str, group: str, topic: str) -> ShareConsumer:
+    member = ShareConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "share.acknowledgement.mode": "explicit",
+            "log_level": 3,
+        }
+    )
+    member.subscribe([topic])
+    return member
+
+
+def test_local_broker_serves_share_groups(tmp_path: Path) -> None:
+    """Kafka 4.2 share groups (KIP-932) on the embedded broker: two members of one share group
+    acquire every record once between them, acknowledge each ACCEPT, and an accepted record is
+    not delivered again (the queue benchmark's peer runs on this)."""
+    broker = LocalBroker(tmp_path / "kafka")
+    bootstrap = broker.start()
+    try:
+        topic, group = "shared", f"share-{uuid.uuid4().hex[:8]}"
+        ensure_topics(bootstrap, [TopicSpec(topic, 2)])
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        earliest = ConfigEntry(
+            "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+        )
+        resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[earliest])
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(30)
+        producer = Producer(producer_config(bootstrap))
+        for n in range(30):
+            producer.produce(topic, key=str(n).encode(), value=str(n).encode())
+        assert producer.flush(10) == 0
+        members = [_share_member(bootstrap, group, topic) for _ in range(2)]
+        deliveries: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(deliveries) < 30 and time.monotonic() < deadline:
+            for member in members:
+                batch = member.poll(0.2)
+                for msg in batch:
+                    assert msg.error() is None
+                    deliveries.append(msg.value() or b"")
+                    member.acknowledge(msg, AcknowledgeType.ACCEPT)
+                if len(batch):
+                    assert all(e is None for e in member.commit_sync(10).values())
+        assert sorted(deliveries) == sorted(str(n).encode() for n in range(30))
+        for member in members:
+            member.close()
+        # A new member is given the one record produced since, none of the accepted ones.
+        again = _share_member(bootstrap, group, topic)
+        producer.produce(topic, key=b"late", value=b"late")
+        assert producer.flush(10) == 0
+        later: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while b"late" not in later and time.monotonic() < deadline:
+            for msg in again.poll(0.3):
+                later.append(msg.value() or b"")
+                again.acknowledge(msg)
+        again.close()
+        assert later == [b"late"]
+    finally:
+        assert broker.stop()
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:

@@ -53,6 +53,11 @@ class Wiring:
     ) -> None:
         self.agents.append(name)
 
+    def pumped_agent(
+        self, topic: str, partitions: int, name: str, handle: Callable[[list[RawRecord]], Any]
+    ) -> None:
+        self.agents.append(name)
+
     def task(self, fun: Callable[[], Awaitable[None]]) -> None:
         pass
 

@@ -10,13 +10,14 @@ the ports, so no unit imports faust.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from sowstream.auth import Authenticator
 from sowstream.config.models import RocksDBConfig
 from sowstream.engine.commands import Acknowledge, CommandInbox, ControlRecord
+from sowstream.engine.inputs import InputPump
 from sowstream.engine.meta import Infos
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.pump import HeldPartitions, KafkaLogReader
@@ -71,6 +72,18 @@ class Wiring(Protocol):
         handle: Callable[[list[RawRecord]], Awaitable[None]],
     ) -> None:
         """Hand the records of input topic ``topic`` to ``handle`` in batches."""
+
+    def pumped_agent(
+        self,
+        topic: str,
+        partitions: int,
+        name: str,
+        handle: Callable[[list[RawRecord]], Awaitable[None]],
+    ) -> None:
+        """Have the group assign input topic ``topic`` (and the tables co-partitioned with it)
+        without the runtime ever fetching it: the unit reads it with an
+        :class:`~sowstream.engine.inputs.InputPump`. ``handle`` gets what the runtime would
+        fetch all the same."""
 
     def task(self, fun: Callable[[], Awaitable[None]]) -> None:
         """Run ``fun`` once the worker has started (after table recovery)."""
@@ -157,6 +170,10 @@ class InputRunner(Protocol):
 
     def assign(self, partitions: Iterable[int]) -> None: ...
 
+    def position(self, partition: int) -> int | None: ...
+
+    async def handle(self, records: Sequence[RawRecord]) -> None: ...
+
     async def drop(self, partitions: Iterable[int]) -> None: ...
 
     async def warm(self, partitions: Iterable[int]) -> None: ...
@@ -168,11 +185,24 @@ class InputRunner(Protocol):
 
 class FedUnit:
     """The lifecycle a unit fed by an input topic of its own shares: its input partitions go
-    to its runner as faust assigns and revokes them, and each tick warms those held."""
+    to its runner as faust assigns and revokes them, each tick warms those held, and an input
+    pump feeds the runner from the input topic in batches."""
 
     runner: InputRunner
     input_topic: str
     _ctx: Context
+
+    def _declare_input(self, partitions: int, name: str) -> None:
+        """The input topic assigned by the group, read by an :class:`InputPump`."""
+        ctx = self._ctx
+        consumer = {
+            "bootstrap.servers": ctx.bootstrap,
+            "group.id": f"{ctx.app_id}-input-pump",
+            **ctx.kafka,
+        }
+        pump = InputPump(self.runner, self.input_topic, ctx.assignment, consumer)
+        ctx.wiring.pumped_agent(self.input_topic, partitions, name, self.runner.handle)
+        ctx.wiring.task(pump.run)
 
     def assign(self, assigned: Partitions) -> None:
         self.runner.assign(assigned.of(self.input_topic))

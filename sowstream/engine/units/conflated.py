@@ -47,6 +47,7 @@ class ConflatedUnit(FedUnit):
             log_topic=names.log(conflated.name, own.message_type),
             codec=unit.compiled.codec,
             pattern=own.pattern is not None,
+            log_partitions=own.partitions,
         )
         topics[underlying.ident].proc.views.append(ConflatedFeed(conflated, self.input_topic))
 
@@ -73,11 +74,8 @@ class ConflatedUnit(FedUnit):
         ]
 
     def declare(self) -> None:
-        wiring = self._ctx.wiring
-        partitions = self.conflated.partitions
-        name = f"sowstream.conflated.{self.name}"
-        wiring.batch_agent(self.input_topic, partitions, name, self.runner.handle)
-        wiring.task(self.runner.run)  # the flush every Interval
+        self._declare_input(self.conflated.partitions, f"sowstream.conflated.{self.name}")
+        self._ctx.wiring.task(self.runner.run)  # the flush every Interval
 
     def specs(self) -> list[TopicSpec]:
         return [input_topic_spec(self.input_topic, self.conflated.partitions)]

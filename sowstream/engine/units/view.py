@@ -61,6 +61,7 @@ class ViewUnit(FedUnit):
             input_topic=self.input_topic,
             log_topic=names.log(view.name, view.message_type),
             codec=own.compiled.codec,
+            log_partitions=view.partitions,
         )
         for ref in view.topics:
             # A queue's available messages change without a log of their own: only real
@@ -83,9 +84,7 @@ class ViewUnit(FedUnit):
         return [cls(view, ctx, topics, queue_views) for view in config.views]
 
     def declare(self) -> None:
-        self._ctx.wiring.batch_agent(
-            self.input_topic, self._partitions, f"sowstream.view.{self.name}", self.runner.handle
-        )
+        self._declare_input(self._partitions, f"sowstream.view.{self.name}")
 
     def specs(self) -> list[TopicSpec]:
         return [input_topic_spec(self.input_topic, self._partitions)]
