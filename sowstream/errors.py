@@ -20,6 +20,11 @@ class InvalidMessageError(SowstreamError):
         self.reason = reason
 
 
+class WireFormatError(SowstreamError, ValueError):
+    """Bytes that are not a record of the Avro schema they should be (random, cut or damaged):
+    one error for whatever the decoder tripped on, so every reader can skip them alike."""
+
+
 class UnknownTopicError(SowstreamError):
     """The command names a topic that has no SOW definition (and so cannot be queried)."""
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import fastavro
 
+from sowstream.errors import WireFormatError
+
 SchemaName = Literal["SowRecord", "Command", "Reply", "TopicInfo", "DeadLetter", "Subscription"]
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
@@ -31,7 +33,12 @@ def encode(name: SchemaName, record: dict[str, Any]) -> bytes:
 
 
 def decode(name: SchemaName, payload: bytes) -> dict[str, Any]:
-    """Deserialise ``payload`` written with schema ``name``."""
-    result = fastavro.schemaless_reader(io.BytesIO(payload), schema(name), None)
-    assert isinstance(result, dict)
+    """Deserialise ``payload`` written with schema ``name`` (WireFormatError when it is not
+    one: fastavro raises anything from EOFError to IndexError on damaged bytes)."""
+    try:
+        result = fastavro.schemaless_reader(io.BytesIO(payload), schema(name), None)
+    except Exception as exc:
+        raise WireFormatError(f"not a {name} record: {type(exc).__name__}: {exc}") from None
+    if not isinstance(result, dict):
+        raise WireFormatError(f"not a {name} record")
     return result
