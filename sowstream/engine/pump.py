@@ -16,6 +16,7 @@ from typing import Any, Protocol, cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as RdKafkaError
 
+from sowstream.engine import metrics
 from sowstream.engine.ports import Assignment
 from sowstream.engine.processor import PartitionState, RawRecord, TopicProcessor
 from sowstream.errors import SowstreamError
@@ -280,9 +281,12 @@ class LogPump:
             for m in msgs
             if not m.error() and m.partition() in owned and self._current(m.partition())
         ]
+        if not records:
+            return
+        fetched = metrics.fetched(min(rec.timestamp for rec in records))
         for start in range(0, len(records), APPLY_CHUNK):
             chunk = records[start : start + APPLY_CHUNK]
-            await self.proc.process(chunk)
+            await self.proc.process(chunk, fetched)
             for rec in chunk:
                 self._next[rec.partition] = rec.offset + 1
             # A big fetch must not hold the event loop in one piece: acknowledgements, commits
