@@ -452,6 +452,7 @@ class Applier:
             await self._sender.send(
                 self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
             )
+        acks: dict[str, list[tuple[bytes, list[tuple[str, bytes]]]]] = {}
         for ack in outcome.acks:
             rec = ack.record
             reply_to = rec.headers.get(h.REPLY_TO)
@@ -468,7 +469,9 @@ class Applier:
                 message=ack.message,
                 count=ack.changed,
             )
-            await self._sender.send_reply(reply_to, reply.encode())
+            acks.setdefault(reply_to, []).append((reply.encode(), []))
+        for reply_to, replies in acks.items():  # batched per publisher's reply topic
+            await self._sender.send_replies(reply_to, replies)
 
 
 def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:
