@@ -580,6 +580,12 @@ def main() -> None:
         default="0.1,0.5",
         help="publish rates for the latency runs, as fractions of the 1-subscription throughput",
     )
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        help="publish rate of the latency runs (instead of --latency-loads of the measured max): "
+        "before/after comparisons on a loaded machine",
+    )
     parser.add_argument("--orders", type=int, default=10_000)
     parser.add_argument("--delta-updates", type=int, default=100_000)
     parser.add_argument("--timeout", type=float, default=180.0, help="per measurement, seconds")
@@ -700,7 +706,7 @@ def run(
         max_rate = args.updates / one.done_s if not one.error else 10_000.0
         lat: list[Latency] = []
         for load in (float(x) for x in args.latency_loads.split(",")):
-            rate = max(100.0, max_rate * load)
+            rate = args.latency_rate or max(100.0, max_rate * load)
             console.print(f"[bold]latency at {rate:,.0f} publishes/s for {args.latency_seconds}s")
             sow = sow_latency(
                 bootstrap,
