@@ -26,6 +26,10 @@ log = logging.getLogger("sowstream.engine")
 
 LOG_BATCH_MAX = 2_000  # records one fetch takes from the log
 APPLY_CHUNK = 500  # records folded in one go (one event-loop step) out of a fetched batch
+# ... when the fetch came back short of LOG_BATCH_MAX (the pump is caught up with the log): a
+# chunk's messages go out before the next chunk folds, so the first records of a burst do not
+# wait for the fold of the whole fetch (about 2 ms of fold per 100 records).
+CAUGHT_UP_CHUNK = 100
 PUMP_RETRY_SECONDS = 1.0
 
 # Fetch errors that mean the log partition we read may no longer be the one we applied.
@@ -284,8 +288,9 @@ class LogPump:
         if not records:
             return
         fetched = metrics.fetched(min(rec.timestamp for rec in records))
-        for start in range(0, len(records), APPLY_CHUNK):
-            chunk = records[start : start + APPLY_CHUNK]
+        size = APPLY_CHUNK if len(msgs) >= LOG_BATCH_MAX else CAUGHT_UP_CHUNK
+        for start in range(0, len(records), size):
+            chunk = records[start : start + size]
             await self.proc.process(chunk, fetched)
             for rec in chunk:
                 self._next[rec.partition] = rec.offset + 1
