@@ -66,7 +66,7 @@ def test_two_processes_share_the_partitions_and_stop_with_the_parent(
             deadline = time.monotonic() + 60
             found: list[Any] = []
             while time.monotonic() < deadline:
-                found = list(client.sow("orders"))
+                found = [m for m in client.sow("orders") if m.command == "sow"]
                 if len(found) == RECORDS:
                     break
                 time.sleep(0.5)
