@@ -51,7 +51,8 @@ class Outbox:
         futures: list[asyncio.Future[Any]] = []
         if not deliveries:
             return futures
-        # Batched per reply topic (a client's messages keep their order).
+        # Grouped per reply topic (a client's messages keep their order; many go as Kafka
+        # batches, see FaustSender.send_replies).
         by_client: dict[str, list[tuple[bytes, list[tuple[str, bytes]]]]] = {}
         for d in deliveries:
             by_client.setdefault(d.spec.reply_to, []).append((d.data, live_headers(d)))

@@ -47,6 +47,7 @@ PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.byte
 INPUT_BATCH_MAX = 2_000  # change events a view maintainer (or conflated topic) takes in one go
 INPUT_BATCH_WITHIN = 0.01  # seconds an input agent waits to fill a batch
 REPLY_METADATA_WAIT = 5.0
+REPLY_BATCH_MIN = 64  # replies to one topic from one batch sent as Kafka batches from this many
 
 # Called with the partitions a rebalance assigned or revoked.
 Rebalance = Callable[[Partitions], Awaitable[None]]
@@ -164,14 +165,17 @@ class FaustSender(Sender):
     async def send_replies(
         self, topic: str, messages: Sequence[tuple[bytes, list[tuple[str, bytes]]]]
     ) -> list[asyncio.Future[Any]]:
-        # Filled into aiokafka batches here (one future per batch): a send per message costs
-        # ~8 us of event-loop CPU, a batch append ~1 us (as send_many).
+        # Many are filled into aiokafka batches here (one future per batch): a send per message
+        # costs ~8 us of event-loop CPU, a batch append ~1 us (as send_many). But send_batch
+        # waits until the topic's previous batch has left for the broker (a round trip when a
+        # request is in flight), and this runs under the partition lock: a few go one by one,
+        # appended to the producer's open batch without waiting.
         if topic in self._gone or not messages:
             return []
         producer = self._replies()
         partitions = producer.client.cluster.partitions_for_topic(topic)
-        if not partitions or len(messages) == 1:
-            # The first reply waits for the topic's metadata (or finds the client gone).
+        if not partitions or len(messages) < REPLY_BATCH_MIN:
+            # The first reply also waits for the topic's metadata (or finds the client gone).
             return await super().send_replies(topic, messages)
         self._track_reply_topic(producer, topic)
         # One partition for all (a reply topic has one): messages for a client stay in order.
