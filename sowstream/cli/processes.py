@@ -6,7 +6,7 @@ name (``NAME-0`` .. ``NAME-<N-1>``), RocksDB directory (named after the worker) 
 port (``PORT + i``); Kafka's group assignment shares the partitions among them as among workers
 on different machines. The parent forwards SIGINT/SIGTERM to them and waits for them; a child
 that exits on its own is reported and started again, unless it failed within
-:data:`CRASH_LOOP_SECONDS` of its start (a bad config, no broker): then the parent stops the
+:data:`CRASH_LOOP_SECONDS` of its start (say, its metrics port in use): then the parent stops the
 others and exits with the child's code.
 """
 
