@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -35,6 +36,16 @@ def _signal_self_after(
     timer = threading.Timer(0, fire)
     timer.start()
     return timer
+
+
+def _mark_when_lines(path: Path, lines: int) -> None:
+    """Create ``<path>.third`` once ``path`` has ``lines`` lines (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= lines:
+            break
+        time.sleep(0.05)
+    Path(f"{path}.third").touch()
 
 
 def test_children_get_their_own_name_and_metrics_port() -> None:
@@ -73,7 +84,9 @@ def test_a_child_that_dies_later_is_restarted_until_the_parent_is_stopped(tmp_pa
         f"open({str(starts)!r}, 'a').write('x\\n'); import time, os; time.sleep(0.3); "
         "os.kill(os.getpid(), 9)"
     )
-    timer = _signal_self_after(3.0)
+    timer = _signal_self_after(0.0, ready=[Path(f"{starts}.third")])
+    watcher = threading.Thread(target=_mark_when_lines, args=(starts, 3), daemon=True)
+    watcher.start()
     try:
         code = Supervisor([flaky], crash_loop_seconds=0.0, restart_delay=0.2).run()
     finally:
@@ -120,3 +133,17 @@ def test_a_child_that_ignores_the_stop_is_killed(tmp_path: Path) -> None:
         timer.cancel()
     assert supervisor.children[0].poll() == -signal.SIGKILL
     assert time.monotonic() - started < 20
+
+
+def test_processes_below_one_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("sow:\n  - {Name: orders, Key: /id}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sowstream", "worker", "--config", str(config), "--processes", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert result.returncode == 2
+    assert "'--processes'" in result.stderr, result.stderr
