@@ -171,6 +171,13 @@ def main() -> None:
         verdict(restore["rocksdb_bytes"] <= 2 * raw),
     )
     Console(width=160).print(table)
+    for item in latency:
+        stages = item.get("batch_life_ms") or {}
+        if stages:
+            console.print(
+                f"batch life at {item['load']:.0%} of max (ms since fetch, p50/p99/mean): "
+                + "; ".join(f"{k} {v[0]:.1f}/{v[1]:.1f}/{v[2]:.1f}" for k, v in stages.items())
+            )
     console.print(f"whole run: {time.perf_counter() - started:,.0f} s")
 
 

@@ -134,6 +134,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def consecutive_free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports (``--processes`` gives child i PORT + i)."""
+    import socket
+
+    while True:
+        first = free_port()
+        try:
+            for port in range(first + 1, first + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+
+
 def dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -304,6 +319,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--subscriptions", type=int, default=100, help="filtered, 10%% match")
     parser.add_argument("--skip-scaling", action="store_true", help="no two-worker run")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="also time N workers run by one `sowstream worker --processes N` (0: not)",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument(
         "--profile",
@@ -322,8 +343,10 @@ def main() -> None:
         config = write_bench_config(work / "bench.yaml", prefix)
         port = free_port()
 
-        def start_worker(config: Path, port: int, name: str = "bench") -> subprocess.Popen[bytes]:
-            cmd = worker_command(config, bootstrap, work, "--metrics-port", str(port))
+        def start_worker(
+            config: Path, port: int, name: str = "bench", *extra: str
+        ) -> subprocess.Popen[bytes]:
+            cmd = worker_command(config, bootstrap, work, "--metrics-port", str(port), *extra)
             cmd[cmd.index("--name") + 1] = name
             log = open(work / f"{name}-{config.stem}.log", "ab")  # noqa: SIM115
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -434,12 +457,36 @@ def main() -> None:
             relay_log(bootstrap, source, target, len(updates), same_partition=True)
             ports = [free_port(), free_port()]
             broker.start()
-            for i, p2 in enumerate(ports):
-                start_worker(config2, p2, f"w{i}")
+            pair = [start_worker(config2, p2, f"w{i}") for i, p2 in enumerate(ports)]
             two_rate = catch_up_rate(ports, len(updates))
             result["broker_cores_two"] = broker.stop()
             result["two_workers_rate"] = two_rate
             console.print(f"two workers applied at {two_rate:,.0f}/s")
+            for proc in pair:  # idle now, but not to be measured alongside what follows
+                proc.terminate()
+                proc.wait(60)
+
+        # 5. the same with N workers under one parent (sowstream worker --processes N)
+        if args.processes > 1:
+            prefix3 = f"{prefix}p{args.processes}"
+            config3 = write_bench_config(work / "bench3.yaml", prefix3)
+            relay_log(
+                bootstrap,
+                f"{prefix}.log.orders",
+                f"{prefix3}.log.orders",
+                len(updates),
+                same_partition=True,
+            )
+            first = consecutive_free_ports(args.processes)
+            broker.start()
+            parent = start_worker(config3, first, "pool", "--processes", str(args.processes))
+            rate = catch_up_rate(list(range(first, first + args.processes)), len(updates))
+            result["processes_broker_cores"] = broker.stop()
+            result["processes"] = args.processes
+            result["processes_rate"] = rate
+            parent.terminate()
+            parent.wait(90)
+            console.print(f"{args.processes} processes applied at {rate:,.0f}/s")
 
     result.update(
         relay=relay,
@@ -481,6 +528,13 @@ def main() -> None:
             f"  the same with {len(subs)} filtered subscriptions ({matching:,} matches)",
             f"{result['subs_rate']:,.0f} upd/s",
             f"{result['subs_rate'] / relay:.2f}x relay",
+        )
+    if "processes_rate" in result:
+        table.add_row(
+            f"  {args.processes} processes of one `worker --processes {args.processes}` "
+            f"(broker {result['processes_broker_cores']:.2f} cores)",
+            f"{result['processes_rate']:,.0f} upd/s",
+            f"{result['processes_rate'] / apply_rate:.2f}x one worker",
         )
     if "two_workers_rate" in result:
         table.add_row(

@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import re
 import subprocess
 import textwrap
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -137,6 +139,8 @@ class Latency:
     expected: int = 0
     received: int = 0
     error: str = ""
+    # the worker's batch-life stages during the run: stage -> (p50, p99, mean) in ms
+    stages: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     def pct(self, q: float, samples: list[float] | None = None) -> float:
         values = self.samples if samples is None else samples
@@ -354,6 +358,51 @@ def _fan_out(
 
 # -- 2. latency ------------------------------------------------------------------------------------
 
+BATCH_STAGES = "sowstream_batch_stage_seconds"
+
+
+def stage_histograms(port: int) -> dict[str, tuple[list[tuple[float, float]], float, float]]:
+    """The worker's batch-life histogram: stage -> (cumulative buckets, sum, count)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out: dict[str, tuple[list[tuple[float, float]], float, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith(BATCH_STAGES):
+            continue
+        name, value = line.rsplit(" ", 1)
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', name))
+        buckets, total, count = out.get(labels.get("stage", ""), ([], 0.0, 0.0))
+        if name.startswith(BATCH_STAGES + "_bucket"):
+            buckets.append((float(labels["le"]), float(value)))
+        elif name.startswith(BATCH_STAGES + "_sum"):
+            total = float(value)
+        elif name.startswith(BATCH_STAGES + "_count"):
+            count = float(value)
+        out[labels.get("stage", "")] = (buckets, total, count)
+    return out
+
+
+def stage_breakdown(
+    before: dict[str, tuple[list[tuple[float, float]], float, float]],
+    after: dict[str, tuple[list[tuple[float, float]], float, float]],
+) -> dict[str, tuple[float, float, float]]:
+    """Per stage, (p50, p99, mean) in ms of what was observed between two scrapes; the
+    percentiles are bucket upper bounds."""
+    out: dict[str, tuple[float, float, float]] = {}
+    for stage, (buckets, total, count) in after.items():
+        old_buckets, old_total, old_count = before.get(stage, ([], 0.0, 0.0))
+        n = count - old_count
+        if n <= 0:
+            continue
+        old = dict(old_buckets)
+        cumulative = [(le, c - old.get(le, 0.0)) for le, c in buckets]
+
+        p50, p99 = (
+            next((le for le, c in cumulative if c >= q * n), math.inf) * 1000 for q in (0.5, 0.99)
+        )
+        out[stage] = (p50, p99, (total - old_total) / n * 1000)
+    return out
+
 
 def sow_latency(
     bootstrap: str,
@@ -380,6 +429,7 @@ def sow_latency(
     rng = random.Random(7)
     with Client(bootstrap, prefix=prefix, timeout=60) as sub_client:
         sub_client.subscribe(TICKS, "/symbol = 'LAT'", on_message=on_message)
+        stages_before = stage_histograms(worker.port)
 
         def send(i: int) -> None:
             if i % PROBE_EVERY == 0:
@@ -399,6 +449,7 @@ def sow_latency(
         result.received = len(samples)
         if done is None:
             result.error = f"received {result.received:,}/{result.expected:,} probes"
+        result.stages = stage_breakdown(stages_before, stage_histograms(worker.port))
     result.samples = [lat for sent, lat in samples if sent >= sent_from]
     result.engine_leg = [lat for sent, lat in engine_legs if sent >= sent_from]
     return result
@@ -529,6 +580,12 @@ def main() -> None:
         default="0.1,0.5",
         help="publish rates for the latency runs, as fractions of the 1-subscription throughput",
     )
+    parser.add_argument(
+        "--latency-rate",
+        type=float,
+        help="publish rate of the latency runs (instead of --latency-loads of the measured max): "
+        "before/after comparisons on a loaded machine",
+    )
     parser.add_argument("--orders", type=int, default=10_000)
     parser.add_argument("--delta-updates", type=int, default=100_000)
     parser.add_argument("--timeout", type=float, default=180.0, help="per measurement, seconds")
@@ -597,6 +654,7 @@ def latency_figures(lat: list[Latency]) -> list[dict[str, Any]]:
             "p99_ms": item.pct(0.99),
             "kafka_p50_ms": item.baseline.pct(0.5),
             "kafka_p99_ms": item.baseline.pct(0.99),
+            "batch_life_ms": item.stages,
         }
         for item in lat
         if item.baseline is not None
@@ -648,7 +706,7 @@ def run(
         max_rate = args.updates / one.done_s if not one.error else 10_000.0
         lat: list[Latency] = []
         for load in (float(x) for x in args.latency_loads.split(",")):
-            rate = max(100.0, max_rate * load)
+            rate = args.latency_rate or max(100.0, max_rate * load)
             console.print(f"[bold]latency at {rate:,.0f} publishes/s for {args.latency_seconds}s")
             sow = sow_latency(
                 bootstrap,
@@ -753,6 +811,17 @@ def report(
             f"{item.pct(0.99) / item.baseline.pct(0.99):.1f}x raw p99" if item.baseline else "1.0",
             detail,
         )
+    for item in lat:
+        if item.stages:
+            table.add_row(
+                f"  batch life at {item.load:.0%} of max (since fetch, ms: p50/p99/mean)",
+                "",
+                "",
+                "; ".join(
+                    f"{stage} {p50:.1f}/{p99:.1f}/{mean:.1f}"
+                    for stage, (p50, p99, mean) in item.stages.items()
+                ),
+            )
     full = delta[0] if delta else None
     for d in delta:
         name = "sow_and_subscribe" if d.mode == "full" else "sow_and_delta_subscribe"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from sowstream.cli.common import (
 )
 from sowstream.cli.console import register as register_console
 from sowstream.cli.pipeline import pipeline_app
+from sowstream.cli.processes import Supervisor, child_commands
 from sowstream.cli.queue import queue_app
 from sowstream.client import Client, Message, QueueSubscription, Subscription
 from sowstream.config import load_config
@@ -93,6 +95,14 @@ def worker(
             min=0,
         ),
     ] = 0.0,
+    processes: Annotated[
+        int,
+        typer.Option(
+            help="Run N worker processes sharing the partitions (one per core), named "
+            "NAME-0..NAME-<N-1>, metrics on PORT..PORT+N-1; signals reach all of them.",
+            min=1,
+        ),
+    ] = 1,
 ) -> None:
     """Run a worker: it takes a share of the SOW partitions and serves them until stopped."""
     from sowstream.broker.bootstrap import resolve_bootstrap
@@ -102,6 +112,24 @@ def worker(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     cfg = load_config(config, skip_unsupported=skip_unsupported)
+    if processes > 1:
+        # The children read the config again; loading it here fails a bad one once, up front.
+        base = ["--config", str(config), "--log-level", log_level]
+        base += ["--metrics-host", metrics_host, "--kafka-wait", str(kafka_wait)]
+        if bootstrap:
+            base += ["--bootstrap", bootstrap]
+        if data_dir is not None:
+            base += ["--data-dir", str(data_dir)]
+        if seed_dir is not None:
+            base += ["--seed-dir", str(seed_dir)]
+        if skip_unsupported:
+            base.append("--skip-unsupported")
+        if static_membership:
+            base.append("--static-membership")
+        port = metrics_port if metrics_port is not None else cfg.engine.web_port
+        commands = child_commands(base, processes, name or socket.gethostname(), port)
+        err.print(f"[bold green]sowstream worker[/]: {processes} processes, config {config}")
+        raise typer.Exit(Supervisor(commands).run())
     servers = resolve_bootstrap(bootstrap or cfg.engine.bootstrap_servers)
     engine = Engine(
         cfg,

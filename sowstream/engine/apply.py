@@ -16,6 +16,7 @@ from sowstream.auth import Authenticator
 from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import delivered
+from sowstream.engine.metrics import BatchLife
 from sowstream.engine.outbox import Outbox
 from sowstream.engine.partition import (
     MAX_IN_FLIGHT,
@@ -88,9 +89,10 @@ class Applier:
         self._outbox = outbox
         self._queues = queues
 
-    async def process(self, records: Sequence[RawRecord]) -> None:
+    async def process(self, records: Sequence[RawRecord], fetched: float | None = None) -> None:
         """Fold a batch of log records (any mix of partitions, each in log order) and send its
         subscription messages; the state is stored once Kafka has acknowledged them.
+        ``fetched``: the ``time.perf_counter()`` the records were fetched at (batch-life metrics).
 
         Only partitions loaded by :meth:`Ownership.ready` take records: a partition dropped by
         a rebalance must be read again from its stored watermark, never continued from where
@@ -113,11 +115,14 @@ class Applier:
             ps = table.get(partition)
             if ps is None or not ps.ready:
                 continue  # not held (any more): whoever loads it next reads from its watermark
+            life = BatchLife(fetched)
             async with ps.lock:
                 if not table.holds(partition, ps):
                     continue  # revoked while waiting: the new owner reads these records again
                 await table.settle(ps, keep=MAX_IN_FLIGHT - 1)
+                life.mark("locked")
                 outcome = self._fold(ps, self._identified(recs), replay=False)
+                life.mark("folded")
                 sent: list[asyncio.Future[Any]] = []
                 required: list[asyncio.Future[Any]] = []
                 if outcome.events:
@@ -130,7 +135,8 @@ class Applier:
                         queue.append(self.topic.name, partition, outcome.enqueued)
                     )
                 ps.folded = max(ps.folded, outcome.last)
-                self.enqueue(partition, ps, outcome, sent, required)
+                life.mark("replies_enqueued")
+                self.enqueue(partition, ps, outcome, sent, required, life)
 
     def enqueue(
         self,
@@ -139,10 +145,11 @@ class Applier:
         outcome: Outcome,
         sent: list[asyncio.Future[Any]],
         required: list[asyncio.Future[Any]] | None = None,
+        life: BatchLife | None = None,
     ) -> None:
         """Queue ``outcome`` to be stored, in order, once Kafka has ``sent`` and ``required``
         (see InFlight; under ps.lock)."""
-        ps.in_flight.append(InFlight(outcome, sent, required or []))
+        ps.in_flight.append(InFlight(outcome, sent, required or [], life))
         if ps.committer is None:
             ps.committer = asyncio.create_task(self._commit_in_order(partition, ps))
 
@@ -157,12 +164,19 @@ class Applier:
                 # Refused: the batch is not stored, the partition is loaded again and its log
                 # replayed (below), and the events go out again.
                 await delivered(head.required, f"change events of topic {self.topic.name!r}")
+                life = head.life
+                if life is not None:
+                    life.mark("replies_acked")
                 if not table.holds(partition, ps):
                     # Revoked: nothing of these batches is stored, so the new owner replays them.
                     ps.in_flight.clear()
                 else:
                     self._commit(ps, head.outcome)
+                    if life is not None:
+                        life.mark("stored")
                     await ps.store.replicate(head.outcome.changes, self._sender)
+                    if life is not None:
+                        life.mark("changelog_acked")
                     # Leaves the overlay only now: until Kafka has its changelog records no later
                     # batch may be stored (see RocksPartition.replicate); readers looking
                     # through the overlay meanwhile find the same records as in the store.
@@ -454,6 +468,7 @@ class Applier:
             await self._sender.send(
                 self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
             )
+        acks: dict[str, list[tuple[bytes, list[tuple[str, bytes]]]]] = {}
         for ack in outcome.acks:
             rec = ack.record
             reply_to = rec.headers.get(h.REPLY_TO)
@@ -470,7 +485,9 @@ class Applier:
                 message=ack.message,
                 count=ack.changed,
             )
-            await self._sender.send_reply(reply_to, reply.encode())
+            acks.setdefault(reply_to, []).append((reply.encode(), []))
+        for reply_to, replies in acks.items():  # batched per publisher's reply topic
+            await self._sender.send_replies(reply_to, replies)
 
 
 def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:

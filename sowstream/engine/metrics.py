@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import Counter, Gauge, Histogram
 
 UPDATES = Counter("sowstream_updates_applied_total", "Log operations applied to the SOW", ["topic"])
@@ -75,3 +77,69 @@ CONFLATED_PUBLISHED = Counter(
     "conflation ratio)",
     ["topic"],
 )
+
+# A log batch's life in the worker, each stage timed from the moment its records were fetched
+# (``fetch`` itself: from the oldest record's log timestamp to the fetch). Cumulative, so the
+# stages read as a timeline; bench.subs_bench prints them next to its latency figures.
+BATCH_STAGES = (
+    "fetch",  # log timestamp of the fetch's oldest record -> fetched
+    "locked",  # the partition lock held and the in-flight window open
+    "folded",  # the fold done
+    "replies_enqueued",  # subscription messages and view events handed to the producer
+    "replies_acked",  # Kafka acknowledged the subscription messages
+    "stored",  # written to RocksDB (after every earlier batch of the partition)
+    "changelog_acked",  # Kafka acknowledged the changelog records: the batch is done
+)
+BATCH_STAGE_SECONDS = Histogram(
+    "sowstream_batch_stage_seconds",
+    "When each stage of a log batch's life ended, in seconds since its records were fetched "
+    "(stage fetch: since the oldest record's log timestamp)",
+    ["stage"],
+    buckets=(
+        0.0005,
+        0.001,
+        0.002,
+        0.003,
+        0.005,
+        0.0075,
+        0.01,
+        0.015,
+        0.02,
+        0.03,
+        0.05,
+        0.075,
+        0.1,
+        0.15,
+        0.2,
+        0.3,
+        0.5,
+        1.0,
+        2.0,
+        5.0,
+    ),
+)
+_STAGE = {stage: BATCH_STAGE_SECONDS.labels(stage) for stage in BATCH_STAGES}
+
+
+class BatchLife:
+    """Times one batch's stages since its fetch (see BATCH_STAGES)."""
+
+    __slots__ = ("fetched",)
+
+    def __init__(self, fetched: float | None = None) -> None:
+        """``fetched``: the ``time.perf_counter()`` of the fetch (default: now)."""
+        self.fetched = time.perf_counter() if fetched is None else fetched
+
+    def mark(self, stage: str) -> None:
+        """Stage ``stage`` of the batch ended now."""
+        _STAGE[stage].observe(time.perf_counter() - self.fetched)
+
+
+def fetched(oldest_timestamp_ms: int) -> float:
+    """Note a fetch whose oldest record has log timestamp ``oldest_timestamp_ms``; returns the
+    fetch's ``time.perf_counter()`` for the batches cut from it."""
+    now = time.perf_counter()
+    waited = time.time() - oldest_timestamp_ms / 1000
+    if waited >= 0:
+        _STAGE["fetch"].observe(waited)
+    return now

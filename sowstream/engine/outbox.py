@@ -51,10 +51,13 @@ class Outbox:
         futures: list[asyncio.Future[Any]] = []
         if not deliveries:
             return futures
+        # Grouped per reply topic (a client's messages keep their order; many go as Kafka
+        # batches, see FaustSender.send_replies).
+        by_client: dict[str, list[tuple[bytes, list[tuple[str, bytes]]]]] = {}
         for d in deliveries:
-            fut = await self._sender.send_reply(d.spec.reply_to, d.data, live_headers(d))
-            if fut is not None:
-                futures.append(fut)
+            by_client.setdefault(d.spec.reply_to, []).append((d.data, live_headers(d)))
+        for reply_to, messages in by_client.items():
+            futures.extend(await self._sender.send_replies(reply_to, messages))
         metrics.DELIVERED.labels(self.topic.name).inc(len(deliveries))
         if wait:
             await self.acknowledged(futures)

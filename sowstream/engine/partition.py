@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from sowstream.engine.metrics import BatchLife
 from sowstream.engine.store import PartitionStore
 from sowstream.errors import InvalidMessageError
 from sowstream.sow.history import Version
@@ -99,6 +100,7 @@ class InFlight:
     outcome: Outcome
     sent: list[asyncio.Future[Any]]
     required: list[asyncio.Future[Any]] = field(default_factory=list)
+    life: BatchLife | None = None  # times the batch's stages (log batches only)
 
 
 @dataclass

@@ -62,6 +62,19 @@ class Sender:
         """
         raise NotImplementedError
 
+    async def send_replies(
+        self, topic: str, messages: Sequence[tuple[bytes, list[tuple[str, bytes]]]]
+    ) -> list[asyncio.Future[Any]]:
+        """Queue ``(value, headers)`` replies for one client's reply topic, in order, in as few
+        Kafka batches as they fit; returns the delivery futures (none when the client is gone).
+        By default one send_reply per message."""
+        out: list[asyncio.Future[Any]] = []
+        for value, headers in messages:
+            fut = await self.send_reply(topic, value, headers)
+            if fut is not None:
+                out.append(fut)
+        return out
+
     def prepare(self, topic: str) -> None:
         """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
 

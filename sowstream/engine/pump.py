@@ -16,6 +16,7 @@ from typing import Any, Protocol, cast
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as RdKafkaError
 
+from sowstream.engine import metrics
 from sowstream.engine.ports import Assignment
 from sowstream.engine.processor import PartitionState, RawRecord, TopicProcessor
 from sowstream.errors import SowstreamError
@@ -25,6 +26,10 @@ log = logging.getLogger("sowstream.engine")
 
 LOG_BATCH_MAX = 2_000  # records one fetch takes from the log
 APPLY_CHUNK = 500  # records folded in one go (one event-loop step) out of a fetched batch
+# ... when the fetch came back short of LOG_BATCH_MAX (the pump is caught up with the log): a
+# chunk's messages go out before the next chunk folds, so the first records of a burst do not
+# wait for the fold of the whole fetch (about 2 ms of fold per 100 records).
+CAUGHT_UP_CHUNK = 100
 PUMP_RETRY_SECONDS = 1.0
 
 # Fetch errors that mean the log partition we read may no longer be the one we applied.
@@ -280,9 +285,13 @@ class LogPump:
             for m in msgs
             if not m.error() and m.partition() in owned and self._current(m.partition())
         ]
-        for start in range(0, len(records), APPLY_CHUNK):
-            chunk = records[start : start + APPLY_CHUNK]
-            await self.proc.process(chunk)
+        if not records:
+            return
+        fetched = metrics.fetched(min(rec.timestamp for rec in records))
+        size = APPLY_CHUNK if len(msgs) >= LOG_BATCH_MAX else CAUGHT_UP_CHUNK
+        for start in range(0, len(records), size):
+            chunk = records[start : start + size]
+            await self.proc.process(chunk, fetched)
             for rec in chunk:
                 self._next[rec.partition] = rec.offset + 1
             # A big fetch must not hold the event loop in one piece: acknowledgements, commits

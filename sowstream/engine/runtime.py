@@ -23,9 +23,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, S
 from pathlib import Path
 from typing import Any, cast
 
+import aiokafka
 import faust
 from aiokafka.errors import KafkaError
 from faust.auth import SASLCredentials, SSLCredentials
+from faust.exceptions import NotReady
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.types import TP
 from faust.types.auth import CredentialsT
@@ -46,18 +49,25 @@ PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.byte
 INPUT_BATCH_MAX = 2_000  # change events a view maintainer (or conflated topic) takes in one go
 INPUT_BATCH_WITHIN = 0.01  # seconds an input agent waits to fill a batch
 REPLY_METADATA_WAIT = 5.0
+REPLY_BATCH_MIN = 64  # replies to one topic from one batch sent as Kafka batches from this many
 
 # Called with the partitions a rebalance assigned or revoked.
 Rebalance = Callable[[Partitions], Awaitable[None]]
 
 
 class FaustSender(Sender):
-    """Produces through the faust app's own producer, so faust flushes it before committing."""
+    """Produces through the faust app's own producer, so faust flushes it before committing.
+
+    Replies (answers, subscription messages, queue leases) go through the producer's second
+    aiokafka producer (:class:`EngineProducer`): aiokafka keeps one produce request in flight
+    per broker, and a reply queued behind a 512 KiB changelog request waited for it.
+    """
 
     def __init__(self, app: faust.App) -> None:
         self._app = app
         self._gone = _GoneTopics()
         self._tracked: set[str] = set()  # topics aiokafka keeps metadata for (see send)
+        self._reply_tracked: set[str] = set()  # the same for the producer of replies
         # Told when a client's reply topic disappears, so its subscriptions can go too.
         self.on_gone: Callable[[str], None] | None = None
 
@@ -76,6 +86,23 @@ class FaustSender(Sender):
             track_topic(producer, topic)
             self._tracked.add(topic)
         fut = await producer.send(topic, value, key=key, partition=partition, headers=headers)
+        return cast("asyncio.Future[Any]", fut)
+
+    def _replies(self) -> Any:
+        """The aiokafka producer of replies, which tracks every reply topic it sends to."""
+        return self._app.producer.replies()  # type: ignore[attr-defined]
+
+    def _track_reply_topic(self, producer: Any, topic: str) -> None:
+        if topic not in self._reply_tracked:
+            track_topic(producer, topic)
+            self._reply_tracked.add(topic)
+
+    async def _send_reply(
+        self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None
+    ) -> asyncio.Future[Any]:
+        producer = self._replies()
+        self._track_reply_topic(producer, topic)
+        fut = await producer.send(topic, value, headers=headers)
         return cast("asyncio.Future[Any]", fut)
 
     async def send_many(
@@ -107,12 +134,9 @@ class FaustSender(Sender):
 
     def prepare(self, topic: str) -> None:
         # The first send to a topic otherwise waits for its metadata (100 ms and more), and
-        # meanwhile holds up every other lease of the queue's delivery loop.
-        if topic in self._tracked:
-            return
-        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
-        track_topic(producer, topic)
-        self._tracked.add(topic)
+        # meanwhile holds up every other lease of the queue's delivery loop. Prepared topics
+        # are reply topics: they are sent to by the producer of replies.
+        self._track_reply_topic(self._replies(), topic)
 
     def forget_gone(self, topic: str) -> None:
         """``topic`` turned out to exist: send replies to it again."""
@@ -125,14 +149,14 @@ class FaustSender(Sender):
         # the producer wait for the topic's metadata for its whole request timeout (minutes).
         if topic in self._gone:
             return None
-        producer = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        producer = self._replies()
         if producer.client.cluster.partitions_for_topic(topic):
             # Metadata is cached, so the send cannot wait on it: skip the timeout's task (this is
             # the hot path of subscription fan-out).
-            return await self.send(topic, value, headers=headers)
+            return await self._send_reply(topic, value, headers)
         try:
             return await asyncio.wait_for(
-                self.send(topic, value, headers=headers), REPLY_METADATA_WAIT
+                self._send_reply(topic, value, headers), REPLY_METADATA_WAIT
             )
         except (TimeoutError, KafkaError) as exc:
             self._gone.add(topic)
@@ -144,6 +168,36 @@ class FaustSender(Sender):
             if self.on_gone is not None:
                 self.on_gone(topic)
             return None
+
+    async def send_replies(
+        self, topic: str, messages: Sequence[tuple[bytes, list[tuple[str, bytes]]]]
+    ) -> list[asyncio.Future[Any]]:
+        # Many are filled into aiokafka batches here (one future per batch): a send per message
+        # costs ~8 us of event-loop CPU, a batch append ~1 us (as send_many). But send_batch
+        # waits until the topic's previous batch has left for the broker (a round trip when a
+        # request is in flight), and this runs under the partition lock: a few go one by one,
+        # appended to the producer's open batch without waiting.
+        if topic in self._gone or not messages:
+            return []
+        producer = self._replies()
+        partitions = producer.client.cluster.partitions_for_topic(topic)
+        if not partitions or len(messages) < REPLY_BATCH_MIN:
+            # The first reply also waits for the topic's metadata (or finds the client gone).
+            return await super().send_replies(topic, messages)
+        self._track_reply_topic(producer, topic)
+        # One partition for all (a reply topic has one): messages for a client stay in order.
+        partition = min(partitions)
+        out: list[asyncio.Future[Any]] = []
+        batch, count = producer.create_batch(), 0
+        for value, headers in messages:
+            if batch.append(key=None, value=value, timestamp=None, headers=headers) is None:
+                out.append(await producer.send_batch(batch, topic, partition=partition))
+                batch, count = producer.create_batch(), 0
+                batch.append(key=None, value=value, timestamp=None, headers=headers)
+            count += 1
+        if count:
+            out.append(await producer.send_batch(batch, topic, partition=partition))
+        return out
 
 
 def track_topic(producer: Any, topic: str) -> None:
@@ -245,6 +299,40 @@ class PumpedConsumer(AIOKafkaConsumer):
         super().resume_partitions(self._fetched(tps))
 
 
+class EngineProducer(faust_aiokafka.Producer):
+    """faust's producer with a second aiokafka producer beside it, for clients' replies.
+
+    aiokafka sends one request per broker at a time, so a reply or a lease queued behind a
+    changelog request waited for that request's round trip. The two start and stop together,
+    and :meth:`flush` (which faust calls before committing consumer offsets) flushes both, so a
+    command is still committed only once its answer is in Kafka.
+    """
+
+    _replies: aiokafka.AIOKafkaProducer | None = None
+
+    def replies(self) -> aiokafka.AIOKafkaProducer:
+        """The producer of replies (faust's NotReady before the service started)."""
+        if self._replies is None:
+            raise NotReady("Producer service not yet started")
+        return self._replies
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        replies = self._replies = self._new_producer()
+        await replies.start()
+
+    async def on_stop(self) -> None:
+        replies, self._replies = self._replies, None
+        if replies is not None:
+            await replies.stop()  # sends what it holds first
+        await super().on_stop()
+
+    async def flush(self) -> None:
+        if self._replies is not None:
+            await self._replies.flush()
+        await super().flush()
+
+
 class EngineApp(faust.App):
     """faust's App with *early tasks*: faust starts ``app.task`` coroutines only once table
     recovery is over, but the probes' heartbeat and the status announcements must run while a
@@ -269,6 +357,9 @@ class EngineApp(faust.App):
         """Run ``fun`` from the app's first start on (a decorator, like ``app.task``)."""
         self._early_tasks.append(fun)
         return fun
+
+    def _new_producer(self) -> EngineProducer:
+        return EngineProducer(self.transport, loop=self.loop, beacon=self.beacon)
 
     async def on_first_start(self) -> None:
         await super().on_first_start()

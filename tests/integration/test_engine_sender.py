@@ -29,6 +29,9 @@ class _App:
     def _ensure_producer(self) -> AIOKafkaProducer:
         return self._producer
 
+    def replies(self) -> AIOKafkaProducer:
+        return self._producer
+
 
 async def _leaders_after_new_topic(bootstrap: str, old: str, new: str) -> Any:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -108,3 +111,47 @@ def test_send_many_writes_the_records_in_order_in_batches(kafka_bootstrap: str) 
                 read.append((msg.key(), msg.value()))
     consumer.close()
     assert read == records
+
+
+async def _send_replies(bootstrap: str, topic: str, messages: list[bytes]) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_batch_size=4096)
+    await producer.start()
+    try:
+        sender = FaustSender(_App(producer))  # type: ignore[arg-type]
+        # The first reply learns the topic's metadata; the rest go out in batches.
+        first = await sender.send_replies(topic, [(messages[0], [("sow.n", b"0")])])
+        rest = await sender.send_replies(
+            topic, [(m, [("sow.n", str(i).encode())]) for i, m in enumerate(messages[1:], 1)]
+        )
+        await asyncio.gather(*first, *rest)
+        return len(rest)
+    finally:
+        await producer.stop()
+
+
+def test_send_replies_writes_a_clients_replies_in_order_with_their_headers(
+    kafka_bootstrap: str,
+) -> None:
+    """Subscription messages batched per reply topic arrive once each, in order, headers kept."""
+    topic = f"sender-{uuid.uuid4().hex[:8]}-replies"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1)])
+    messages = [b"m" * (i % 200) + str(i).encode() for i in range(500)]
+    batches = asyncio.run(_send_replies(kafka_bootstrap, topic, messages))
+    assert 1 < batches < len(messages) - 1  # batched, and in more than one Kafka batch
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([KafkaPartition(topic, 0, 0)])
+    read: list[tuple[bytes | None, Any]] = []
+    deadline = time.monotonic() + 30
+    while len(read) < len(messages) and time.monotonic() < deadline:
+        for msg in consumer.consume(1000, 1.0):
+            if not msg.error():
+                read.append((msg.value(), msg.headers()))
+    consumer.close()
+    assert [value for value, _ in read] == messages
+    assert [headers for _, headers in read] == [[("sow.n", str(i).encode())] for i in range(500)]
