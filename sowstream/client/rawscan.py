@@ -6,6 +6,7 @@ until the application reads one of its fields (``Message`` reads them from here 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from sowstream.client.messages import Message, from_source
@@ -46,22 +47,49 @@ class RawSource:
         fields["bookmark"] = message_bookmark(timestamp, self.partition, offset)
 
 
+class RawMessages:
+    """The ``sow`` messages of one ``sow_raw`` reply, made when iterated.
+
+    The batch is checked when the reply arrives, but its messages are made only as they are
+    handed on: a scan's answer waits for its ``part_end`` as a few batches, not as a heap of
+    objects the garbage collector would walk again and again.
+    """
+
+    __slots__ = ("_fields", "_source")
+
+    def __init__(self, reply: Reply, query_id: str, codec: MessageType | None) -> None:
+        """Check ``reply``'s batch (CorruptReplyError naming the reply and the problem)."""
+        where = (
+            f"reply to command {reply.command_id}, topic {reply.topic!r} "
+            f"partition {reply.partition}"
+        )
+        if len(reply.records) != 1:
+            raise CorruptReplyError(
+                f"{where}: a sow_raw reply holds one raw batch, not {len(reply.records)} records"
+            )
+        try:
+            batch = RawBatch(reply.records[0].data)
+        except CorruptReplyError as exc:
+            raise CorruptReplyError(f"{where}: {exc}") from None
+        fields: dict[str, Any] = {"command": SOW, "query_id": query_id, "batch_size": batch.count}
+        if codec is not None:
+            fields["codec"] = codec
+        if not batch.pattern:
+            fields["topic"] = reply.topic  # the same for every record: no need to wait for a read
+        self._fields = fields
+        self._source = RawSource(batch, reply.topic, reply.partition)
+
+    def __len__(self) -> int:
+        return self._source.batch.count
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages())
+
+    def messages(self) -> list[Message]:
+        """The batch's messages, each reading its record when first used."""
+        return from_source(self._source, self._source.batch.count, self._fields)
+
+
 def raw_messages(reply: Reply, query_id: str, codec: MessageType | None) -> list[Message]:
     """The ``sow`` messages of a ``sow_raw`` reply (CorruptReplyError for a malformed one)."""
-    where = (
-        f"reply to command {reply.command_id}, topic {reply.topic!r} partition {reply.partition}"
-    )
-    if len(reply.records) != 1:
-        raise CorruptReplyError(
-            f"{where}: a sow_raw reply holds one raw batch, not {len(reply.records)} records"
-        )
-    try:
-        batch = RawBatch(reply.records[0].data)
-    except CorruptReplyError as exc:
-        raise CorruptReplyError(f"{where}: {exc}") from None
-    fields: dict[str, Any] = {"command": SOW, "query_id": query_id, "batch_size": batch.count}
-    if codec is not None:
-        fields["codec"] = codec
-    if not batch.pattern:
-        fields["topic"] = reply.topic  # the same for every record: no need to wait for a read
-    return from_source(RawSource(batch, reply.topic, reply.partition), batch.count, fields)
+    return RawMessages(reply, query_id, codec).messages()

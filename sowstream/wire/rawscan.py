@@ -67,6 +67,12 @@ class RawBatch:
     """
 
     __slots__ = ("block", "count", "ends", "first_rank", "pattern", "starts")
+    block: bytes
+    count: int
+    ends: tuple[int, ...]
+    first_rank: int
+    pattern: bool
+    starts: tuple[int, ...]
 
     def __init__(self, block: bytes) -> None:
         """Split ``block``; CorruptReplyError naming the problem when it is not a raw batch."""
