@@ -83,13 +83,11 @@ class RawMessages:
         return self._source.batch.count
 
     def __iter__(self) -> Iterator[Message]:
-        return iter(self.messages())
-
-    def messages(self) -> list[Message]:
-        """The batch's messages, each reading its record when first used."""
+        """The batch's messages, made as they are asked for, each reading its record when
+        first used."""
         return from_source(self._source, self._source.batch.count, self._fields)
 
 
 def raw_messages(reply: Reply, query_id: str, codec: MessageType | None) -> list[Message]:
     """The ``sow`` messages of a ``sow_raw`` reply (CorruptReplyError for a malformed one)."""
-    return RawMessages(reply, query_id, codec).messages()
+    return list(RawMessages(reply, query_id, codec))

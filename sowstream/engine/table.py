@@ -31,7 +31,12 @@ from sowstream.engine.partition import (
     PartitionState,
 )
 from sowstream.engine.ports import Sender, wall_clock_ms
-from sowstream.engine.store import WATERMARK_KEY, PartitionStore, is_record_key
+from sowstream.engine.store import (
+    FAUST_OFFSET_KEY,
+    WATERMARK_KEY,
+    PartitionStore,
+    is_record_key,
+)
 from sowstream.errors import InvalidCommandError, SowstreamError, StateStoreError
 from sowstream.filters import Filter
 from sowstream.sow.compiled import CompiledTopic
@@ -403,7 +408,8 @@ class PartitionTable:
             prefix = scope.prefix if scope is not None else b""
             pairs = ps.store.scan(prefix=prefix) if prefix else ps.store.scan()
             if scope is None:
-                yield from (raw for key, raw in pairs if is_record_key(key))
+                # The scan starts past the reserved and index keys; faust's offset remains.
+                yield from (raw for key, raw in pairs if key != FAUST_OFFSET_KEY)
             else:
                 yield from (
                     raw for key, raw in pairs if is_record_key(key) and scope.admits_stored(key)
