@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sowstream.client.messages import Message, from_source
+from sowstream.client.messages import BOOKMARK_AT, Message, from_source
 from sowstream.errors import CorruptReplyError
 from sowstream.messagetypes import MessageType
-from sowstream.sow.bookmarks import message_bookmark
 from sowstream.sow.patterns import split_key
 from sowstream.wire.protocol import SOW, Reply
 from sowstream.wire.rawscan import RawBatch
@@ -29,7 +28,8 @@ class RawSource:
         self.partition = partition
 
     def fill(self, fields: dict[str, Any], index: int) -> None:
-        """Record ``index``'s topic, SowKey, body, timestamp and bookmark into ``fields``."""
+        """Record ``index``'s topic, SowKey, body and timestamp into ``fields``, and where its
+        bookmark comes from."""
         try:
             key, body, offset, timestamp, _ = self.batch.record(index)
         except CorruptReplyError as exc:
@@ -44,7 +44,7 @@ class RawSource:
         fields["sow_key"] = key
         fields["data"] = body
         fields["timestamp"] = timestamp
-        fields["bookmark"] = message_bookmark(timestamp, self.partition, offset)
+        fields[BOOKMARK_AT] = (timestamp, self.partition, offset)
 
 
 class RawMessages:
