@@ -29,7 +29,7 @@ from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from sowstream.wire import rawscan
-from sowstream.wire.avro import SCHEMA_DIR
+from sowstream.wire.avro import SCHEMA_DIR, encode
 from sowstream.wire.protocol import SOW_RAW, Command, Reply, ReplyRecord
 from sowstream.wire.rawscan import RawBatch, pack
 from sowstream.wire.topics import TopicNames
@@ -264,18 +264,21 @@ sow:
 NOW_MS = int(time.time() * 1000)  # log time of the records: expirations count from it
 
 
-def publish(name: str, offset: int, body: dict[str, Any], **headers: str) -> RawRecord:
+def publish(
+    name: str, offset: int, body: dict[str, Any], at: int = NOW_MS, **headers: str
+) -> RawRecord:
     key = generated_sow_key(name, name, ["/id"], body).encode()
     if name.startswith("p."):
         headers = {h.TOPIC: name, **headers}
-    return RawRecord(0, offset, NOW_MS + offset, key, orjson.dumps(body), headers)
+    return RawRecord(0, offset, at + offset, key, orjson.dumps(body), headers)
 
 
 def records() -> list[RawRecord]:
     out = [publish("t", i, {"id": i, "px": (i * 37) % 11, "desk": f"d{i % 3}"}) for i in range(40)]
     # Two that expired long ago (still stored: no expiry sweep runs here), one that has not.
-    out.append(publish("t", 40, {"id": 40, "px": 1}, **{h.EXPIRATION: "1"}))
-    out[3] = publish("t", 3, {"id": 3, "px": 2}, **{h.EXPIRATION: "1"})
+    long_ago = NOW_MS - 60_000
+    out.append(publish("t", 40, {"id": 40, "px": 1}, long_ago, **{h.EXPIRATION: "1"}))
+    out[3] = publish("t", 3, {"id": 3, "px": 2}, long_ago, **{h.EXPIRATION: "1"})
     out.append(publish("t", 41, {"id": 41, "px": 3}, **{h.EXPIRATION: "3600"}))
     return out
 
@@ -285,14 +288,21 @@ def pattern_records() -> list[RawRecord]:
     return [publish(names[i % 3], i, {"id": i % 7, "px": i}) for i in range(30)]
 
 
-async def answers(config: int, log: list[RawRecord], cmd: Command) -> dict[bool, list[Any]]:
-    """The records of ``cmd``'s answer as the client sees them, asked raw and not."""
+async def answers(
+    config: int, log: list[RawRecord], cmd: Command, stored: dict[bytes, bytes] | None = None
+) -> dict[bool, list[Any]]:
+    """The records of ``cmd``'s answer as the client sees them, asked raw and not; ``stored``
+    is written into the partition's store as it is, after the log."""
     topic = load_config_text(TOPICS).topics[config]
     sender = RecordingSender()
     proc = TopicProcessor(compile_topic(topic), TopicNames("x"), sender)
     await proc.ready(0)
     await proc.process(log)
     await proc.drain()
+    if stored:
+        ps = proc.table.get(0)
+        assert ps is not None
+        ps.store.write(stored)
     seen: dict[bool, list[Any]] = {}
     for raw in (False, True):
         sender.replied.clear()
@@ -382,3 +392,25 @@ def test_raw_answers_of_a_pattern_topic_carry_each_records_name(regex: str | Non
             if "|" in regex
             else {"p.us"}
         )
+
+
+def test_records_in_the_avro_form_of_earlier_releases_go_out_in_format_1() -> None:
+    key = generated_sow_key("t", "t", ["/id"], {"id": 99})
+    legacy = {
+        "sow_key": key,
+        "data": b'{"id":99,"px":7}',
+        "log_offset": 5,
+        "log_timestamp": NOW_MS,
+        "expiration": None,
+    }
+    stored = {key.encode(): encode("SowRecord", legacy)}
+    for cmd in (sow(), sow(filter="/px = 7"), sow(filter="/id > 90", order_by="/px", top_n=3)):
+        got = asyncio.run(answers(0, records(), cmd, stored))
+        assert got[True] == got[False]
+        assert (
+            "t",
+            key,
+            b'{"id":99,"px":7}',
+            NOW_MS,
+            f"{NOW_MS}|0|5",
+        ) in got[True]
