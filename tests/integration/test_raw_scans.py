@@ -73,9 +73,10 @@ def both(
     raw: Client, record: Client, topic: str, flt: str | None = None, **opts: Any
 ) -> list[Seen]:
     """``sow`` through both clients; the answers must agree, message for message."""
-    got = seen(list(raw.sow(topic, flt, query_id="q", **opts)), raw_form=True)
-    want = seen(list(record.sow(topic, flt, query_id="q", **opts)), raw_form=False)
     ordered = opts.get("order_by") is not None or opts.get("top_n") is not None
+    # (The client sorts an ordered answer by reading its messages: no unread one is left.)
+    got = seen(list(raw.sow(topic, flt, query_id="q", **opts)), raw_form=None if ordered else True)
+    want = seen(list(record.sow(topic, flt, query_id="q", **opts)), raw_form=False)
     if ordered:
         assert got == want
     else:  # partitions answer in any order
@@ -114,7 +115,9 @@ def test_order_by_top_n_and_skip_n_agree_in_order(raw: Client, record: Client) -
     ranked = both(raw, record, "orders", order_by="/px DESC, /id", top_n=25, batch_size=4)
     assert len(ranked) == 25
     assert len(both(raw, record, "orders", "/px < 60", order_by="/desk", top_n=10, skip_n=5)) == 10
-    assert len(both(raw, record, "orders", top_n=7)) == 7
+    # top_n alone keeps whichever partitions answer first: only the count is the same
+    for client in (raw, record):
+        assert len([m for m in client.sow("orders", top_n=7) if m.command == "sow"]) == 7
 
 
 def test_expired_records_are_left_out_of_both(raw: Client, record: Client) -> None:
