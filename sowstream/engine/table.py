@@ -403,18 +403,19 @@ class PartitionTable:
     def _stored_raw(
         self, ps: PartitionState, how: Plan, scope: NameScope | None = None
     ) -> Iterator[bytes]:
-        """:meth:`_stored` as the values in the store."""
-        if isinstance(how, FullScan):
-            prefix = scope.prefix if scope is not None else b""
-            pairs = ps.store.scan(prefix=prefix) if prefix else ps.store.scan()
-            if scope is None:
-                # The scan starts past the reserved and index keys; faust's offset remains.
-                yield from (raw for key, raw in pairs if key != FAUST_OFFSET_KEY)
-            else:
-                yield from (
-                    raw for key, raw in pairs if is_record_key(key) and scope.admits_stored(key)
-                )
-            return
+        """:meth:`_stored` as the values in the store (a full scan's iterator handed out as it
+        is: one generator expression is all the Python a record costs)."""
+        if not isinstance(how, FullScan):
+            return self._looked_up(ps, how, scope)
+        prefix = scope.prefix if scope is not None else b""
+        pairs = ps.store.scan(prefix=prefix) if prefix else ps.store.scan()
+        if scope is None:
+            # The scan starts past the reserved and index keys; faust's offset remains.
+            return (raw for key, raw in pairs if key != FAUST_OFFSET_KEY)
+        return (raw for key, raw in pairs if is_record_key(key) and scope.admits_stored(key))
+
+    def _looked_up(self, ps: PartitionState, how: Plan, scope: NameScope | None) -> Iterator[bytes]:
+        """The stored values of the records a lookup plan names."""
         for key in self.candidate_keys(ps, how, scope):
             value = ps.store.get(key)
             if value is not None:
