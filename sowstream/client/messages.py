@@ -84,9 +84,13 @@ BOOKMARK_AT = "_bookmark_at"  # (log timestamp, partition, log offset)
 def _fill(fields: dict[str, Any]) -> None:
     """Read a raw-batch message's record into its ``fields`` (its __dict__), if not yet."""
     source: MessageSource | None = fields.get(SOURCE)
-    if source is not None:
-        source.fill(fields, fields[INDEX])
-        del fields[SOURCE], fields[INDEX]  # the batch can go once its messages are read
+    index: int | None = fields.get(INDEX)
+    if source is not None and index is not None:
+        source.fill(fields, index)
+        # Let go of the batch once read; popped after the fill (and tolerant of a second
+        # reader in another thread doing the same), so a reader never sees half a message.
+        fields.pop(SOURCE, None)
+        fields.pop(INDEX, None)
 
 
 class _FromSource:
@@ -121,10 +125,11 @@ class _Bookmark(_FromSource):
             return self.default
         fields = msg.__dict__
         _fill(fields)
-        at = fields.pop(BOOKMARK_AT, None)
+        at = fields.get(BOOKMARK_AT)
         if at is None:
             return fields.get(self.name, self.default)
         bookmark = fields[self.name] = message_bookmark(*at)
+        fields.pop(BOOKMARK_AT, None)  # after the bookmark is there, as above
         return bookmark
 
 
