@@ -135,6 +135,8 @@ def main() -> None:
             ]
             time.sleep(2)  # py-spy attaches
         cpu = Cpu(worker.pid)
+        time.sleep(3)  # what the worker spends doing nothing, to tell apart from the scans
+        idle = cpu.lap()[1] / 3
         for _ in range(args.repeat):
             for form in forms:
                 cpu.lap()
@@ -154,6 +156,7 @@ def main() -> None:
             f"client {statistics.median(c for c, _ in cpu_us[form]):.2f} us, "
             f"worker {statistics.median(w for _, w in cpu_us[form]):.2f} us"
         )
+    console.print(f"the worker idle: {100 * idle:.1f}% of a core (part of its CPU per record)")
     if args.profile is not None:
         for side in ("worker", "client"):
             console.print(f"{side}: top leaf functions")

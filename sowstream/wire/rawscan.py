@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from itertools import accumulate, repeat
-from operator import add, sub
+from operator import add, itemgetter, sub
 
 from sowstream.errors import CorruptReplyError
 
@@ -100,7 +100,7 @@ class RawBatch:
             raise CorruptReplyError(
                 "raw batch has a record shorter than a record header (ends out of order?)"
             )
-        markers = bytes(map(block.__getitem__, starts))
+        markers = bytes(itemgetter(*starts)(block)) if count > 1 else block[base : base + 1]
         if markers.translate(None, b"\x01\x03"):
             bad = next(m for m in markers if m not in KEY_AT)
             raise CorruptReplyError(f"raw batch has a record with unknown marker 0x{bad:02x}")

@@ -186,6 +186,7 @@ def test_a_raw_message_reads_its_record_once_and_behaves_as_any_message() -> Non
 
 # -- malformed batches --------------------------------------------------------------------------
 
+ONE = pack([SowRecord("k1", b"{}", 1, 2).to_bytes()], 0)
 GOOD = pack([SowRecord("k1", b"{}", 1, 2).to_bytes(), SowRecord("k2", b"{}", 3, 4).to_bytes()], 0)
 
 
@@ -200,6 +201,7 @@ GOOD = pack([SowRecord("k1", b"{}", 1, 2).to_bytes(), SowRecord("k2", b"{}", 3, 
         (GOOD + b"x", "records end at byte"),
         (GOOD[:10] + struct.pack(">II", 10, 50) + GOOD[18:], "shorter than a record header"),
         (GOOD[:18] + b"\x07" + GOOD[19:], "unknown marker 0x07"),
+        (ONE[:14] + b"\x00" + ONE[15:], "unknown marker 0x00"),
     ],
 )
 def test_a_malformed_batch_is_refused_naming_the_problem(block: bytes, problem: str) -> None:
