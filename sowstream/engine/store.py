@@ -78,6 +78,10 @@ class PartitionStore(Protocol):
     def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
         """Iterate the keys from ``start`` (inclusive) to ``stop`` (exclusive) in key order."""
 
+    def values(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        """Iterate the values of the keys from ``start`` (inclusive) to ``stop`` (exclusive),
+        in key order."""
+
 
 class RocksPartition:
     """One partition of a RocksDB table, written in batches and mirrored to its changelog."""
@@ -172,6 +176,14 @@ class RocksPartition:
         keys: Iterator[bytes] = self._db().keys(from_key=start, read_opt=options)
         return keys
 
+    def values(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        # Bounded in RocksDB itself, and no key is handed to Python (a raw scan needs none).
+        options = ReadOptions()
+        if stop is not None:
+            options.set_iterate_upper_bound(stop)
+        values: Iterator[bytes] = self._db().values(from_key=start, read_opt=options)
+        return values
+
 
 class MemoryPartition:
     """A transient partition: a dict plus its keys in order, so iteration matches RocksDB's.
@@ -223,3 +235,7 @@ class MemoryPartition:
         ordered = self._ordered()
         end = len(ordered) if stop is None else bisect.bisect_left(ordered, stop)
         return iter(ordered[bisect.bisect_left(ordered, start) : end])
+
+    def values(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        data = self._data
+        return (value for key in self.keys(start, stop) if (value := data.get(key)) is not None)

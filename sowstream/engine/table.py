@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import islice
+from itertools import chain, islice
 from operator import itemgetter
 from typing import Any
 
@@ -33,6 +33,7 @@ from sowstream.engine.partition import (
 from sowstream.engine.ports import Sender, wall_clock_ms
 from sowstream.engine.store import (
     FAUST_OFFSET_KEY,
+    RECORDS_START,
     WATERMARK_KEY,
     PartitionStore,
     is_record_key,
@@ -403,15 +404,18 @@ class PartitionTable:
     def _stored_raw(
         self, ps: PartitionState, how: Plan, scope: NameScope | None = None
     ) -> Iterator[bytes]:
-        """:meth:`_stored` as the values in the store (a full scan's iterator handed out as it
-        is: one generator expression is all the Python a record costs)."""
+        """:meth:`_stored` as the values in the store (a full scan's values come straight from
+        the store's iterators: no Python runs per record here)."""
         if not isinstance(how, FullScan):
             return self._looked_up(ps, how, scope)
-        prefix = scope.prefix if scope is not None else b""
-        pairs = ps.store.scan(prefix=prefix) if prefix else ps.store.scan()
         if scope is None:
-            # The scan starts past the reserved and index keys; faust's offset remains.
-            return (raw for key, raw in pairs if key != FAUST_OFFSET_KEY)
+            # Every record key lies past the reserved and index keys, except faust's offset.
+            store = ps.store
+            return chain(
+                store.values(RECORDS_START, FAUST_OFFSET_KEY),
+                store.values(FAUST_OFFSET_KEY + b"\x00", None),
+            )
+        pairs = ps.store.scan(prefix=scope.prefix) if scope.prefix else ps.store.scan()
         return (raw for key, raw in pairs if is_record_key(key) and scope.admits_stored(key))
 
     def _looked_up(self, ps: PartitionState, how: Plan, scope: NameScope | None) -> Iterator[bytes]:
