@@ -59,6 +59,8 @@ def profiled(pid: int, out: Path, *, gil: bool = False) -> subprocess.Popen[byte
     """py-spy recording process ``pid`` (100 Hz, raw format) until interrupted; with ``gil``
     only the thread holding the GIL is sampled (Python's CPU, not threads blocked in C)."""
     spy = Path(sys.executable).with_name("py-spy")
+    if not spy.exists():  # installed outside the venv (``pip install py-spy`` elsewhere)
+        spy = Path(shutil.which("py-spy") or spy)
     return subprocess.Popen(
         [str(spy), "record", "-p", str(pid), "-r", "100", "-f", "raw", "-o", str(out)]
         + (["--gil"] if gil else []),

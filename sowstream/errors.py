@@ -58,6 +58,10 @@ class CommandFailedError(SowstreamError):
         self.command_id = command_id
 
 
+class CorruptReplyError(SowstreamError):
+    """A reply from the engine could not be read (e.g. a truncated or malformed raw batch)."""
+
+
 class CommandTimeoutError(SowstreamError, TimeoutError):
     """No complete answer arrived in time, e.g. because no worker owns some partitions."""
 

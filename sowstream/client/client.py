@@ -44,7 +44,9 @@ class Client:
     ``config`` is passed to every confluent-kafka client as-is (TLS, SASL, ...). Use it as a
     context manager so the reply topic is removed on exit. ``message_type`` is the message type
     of the topics the commands target, as an AMPS connection has one; every command can name
-    another with its own ``message_type=``.
+    another with its own ``message_type=``. ``raw_scans`` asks workers to send SOW records as
+    raw batches (docs/protocol.md, *Raw batches*), read in bulk; False asks for the older form,
+    one Avro record per SOW record. The messages are the same either way.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class Client:
         identity: str = "",
         message_type: str = JSON,
         auth: Auth | None = None,
+        raw_scans: bool = True,
     ) -> None:
         """``auth`` (:class:`~sowstream.auth.HmacAuth` or :class:`~sowstream.auth.BearerAuth`)
         puts a credential on every record the client writes; an engine that checks credentials
@@ -71,6 +74,7 @@ class Client:
             identity=identity,
             message_type=message_type,
             auth=auth,
+            raw_scans=raw_scans,
         )
         self._querying = Querying(connection)
         self._queueing = Queueing(connection)

@@ -46,7 +46,7 @@ from sowstream.subscriptions.model import (
     SubscriptionSpec,
 )
 from sowstream.wire import headers as h
-from sowstream.wire import protocol
+from sowstream.wire import protocol, rawscan
 from sowstream.wire.avro import decode, encode
 from sowstream.wire.kafka import (
     TopicSpec,
@@ -84,12 +84,15 @@ class Connection:
         identity: str = "",
         message_type: str = JSON,
         auth: Auth | None = None,
+        raw_scans: bool = True,
     ) -> None:
         self.message_type = type_name(message_type)
         # Credentials for every record written (commands, registrations, publishes).
         self.auth = auth
         if not identity and isinstance(auth, HmacAuth):
             identity = auth.identity
+        # Ask for SOW answers as raw batches (wire.rawscan); False: one Avro record each.
+        self.raw_scans = raw_scans
         self.bootstrap = resolve_bootstrap(bootstrap)
         self.name = name or f"client-{uuid.uuid4().hex[:12]}"
         self.names = TopicNames(prefix)
@@ -402,6 +405,14 @@ class Connection:
             identity=self.identity,
             **fields,
         )
+
+    def answer_options(self, **options: str | None) -> dict[str, str]:
+        """The ``options`` of a command answered with SOW records: ``options`` that are set,
+        and the ask for raw batches unless this client turned them off."""
+        chosen = {name: value for name, value in options.items() if value}
+        if self.raw_scans:
+            chosen[rawscan.RAW_OPTION] = rawscan.RAW_V1
+        return chosen
 
     def send(self, commands: Iterable[Send]) -> None:
         """Write each command to its control-topic partition and wait until Kafka has them."""

@@ -6,13 +6,14 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from sowstream.client.connection import PATTERN_ONLY, Connection
 from sowstream.client.messages import Message
+from sowstream.client.rawscan import RawMessages
 from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.errors import (
     CommandFailedError,
@@ -32,6 +33,15 @@ from sowstream.sow.query import (
 )
 from sowstream.wire import protocol
 from sowstream.wire.topics import JSON
+
+
+@dataclass(slots=True)
+class _Answer:
+    """One worker's answer for one partition, kept by kind until its ``part_end``."""
+
+    batches: list[list[Message] | RawMessages] = field(default_factory=list)  # sow, in order
+    oofs: list[Message] = field(default_factory=list)  # records a replace moved out of scope
+    partials: list[bytes] = field(default_factory=list)  # partial aggregates (JSON)
 
 
 class Querying:
@@ -64,7 +74,7 @@ class Querying:
         if bookmark:
             parse_bookmark(bookmark)  # a typo fails here, naming the bookmark
         aggregation = None
-        options: dict[str, str] = {"bookmark": bookmark} if bookmark else {}
+        options = self._conn.answer_options(bookmark=bookmark)
         if grouping is not None or projection is not None:
             aggregation = parse_aggregation(grouping, projection)
             options.update(grouping=grouping or "", projection=projection or "")
@@ -137,7 +147,7 @@ class Querying:
         buffered: list[Message] = []
         # Records wait per (topic, partition, answer) until that answer's part_end: after a
         # rebalance two workers may answer one partition, and the first complete answer wins.
-        partial: dict[tuple[str, int, str], list[Message]] = defaultdict(list)
+        partial: dict[tuple[str, int, str], _Answer] = defaultdict(_Answer)
         complete: set[tuple[str, int]] = set()
         oofs: list[Message] = []
         partials: list[Any] = []
@@ -155,7 +165,7 @@ class Querying:
                 )
             answer = (*part, reply.answer_id)
             if reply.command == "oof":  # a replace moved these records out of scope
-                partial[answer].extend(
+                partial[answer].oofs.extend(
                     Message(
                         "oof",
                         topic=rec.topic or reply.topic,
@@ -171,40 +181,45 @@ class Querying:
                 )
                 continue
             if reply.command == protocol.PARTIAL:
-                partial[answer].extend(
-                    Message("partial", topic=reply.topic, data=rec.data) for rec in reply.records
-                )
+                partial[answer].partials.extend(rec.data for rec in reply.records)
+                continue
+            if reply.command == protocol.SOW_RAW:
+                partial[answer].batches.append(RawMessages(reply, query_id, codec))
                 continue
             if reply.command == protocol.SOW:
-                partial[answer].extend(
-                    Message(
-                        "sow",
-                        topic=rec.topic or reply.topic,
-                        sow_key=rec.sow_key,
-                        query_id=query_id,
-                        data=rec.data,
-                        timestamp=rec.timestamp,
-                        batch_size=len(reply.records),
-                        bookmark=message_bookmark(rec.timestamp, reply.partition, rec.log_offset),
-                        codec=codec,
-                    )
-                    for rec in reply.records
+                partial[answer].batches.append(
+                    [
+                        Message(
+                            "sow",
+                            topic=rec.topic or reply.topic,
+                            sow_key=rec.sow_key,
+                            query_id=query_id,
+                            data=rec.data,
+                            timestamp=rec.timestamp,
+                            batch_size=len(reply.records),
+                            bookmark=message_bookmark(
+                                rec.timestamp, reply.partition, rec.log_offset
+                            ),
+                            codec=codec,
+                        )
+                        for rec in reply.records
+                    ]
                 )
                 continue
             complete.add(part)
             if on_part_end is not None:
                 on_part_end(reply.topic, reply.partition, reply.log_offset)
-            records = partial.pop(answer, [])
+            done = partial.pop(answer, None) or _Answer()
             for other in [a for a in partial if a[:2] == part]:
                 del partial[other]
-            oofs.extend(m for m in records if m.command == "oof")
-            partials.extend(orjson.loads(m.data) for m in records if m.command == "partial")
-            records = [m for m in records if m.command not in ("oof", "partial")]
+            oofs.extend(done.oofs)
+            partials.extend(map(orjson.loads, done.partials))
             if opts.ordered or aggregation is not None:
-                buffered.extend(records)
+                buffered.extend(m for batch in done.batches for m in batch)
             else:
-                sent += len(records)
-                yield from records
+                for batch in done.batches:
+                    sent += len(batch)
+                    yield from batch
         if aggregation is not None:
             write = codec.serialise if codec is not None else orjson.dumps
             buffered = [

@@ -358,7 +358,7 @@ class Subscribing:
                     order_by=order_by,
                     batch_size=batch_size,
                     after_offset=conn.written(info.log_topic, partition),
-                    options={"bookmark": bookmark} if bookmark else {},
+                    options=conn.answer_options(bookmark=bookmark),
                     sub_id=sub.sub_id,
                     sub_options=options.to_text(),
                     previous_filter=previous_filter,

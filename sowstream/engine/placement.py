@@ -13,7 +13,7 @@ from sowstream.engine.outbox import Outbox
 from sowstream.engine.ownership import Ownership
 from sowstream.engine.partition import Outcome, PartitionMoved, PartitionState
 from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
-from sowstream.engine.queries import TIMEOUT, Queries, refusal
+from sowstream.engine.queries import TIMEOUT, Queries, refusal, wants_raw
 from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
@@ -196,6 +196,11 @@ class Placement:
             return
         matched: list[tuple[SowRecord, dict[str, Any] | None]] = []
         leaving: list[SowRecord] = []
+        # The SOW part as raw batches when the client reads them, except with select (each
+        # record is projected, so written anew) and for a replace (records entering and
+        # leaving the scope are told apart per record).
+        raw: list[bytes] | None = None
+        want_raw = wants_raw(cmd) and spec.options.select is None and not replace
         async with ps.lock:
             if not table.holds(partition, ps):
                 return
@@ -210,13 +215,13 @@ class Placement:
                 past, past_ms = self._replay_base(ps, bookmark)
                 if spec.command in WITH_SOW:
                     scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
-                    matched = await table.matching(
-                        ps,
-                        FullScan(),
-                        scope,
-                        view.entitled,
-                        [r for r in past.values() if view.covers(r.sow_key)],
-                    )
+                    then = [r for r in past.values() if view.covers(r.sow_key)]
+                    if want_raw:
+                        raw, _ = await table.matching_raw(
+                            ps, FullScan(), scope, view.entitled, then
+                        )
+                    else:
+                        matched = await table.matching(ps, FullScan(), scope, view.entitled, then)
                 start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
                 await self._outbox.deliver(self._subs.replay(spec.key, replayed), wait=True)
                 watermark = start - 1  # the client keeps messages after this: the replay on
@@ -226,7 +231,14 @@ class Placement:
                 if not replace:
                     keys = sorted(spec.sow_keys) if spec.sow_keys is not None else None
                     how = await table.query_plan(partition, ps, view.filter, keys, view.scope)
-                    matched = await table.matching(ps, how, scope, view.entitled, scope=view.scope)
+                    if want_raw:
+                        raw, _ = await table.matching_raw(
+                            ps, how, scope, view.entitled, scope=view.scope
+                        )
+                    else:
+                        matched = await table.matching(
+                            ps, how, scope, view.entitled, scope=view.scope
+                        )
                 else:
                     # Entering scope: the new SOW part; leaving scope: out of focus.
                     for rec, body in await table.matching(
@@ -240,15 +252,18 @@ class Placement:
                             matched.append((rec, parsed))
                         elif was and not now:
                             leaving.append(rec)
-        # select shapes the SOW part as it shapes live messages (a window shapes its own).
-        records = self._queries.reply_records(matched, spec.options.select)
-        await writer.records(records, opts.batch_size)
+        if raw is not None:
+            await writer.raw_records(raw, opts.batch_size, self._queries.raw_flags)
+        else:
+            # select shapes the SOW part as it shapes live messages (a window shapes its own).
+            records = self._queries.reply_records(matched, spec.options.select)
+            await writer.records(records, opts.batch_size)
         if leaving and spec.options.oof:
             # Part of the replace's answer (not live traffic): the client shows them after the
             # records that entered.
             leavers = self._queries.reply_records((r, None) for r in leaving)
             await writer.with_(reason=OOF_MATCH).records(leavers, opts.batch_size, command=OOF)
-        await writer.end(len(matched), log_offset=watermark)
+        await writer.end(len(raw) if raw is not None else len(matched), log_offset=watermark)
 
     def unsubscribe(self, key: str) -> SubscriptionSpec | None:
         """Forget a subscription (its registry tombstone arrived)."""

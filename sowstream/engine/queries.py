@@ -23,11 +23,12 @@ from sowstream.sow.bookmarks import Bookmark, parse_bookmark
 from sowstream.sow.history import HISTORY_PREFIX, as_of_bound, check_window, states_as_of
 from sowstream.sow.patterns import split_key
 from sowstream.sow.planner import FullScan, Plan
-from sowstream.sow.query import result_order, validate_query
-from sowstream.sow.record import SowRecord
+from sowstream.sow.query import QueryOptions, result_order, validate_query
+from sowstream.sow.record import SowRecord, stored_key
 from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import WITH_SOW
+from sowstream.wire import rawscan
 from sowstream.wire.protocol import PARTIAL, SOW, Command, ReplyRecord
 
 log = logging.getLogger("sowstream.engine")
@@ -124,6 +125,8 @@ class Queries:
             return
         started = time.perf_counter()
         visible = self._subs.visible(cmd.identity)
+        # Raw batches when the client reads them; aggregates have partials of their own.
+        raw = wants_raw(cmd) and aggregation is None
         if opts.top_n == 0 and aggregation is None:
             # Nothing can be shown: answer at once (clients probe readiness this way, and a
             # full scan of a large partition for nothing would pile up behind their retries).
@@ -138,9 +141,16 @@ class Queries:
             how: Plan = FullScan()
             if records is None:
                 how = await table.query_plan(partition, ps, opts.filter, cmd.sow_keys, scope)
-            matched = await table.matching(ps, how, opts, visible, records, scope)
+            if raw:
+                values, bodies = await table.matching_raw(ps, how, opts, visible, records, scope)
+            else:
+                matched = await table.matching(ps, how, opts, visible, records, scope)
         if not table.holds(partition, ps):
             return  # revoked while reading: the new owner answers
+        if raw:
+            await self.answer_raw(writer, values, bodies, opts)
+            metrics.QUERY_SECONDS.labels(self.topic.name).observe(time.perf_counter() - started)
+            return
         if aggregation is not None:
             # The client merges every partition's partial aggregates, then orders and trims.
             parse = table.parse
@@ -160,6 +170,31 @@ class Queries:
         await writer.end(len(matched))
         metrics.QUERY_SECONDS.labels(self.topic.name).observe(time.perf_counter() - started)
 
+    async def answer_raw(
+        self,
+        writer: ReplyWriter,
+        values: list[bytes],
+        bodies: list[dict[str, Any]] | None,
+        opts: QueryOptions,
+    ) -> None:
+        """Send matched stored values as raw batches, ranked as :meth:`query` ranks records,
+        then the ``part_end``."""
+        if opts.ordered:
+            order = result_order(opts.order_by)
+            keys = [
+                order((stored_key(v), bodies[i] if bodies is not None else {}))
+                for i, v in enumerate(values)
+            ]
+            ranked = sorted(range(len(values)), key=keys.__getitem__)
+            values = [values[i] for i in ranked[: opts.keep]]
+        await writer.raw_records(values, opts.batch_size, self.raw_flags)
+        await writer.end(len(values))
+
+    @property
+    def raw_flags(self) -> int:
+        """The raw batch flags of this topic's answers (a Pattern topic's keys hold names)."""
+        return rawscan.PATTERN_KEYS if self.topic.pattern is not None else 0
+
     def reply_records(
         self,
         matched: Iterable[tuple[SowRecord, dict[str, Any] | None]],
@@ -176,6 +211,11 @@ class Queries:
             # A Pattern topic's record says which topic name it was published under.
             name, sow_key = split_key(rec.sow_key) if pattern else ("", rec.sow_key)
             yield ReplyRecord(sow_key, data, rec.log_timestamp, rec.log_offset, rank, name)
+
+
+def wants_raw(cmd: Command) -> bool:
+    """Whether ``cmd``'s client reads raw batches (it asks with the ``raw`` option)."""
+    return cmd.option(rawscan.RAW_OPTION) == rawscan.RAW_V1
 
 
 def refusal(exc: Exception) -> str:

@@ -9,10 +9,11 @@ one failed ``part_end`` carrying the reason.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sowstream.engine.ports import Sender
-from sowstream.wire.protocol import FAILURE, PART_END, SOW, Command, Reply, ReplyRecord
+from sowstream.wire import rawscan
+from sowstream.wire.protocol import FAILURE, PART_END, SOW, SOW_RAW, Command, Reply, ReplyRecord
 
 # Kafka's default max message size is 1 MB; stay well under it when packing a reply batch.
 MAX_REPLY_BYTES = 900_000
@@ -80,6 +81,26 @@ class ReplyWriter:
             await self.send(self._base.with_(command=command, records=batch))
         return count
 
+    async def raw_records(self, values: Sequence[bytes], batch_size: int, flags: int = 0) -> int:
+        """Send stored records (format 1) as ``sow_raw`` batches of at most ``batch_size``
+        records and about :data:`MAX_REPLY_BYTES`; returns how many were sent.
+
+        Sized per batch with C-level sums, so the values are never visited one by one here.
+        """
+        sent = 0
+        total = len(values)
+        while sent < total:
+            chunk = values[sent : sent + batch_size]
+            size = sum(map(len, chunk)) + rawscan.END_SIZE * len(chunk)
+            if size > MAX_REPLY_BYTES and len(chunk) > 1:
+                chunk = _fit(chunk)
+            block = rawscan.pack(chunk, sent, flags)
+            await self.send(
+                self._base.with_(command=SOW_RAW, records=[ReplyRecord("", block, 0, -1)])
+            )
+            sent += len(chunk)
+        return sent
+
     async def end(self, count: int = 0, log_offset: int = -1) -> None:
         """The partition's answer is complete: ``part_end`` with the number of records."""
         await self.send(self._base.with_(command=PART_END, count=count, log_offset=log_offset))
@@ -89,3 +110,13 @@ class ReplyWriter:
         await self.send(
             self._base.with_(command=PART_END, status=FAILURE, reason=reason, message=message)
         )
+
+
+def _fit(chunk: Sequence[bytes]) -> Sequence[bytes]:
+    """The longest head of ``chunk`` (at least one record) within :data:`MAX_REPLY_BYTES`."""
+    size = rawscan.BATCH_OVERHEAD
+    for taken, value in enumerate(chunk):
+        size += len(value) + rawscan.END_SIZE
+        if size > MAX_REPLY_BYTES:
+            return chunk[: max(taken, 1)]
+    return chunk

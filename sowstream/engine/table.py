@@ -17,6 +17,8 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain, islice
+from operator import itemgetter
 from typing import Any
 
 from sowstream.config.models import TopicConfig
@@ -29,7 +31,13 @@ from sowstream.engine.partition import (
     PartitionState,
 )
 from sowstream.engine.ports import Sender, wall_clock_ms
-from sowstream.engine.store import WATERMARK_KEY, PartitionStore, is_record_key
+from sowstream.engine.store import (
+    FAUST_OFFSET_KEY,
+    RECORDS_START,
+    WATERMARK_KEY,
+    PartitionStore,
+    is_record_key,
+)
 from sowstream.errors import InvalidCommandError, SowstreamError, StateStoreError
 from sowstream.filters import Filter
 from sowstream.sow.compiled import CompiledTopic
@@ -52,9 +60,19 @@ from sowstream.sow.planner import (
     plan_name,
 )
 from sowstream.sow.query import QueryOptions
-from sowstream.sow.record import SowRecord
+from sowstream.sow.record import (
+    EXPIRING,
+    PLAIN,
+    SowRecord,
+    normalised,
+    stored_body,
+    stored_expiration,
+)
 
 log = logging.getLogger("sowstream.engine")
+
+_FIRST = itemgetter(0)  # a stored value's first byte: its format marker
+_FORMAT_1 = bytes((PLAIN, EXPIRING))  # the markers of format 1 (anything else is Avro)
 
 
 class PartitionTable:
@@ -335,6 +353,77 @@ class PartitionTable:
                 continue
             out.append((rec, parsed))
         return out
+
+    async def matching_raw(
+        self,
+        ps: PartitionState,
+        how: Plan,
+        opts: QueryOptions,
+        visible: Filter | None = None,
+        records: Iterable[SowRecord] | None = None,
+        scope: NameScope | None = None,
+    ) -> tuple[list[bytes], list[dict[str, Any]] | None]:
+        """:meth:`matching` as stored values (format 1), for raw scans: the values that match,
+        and their parsed bodies when a filter, an entitlement or OrderBy needed them (None
+        otherwise). A body is parsed only for those; nothing else of a record is decoded.
+        """
+        if records is not None:
+            admitted = (r for r in records if scope is None or scope.admits(r.sow_key))
+            source: Iterator[bytes] = (r.to_bytes() for r in admitted)
+        else:
+            source = self._stored_raw(ps, how, scope)
+        flt = opts.filter
+        need_parsed = flt is not None or visible is not None or bool(opts.order_by)
+        # An expired record may still wait for the next expiry sweep; never show it.
+        now = wall_clock_ms() if self.expires else None
+        values: list[bytes] = []
+        bodies: list[dict[str, Any]] | None = [] if need_parsed else None
+        parse = self.parse
+        # In chunks, checked in bulk: a full scan of plain records costs no Python per record.
+        while chunk := list(islice(source, SCAN_YIELD_EVERY)):
+            markers = bytes(map(_FIRST, chunk))
+            if markers.translate(None, _FORMAT_1):
+                chunk = [normalised(v) for v in chunk]  # a store written before format 1
+                markers = bytes(map(_FIRST, chunk))
+            if now is not None and EXPIRING in markers:
+                chunk = [v for v in chunk if (e := stored_expiration(v)) is None or e > now]
+            if bodies is None:
+                values.extend(chunk)
+            else:
+                for value in chunk:
+                    parsed = parse(stored_body(value))
+                    if flt is not None and not flt.matches(parsed):
+                        continue
+                    if visible is not None and not visible.matches(parsed):
+                        continue
+                    values.append(value)
+                    bodies.append(parsed)
+            await asyncio.sleep(0)
+        return values, bodies
+
+    def _stored_raw(
+        self, ps: PartitionState, how: Plan, scope: NameScope | None = None
+    ) -> Iterator[bytes]:
+        """:meth:`_stored` as the values in the store (a full scan's values come straight from
+        the store's iterators: no Python runs per record here)."""
+        if not isinstance(how, FullScan):
+            return self._looked_up(ps, how, scope)
+        if scope is None:
+            # Every record key lies past the reserved and index keys, except faust's offset.
+            store = ps.store
+            return chain(
+                store.values(RECORDS_START, FAUST_OFFSET_KEY),
+                store.values(FAUST_OFFSET_KEY + b"\x00", None),
+            )
+        pairs = ps.store.scan(prefix=scope.prefix) if scope.prefix else ps.store.scan()
+        return (raw for key, raw in pairs if is_record_key(key) and scope.admits_stored(key))
+
+    def _looked_up(self, ps: PartitionState, how: Plan, scope: NameScope | None) -> Iterator[bytes]:
+        """The stored values of the records a lookup plan names."""
+        for key in self.candidate_keys(ps, how, scope):
+            value = ps.store.get(key)
+            if value is not None:
+                yield value
 
     def _stored(
         self, ps: PartitionState, how: Plan, scope: NameScope | None = None

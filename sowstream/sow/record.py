@@ -94,6 +94,29 @@ class SowRecord:
         return cls(d["sow_key"], d["data"], d["log_offset"], d["log_timestamp"], d["expiration"])
 
 
+def normalised(value: bytes) -> bytes:
+    """A stored value in format 1 (an Avro record of an earlier release is rewritten)."""
+    return value if value[0] in (PLAIN, EXPIRING) else SowRecord.from_avro(value).to_bytes()
+
+
+def stored_expiration(value: bytes) -> int | None:
+    """The expiration (ms) of a stored value in format 1, read from its header alone."""
+    return _EXPIRY.unpack_from(value, _PLAIN_AT)[0] if value[0] == EXPIRING else None
+
+
+def stored_key(value: bytes) -> str:
+    """The SowKey (store key) of a stored value in format 1, read without the body."""
+    size = _HEADER.unpack_from(value)[3]
+    at = _EXPIRING_AT if value[0] == EXPIRING else _PLAIN_AT
+    return value[at : at + size].decode()
+
+
+def stored_body(value: bytes) -> bytes:
+    """The body of a stored value in format 1, without decoding the rest of the record."""
+    size = _HEADER.unpack_from(value)[3]
+    return value[(_EXPIRING_AT if value[0] == EXPIRING else _PLAIN_AT) + size :]
+
+
 # The slot descriptors' setters (mypy sees the fields' types on the class, not descriptors).
 _slot: Any = SowRecord
 _set_sow_key = _slot.sow_key.__set__

@@ -16,6 +16,7 @@ from sowstream.wire.avro import decode, encode
 
 # Reply.command values (the client's reply reader dispatches on them).
 SOW = "sow"  # a batch of records of a partition's answer
+SOW_RAW = "sow_raw"  # the same as one raw batch (wire.rawscan), for commands that ask for it
 PART_END = "part_end"  # one partition finished a command
 PARTIAL = "partial"  # partial aggregates of one partition
 ACK = "ack"  # a publish, delete or queue acknowledgement was processed
