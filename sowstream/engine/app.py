@@ -101,6 +101,7 @@ class Engine:
             app_id=engine.app_id,
             kafka=engine.kafka,
             rocksdb=engine.rocksdb,
+            native=engine.native,
         )
         self.topology = Topology(config, ctx)
         self.auto = AutoTopics(config, self.topology)

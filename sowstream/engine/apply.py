@@ -15,6 +15,14 @@ from typing import Any
 from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import delivered
+from sowstream.engine.native import (
+    DEAD,
+    REKEY,
+    UNCHANGED,
+    NativeFold,
+    digest,
+    is_panic,
+)
 from sowstream.engine.outbox import Outbox
 from sowstream.engine.partition import (
     MAX_IN_FLIGHT,
@@ -68,9 +76,13 @@ class Applier:
         subs: TopicSubscriptions,
         outbox: Outbox,
         queues: list[QueueRuntime],
+        native: NativeFold | None = None,
+        *,
+        shadow: bool = False,
     ) -> None:
         """``queues``: the queues fed by this topic (the engine adds to the list as it wires
-        them); the views reading it are the ``outbox``'s."""
+        them); the views reading it are the ``outbox``'s. ``native``: the topic's compiled
+        fold, if it is used; ``shadow``: only compared with the Python fold (engine.native)."""
         self.topic: TopicConfig = table.topic
         self.compiled = table.compiled
         self.names = names
@@ -82,6 +94,8 @@ class Applier:
         self._subs = subs
         self._outbox = outbox
         self._queues = queues
+        self._native = native
+        self._shadow = shadow
 
     async def process(self, records: Sequence[RawRecord]) -> None:
         """Fold a batch of log records (any mix of partitions, each in log order) and send its
@@ -221,6 +235,7 @@ class Applier:
                 outcome.journal,
                 _position(outcome),
                 outcome.bodies,
+                outcome.encoded,
             )
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
@@ -229,20 +244,156 @@ class Applier:
         Every key an op touches is written again even when unchanged: after a crash the replayed
         ops re-send their records, so a changelog that missed the last batch catches up. With
         subscriptions present, each op's effect on its record is kept as a :class:`Change`.
+
+        The compiled fold (engine.native) takes the chunk first; from the first record it
+        declines the Python fold goes on. A Rust panic folds the whole chunk again in Python.
         """
         if not self.topic.sow:
             return self._fold_plain(ps, recs, replay=replay)
+        native = self._native if self.view_name is None else None
+        if native is None:
+            outcome = Outcome(last=ps.folded)
+            applied = self._fold_python(ps, recs, outcome, replay=replay)
+        elif self._shadow:
+            outcome = Outcome(last=ps.folded)
+            applied = self._fold_python(ps, recs, outcome, replay=replay)
+            self._compare(ps, recs, outcome, native, replay=replay)
+        else:
+            outcome, applied = self._fold_both(ps, recs, native, replay=replay)
+        metrics.UPDATES.labels(self.topic.name).inc(applied)
+        if outcome.dead:
+            metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
+        return outcome
+
+    def _fold_both(
+        self, ps: PartitionState, recs: Sequence[RawRecord], native: NativeFold, *, replay: bool
+    ) -> tuple[Outcome, int]:
+        """The compiled fold up to its first decline, the Python fold from there; the outcome
+        and how many ops were applied."""
+        outcome = Outcome(last=ps.folded)
+        try:
+            start, applied = self._fold_native(ps, recs, outcome, native, replay=replay)
+        except BaseException as exc:
+            if not is_panic(exc):
+                raise
+            log.error(
+                "topic %s: the compiled fold panicked (%s); folding the chunk in Python",
+                self.topic.name,
+                exc,
+            )
+            metrics.NATIVE_PANICS.labels(self.topic.name).inc()
+            outcome = Outcome(last=ps.folded)
+            start, applied = 0, 0
+        if start < len(recs):
+            outcome.encoded = None
+            metrics.NATIVE_RECORDS.labels(self.topic.name, "declined").inc()
+            applied += self._fold_python(ps, recs[start:], outcome, replay=replay)
+        return outcome, applied
+
+    def _compare(
+        self,
+        ps: PartitionState,
+        recs: Sequence[RawRecord],
+        reference: Outcome,
+        native: NativeFold,
+        *,
+        replay: bool,
+    ) -> None:
+        """engine.native: shadow: fold ``recs`` the compiled way too and count a difference."""
+        try:
+            other, _ = self._fold_both(ps, recs, native, replay=replay)
+            same = digest(other) == digest(reference)
+        except Exception as exc:  # the reference outcome is used whatever happens here
+            log.error("topic %s: the shadow compiled fold failed: %s", self.topic.name, exc)
+            same = False
+        if not same:
+            metrics.NATIVE_MISMATCHES.labels(self.topic.name).inc()
+            log.warning(
+                "topic %s partition %d: the compiled fold differs from the Python fold on the "
+                "chunk of offsets %d..%d (the Python fold's result is used)",
+                self.topic.name,
+                recs[0].partition if recs else -1,
+                recs[0].offset if recs else -1,
+                recs[-1].offset if recs else -1,
+            )
+
+    def _fold_native(
+        self,
+        ps: PartitionState,
+        recs: Sequence[RawRecord],
+        outcome: Outcome,
+        native: NativeFold,
+        *,
+        replay: bool,
+    ) -> tuple[int, int]:
+        """Fold ``recs`` with the compiled fold into ``outcome``, as :meth:`_fold_python` would;
+        returns where it declined (len(recs) if nowhere) and how many ops it applied."""
+        table = self._table
+        overlay = outcome.overlay
+        before = outcome.before
+        events = outcome.events if ((self._subs or self._outbox.views) and not replay) else None
+        queues = bool(self._queues)
+        parse = table.parse
+        declined_at, ops, writes, olds = native.run(
+            recs, ps.folded, lambda key: table.load_record(ps, overlay, key)
+        )
+        applied = 0
+        for op in ops:
+            kind = op[0]
+            rec = recs[op[1]]
+            if kind == DEAD:
+                if not replay:
+                    exc = InvalidMessageError(op[3], topic=self.topic.name, reason=op[2])
+                    outcome.dead.append(Rejected(rec, exc))
+                    outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
+                continue
+            if kind == REKEY:
+                if not replay:
+                    outcome.rekeys.append(Rekey(op[2], rec))
+                continue
+            key = op[2]
+            stored = overlay[key] if key in overlay else olds[key]
+            if key not in before:
+                before[key] = stored
+            new: SowRecord | None
+            if kind == UNCHANGED:
+                new, count = stored, 1
+            elif op[4] is None:
+                new, count = None, op[5]
+            else:
+                new, count = SowRecord(op[3], op[4], op[6], op[7], op[8]), 1
+            overlay[key] = new
+            if queues and new is not None and rec.headers.get(h.COMMAND) != h.SOW_DELETE:
+                outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
+            if events is not None:
+                _note(events, op[3], stored, new, rec)
+            applied += 1
+            if not replay and rec.headers.get(h.REPLY_TO):
+                outcome.acks.append(Ack(rec, count, SUCCESS))
+        for rec in recs[:declined_at]:
+            if rec.offset > ps.folded:
+                outcome.last = max(outcome.last, rec.offset)
+                outcome.last_record = rec
+        if declined_at == len(recs):
+            outcome.encoded = dict(writes)
+        metrics.NATIVE_RECORDS.labels(self.topic.name, "folded").inc(declined_at)
+        return declined_at, applied
+
+    def _fold_python(
+        self, ps: PartitionState, recs: Sequence[RawRecord], outcome: Outcome, *, replay: bool
+    ) -> int:
+        """The reference fold: ``recs`` into ``outcome`` (which may hold a prefix of the chunk
+        folded already); returns how many ops it applied."""
         topic = self.topic
         compiled = self.compiled
         load = self._table.load_record
         parse = self._table.parse
-        outcome = Outcome()
         overlay = outcome.overlay
         before = outcome.before
         bodies = outcome.bodies
         events = outcome.events if ((self._subs or self._outbox.views) and not replay) else None
         versions = outcome.versions if self._table.history is not None else None
-        last = ps.folded
+        last = outcome.last
         applied = 0
         for rec in recs:
             if rec.offset <= ps.folded:
@@ -302,10 +453,7 @@ class Applier:
             if not replay and op.reply_to:
                 outcome.acks.append(Ack(rec, count, SUCCESS))
         outcome.last = last
-        metrics.UPDATES.labels(topic.name).inc(applied)
-        if outcome.dead:
-            metrics.REJECTED.labels(topic.name).inc(len(outcome.dead))
-        return outcome
+        return applied
 
     def _fold_plain(
         self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool

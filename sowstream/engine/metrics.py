@@ -75,3 +75,19 @@ CONFLATED_PUBLISHED = Counter(
     "conflation ratio)",
     ["topic"],
 )
+NATIVE_RECORDS = Counter(
+    "sowstream_native_records_total",
+    "Log records folded by the compiled fold, and records it declined (the Python fold took "
+    "the rest of their chunk)",
+    ["topic", "outcome"],
+)
+NATIVE_MISMATCHES = Counter(
+    "sowstream_native_mismatches_total",
+    "Chunks whose compiled fold differed from the Python fold (engine.native: shadow)",
+    ["topic"],
+)
+NATIVE_PANICS = Counter(
+    "sowstream_native_panics_total",
+    "Chunks the compiled fold panicked on (folded again by the Python fold)",
+    ["topic"],
+)

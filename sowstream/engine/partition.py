@@ -75,6 +75,9 @@ class Outcome:
     # The parsed body of an overlay record where the fold had it (a publish stored as sent),
     # so writing the batch's index entries does not parse it again.
     bodies: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    # The stored form of every overlay record, when the compiled fold made them all (the
+    # store writes, which are also the changelog records); None: encode the overlay.
+    encoded: dict[bytes, bytes | None] | None = None
     last: int = -1
     last_record: RawRecord | None = None  # the record at ``last``: its fingerprint is stored
     events: list[Change] = field(default_factory=list)

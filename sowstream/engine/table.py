@@ -401,8 +401,10 @@ class PartitionTable:
         journal: Mapping[bytes, bytes | None] | None = None,
         position: Mapping[bytes, bytes | None] | None = None,
         bodies: Mapping[bytes, dict[str, Any]] | None = None,
+        encoded: Mapping[bytes, bytes | None] | None = None,
     ) -> dict[bytes, bytes | None]:
-        """Write a batch's final records (and index entries) as one store batch.
+        """Write a batch's final records (and index entries) as one store batch; ``encoded``
+        holds the stored form of every overlay record when the compiled fold made them.
 
         A log batch passes its highest offset: it is written last, so a changelog prefix that
         holds the watermark holds the whole batch. Expiry deletes change no watermark.
@@ -414,7 +416,10 @@ class PartitionTable:
             if indexed:
                 body = bodies.get(key) if bodies else None
                 self.index_changes(changes, key, before.get(key), new, ps.memo, body)
-            changes[key] = new.to_bytes() if new is not None else None
+            if encoded is not None:
+                changes[key] = encoded[key]
+            else:
+                changes[key] = new.to_bytes() if new is not None else None
             if new is not None and new.expiration is not None and expires:
                 heapq.heappush(ps.expiry, (new.expiration, key))
         if versions and self.history is not None:
