@@ -274,11 +274,14 @@ class Applier:
         try:
             start, applied = self._fold_native(ps, recs, outcome, native, replay=replay)
         except BaseException as exc:
-            if not is_panic(exc):
+            # A panic, or anything it refused (a header it cannot read): the Python fold redoes
+            # the chunk, and raises itself whatever is really wrong (a store that fails).
+            if not (is_panic(exc) or isinstance(exc, Exception)):
                 raise
             log.error(
-                "topic %s: the compiled fold panicked (%s); folding the chunk in Python",
+                "topic %s: the compiled fold panicked (%s: %s); folding the chunk in Python",
                 self.topic.name,
+                type(exc).__name__,
                 exc,
             )
             metrics.NATIVE_PANICS.labels(self.topic.name).inc()

@@ -88,6 +88,6 @@ NATIVE_MISMATCHES = Counter(
 )
 NATIVE_PANICS = Counter(
     "sowstream_native_panics_total",
-    "Chunks the compiled fold panicked on (folded again by the Python fold)",
+    "Chunks the compiled fold panicked or failed on (folded again by the Python fold)",
     ["topic"],
 )

@@ -312,3 +312,12 @@ def test_without_the_extension_the_python_fold_runs(
     lines = [r for r in caplog.records if "compiled fold" in r.getMessage()]
     assert len(lines) == 1
     assert "applying logs with the Python fold" in lines[0].getMessage()
+
+
+def test_a_record_the_compiled_fold_cannot_read_is_folded_in_python() -> None:
+    """A header Rust cannot take as UTF-8 (a lone surrogate) makes the call fail: the chunk is
+    folded by the Python fold, as the reference does it (an unknown command here)."""
+    recs = log_of([("publish", {"id": "a", "v": 1})])
+    recs.append(RawRecord(0, 5, 1, b"k", b'{"id":"b"}', {h.COMMAND: "\udcff", h.REPLY_TO: "r"}))
+    seen = both("keyed", recs, [])
+    assert seen[0][8][0][1] == "unknown_command"  # the dead letters of the first chunk
