@@ -21,5 +21,9 @@ class Chunk:
     ) -> None: ...
     def reads(self) -> list[bytes]:
         """The store keys whose current records the fold reads, in first-use order."""
-    def fold(self, olds: list[Any]) -> tuple[int, list[Op], list[tuple[bytes, bytes | None]]]:
-        """(declined_at, ops, final stored form per key touched)."""
+    def fold(
+        self, olds: list[Any], index_paths: list[str]
+    ) -> tuple[int, list[Op], list[tuple[bytes, bytes | None, bool]]]:
+        """(declined_at, ops, per key touched: its final stored form and whether its values at
+        ``index_paths`` stayed the same); ``olds``: per key of :meth:`reads`, None, its stored
+        form (format 1) or a record object."""

@@ -488,6 +488,106 @@ fn stored_form(sow_key: &str, data: &[u8], offset: i64, timestamp: i64, exp: Opt
     out
 }
 
+impl Chunk {
+    /// Whether the record found (``first``) and the final ``state`` hold the very same values
+    /// at every indexed path, as `sowstream.sow.keys.same_values` tells (False when unsure).
+    fn same_indexed(
+        &self,
+        py: Python<'_>,
+        paths: &[Vec<String>],
+        first: &Option<Py<PyBytes>>,
+        state: &Option<State>,
+    ) -> bool {
+        let (Some(first), Some(state)) = (first, state) else {
+            return first.is_none() && state.is_none();
+        };
+        let Ok(old) = parse_object(first.as_bytes(py)) else { return false };
+        let parsed;
+        let new = match (&state.parsed, state.body_of) {
+            (Some(p), _) => p,
+            (None, Some(j)) => match &self.decoded[j] {
+                Decoded::Op(Op { body: Some(Value::Object(m)), .. }) => m,
+                _ => return false,
+            },
+            (None, None) => match parse_object(state.data.as_bytes(py)) {
+                Ok(p) => {
+                    parsed = p;
+                    &parsed
+                }
+                Err(_) => return false,
+            },
+        };
+        paths.iter().all(|steps| match (scalar_at(&old, steps), scalar_at(new, steps)) {
+            (Some(a), Some(b)) => same_scalar(a, b),
+            _ => false,
+        })
+    }
+}
+
+/// The value at ``steps`` through objects only: Some(None) when absent or null, None when the
+/// walk meets an array or a scalar on the way, or ends on an array or object (not comparable).
+fn scalar_at<'a>(body: &'a Map<String, Value>, steps: &[String]) -> Option<Option<&'a Value>> {
+    let mut map = body;
+    for (i, step) in steps.iter().enumerate() {
+        match map.get(step) {
+            None | Some(Value::Null) => return Some(None),
+            Some(Value::Object(inner)) if i + 1 < steps.len() => map = inner,
+            Some(Value::Object(_)) | Some(Value::Array(_)) => return None,
+            Some(v) if i + 1 == steps.len() => return Some(Some(v)),
+            Some(_) => return None,
+        }
+    }
+    None
+}
+
+/// Same type and value, floats bit for bit; a zero float is never the same (serde reads -0 as
+/// -0.0 where orjson reads the integer 0).
+fn same_scalar(a: Option<&Value>, b: Option<&Value>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(Value::String(x)), Some(Value::String(y))) => x == y,
+        (Some(Value::Bool(x)), Some(Value::Bool(y))) => x == y,
+        (Some(Value::Number(x)), Some(Value::Number(y))) => {
+            if let (Some(i), Some(j)) = (x.as_i64(), y.as_i64()) {
+                i == j
+            } else if let (Some(i), Some(j)) = (x.as_u64(), y.as_u64()) {
+                i == j
+            } else if x.is_f64() && y.is_f64() {
+                let (i, j) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+                i != 0.0 && i.to_bits() == j.to_bits()
+            } else {
+                false
+            }
+        }
+        _ => false,
+    }
+}
+
+/// A record in its stored form (format 1), as `SowRecord.from_bytes` reads it.
+fn from_stored_form(py: Python<'_>, raw: &[u8]) -> PyResult<State> {
+    let bad = || pyo3::exceptions::PyValueError::new_err("not a stored record of format 1");
+    let marker = *raw.first().ok_or_else(bad)?;
+    let at = match marker {
+        0x01 => 21,
+        0x03 => 29,
+        _ => return Err(bad()),
+    };
+    if raw.len() < at {
+        return Err(bad());
+    }
+    let int = |i: usize| i64::from_be_bytes(raw[i..i + 8].try_into().unwrap_or([0; 8]));
+    let size = u32::from_be_bytes(raw[17..21].try_into().unwrap_or([0; 4])) as usize;
+    let end = at.checked_add(size).filter(|e| *e <= raw.len()).ok_or_else(bad)?;
+    Ok(State {
+        data: PyBytes::new(py, &raw[end..]).unbind(),
+        offset: int(1),
+        timestamp: int(9),
+        expiration: if marker == 0x03 { Some(int(21)) } else { None },
+        parsed: None,
+        body_of: None,
+    })
+}
+
 #[pymodule]
 fn _fold(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Chunk>()?;
@@ -542,12 +642,26 @@ impl Chunk {
     ///
     /// Returns ``(declined_at, ops, writes)``: the index of the first record left to Python
     /// (the chunk's length if none), one tuple per record folded (see the module's stub), and
-    /// ``(key, stored form or None)`` per key touched, its final state, in first-touch order.
-    fn fold<'py>(&self, py: Python<'py>, olds: &Bound<'py, PyList>) -> PyResult<Bound<'py, PyTuple>> {
+    /// ``(key, stored form or None, indexed values unchanged)`` per key touched, its final
+    /// state, in first-touch order (``index_paths``: the hash and memo index paths).
+    fn fold<'py>(
+        &self,
+        py: Python<'py>,
+        olds: &Bound<'py, PyList>,
+        index_paths: Vec<String>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let index_steps: Vec<Vec<String>> = index_paths
+            .iter()
+            .map(|p| p.strip_prefix('/').unwrap_or(p).split('/').map(str::to_owned).collect())
+            .collect();
         let mut states: Vec<Option<State>> = Vec::with_capacity(olds.len());
         for old in olds.iter() {
             if old.is_none() {
                 states.push(None);
+                continue;
+            }
+            if let Ok(raw) = old.cast::<PyBytes>() {
+                states.push(Some(from_stored_form(py, raw.as_bytes())?));
                 continue;
             }
             states.push(Some(State {
@@ -559,6 +673,9 @@ impl Chunk {
                 body_of: None,
             }));
         }
+        // The records as the fold found them, for telling whether an indexed value changed.
+        let firsts: Vec<Option<Py<PyBytes>>> =
+            states.iter().map(|s| s.as_ref().map(|s| s.data.clone_ref(py))).collect();
         let mut touched: Vec<usize> = Vec::new();
         let mut seen = vec![false; states.len()];
         let ops = PyList::empty(py);
@@ -668,12 +785,13 @@ impl Chunk {
         let writes = PyList::empty(py);
         for slot in touched {
             let key = self.keys[slot].bind(py);
+            let same = index_steps.is_empty() || self.same_indexed(py, &index_steps, &firsts[slot], &states[slot]);
             match &states[slot] {
-                None => writes.append((key, py.None()))?,
+                None => writes.append((key, py.None(), same))?,
                 Some(s) => {
                     let sow_key = std::str::from_utf8(key.as_bytes()).unwrap_or_default();
                     let form = stored_form(sow_key, s.data.as_bytes(py), s.offset, s.timestamp, s.expiration);
-                    writes.append((key, PyBytes::new(py, &form)))?;
+                    writes.append((key, PyBytes::new(py, &form), same))?;
                 }
             }
         }

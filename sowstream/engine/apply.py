@@ -236,6 +236,7 @@ class Applier:
                 _position(outcome),
                 outcome.bodies,
                 outcome.encoded,
+                outcome.index_same if outcome.index_memo == ps.memo else frozenset(),
             )
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
@@ -289,6 +290,7 @@ class Applier:
             start, applied = 0, 0
         if start < len(recs):
             outcome.encoded = None
+            outcome.index_same.clear()
             metrics.NATIVE_RECORDS.labels(self.topic.name, "declined").inc()
             applied += self._fold_python(ps, recs[start:], outcome, replay=replay)
         return outcome, applied
@@ -337,9 +339,19 @@ class Applier:
         events = outcome.events if ((self._subs or self._outbox.views) and not replay) else None
         queues = bool(self._queues)
         parse = table.parse
+        memo = frozenset(ps.memo)
+        index_paths = [*table.index_paths, *sorted(memo)]
         declined_at, ops, writes, olds = native.run(
-            recs, ps.folded, lambda key: table.load_record(ps, overlay, key)
+            recs, ps.folded, lambda keys: table.load_many(ps, overlay, keys), index_paths
         )
+
+        def found(key: bytes) -> SowRecord | None:
+            """The record the fold found under ``key`` (read from the store's bytes once)."""
+            old = olds[key]
+            if type(old) is bytes:
+                old = olds[key] = SowRecord.from_bytes(old)
+            return old  # type: ignore[return-value]
+
         applied = 0
         for op in ops:
             kind = op[0]
@@ -355,16 +367,17 @@ class Applier:
                     outcome.rekeys.append(Rekey(op[2], rec))
                 continue
             key = op[2]
-            stored = overlay[key] if key in overlay else olds[key]
-            if key not in before:
-                before[key] = stored
             new: SowRecord | None
             if kind == UNCHANGED:
-                new, count = stored, 1
-            elif op[4] is None:
-                new, count = None, op[5]
+                new = stored = overlay[key] if key in overlay else found(key)
+                count = 1
             else:
-                new, count = SowRecord(op[3], op[4], op[6], op[7], op[8]), 1
+                if events is not None:
+                    stored = overlay[key] if key in overlay else found(key)
+                if op[4] is None:
+                    new, count = None, op[5]
+                else:
+                    new, count = SowRecord(op[3], op[4], op[6], op[7], op[8]), 1
             overlay[key] = new
             if queues and new is not None and rec.headers.get(h.COMMAND) != h.SOW_DELETE:
                 outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
@@ -377,8 +390,18 @@ class Applier:
             if rec.offset > ps.folded:
                 outcome.last = max(outcome.last, rec.offset)
                 outcome.last_record = rec
-        if declined_at == len(recs):
-            outcome.encoded = dict(writes)
+        whole = declined_at == len(recs)
+        indexed = bool(index_paths)
+        for key, _form, same in writes:
+            # The batch write reads the records found only to change index entries; the
+            # Python fold going on after a decline expects every one of them.
+            if not whole or (indexed and not same):
+                before[key] = found(key)
+            elif indexed:
+                outcome.index_same.add(key)
+        if whole:
+            outcome.encoded = {key: form for key, form, _ in writes}
+            outcome.index_memo = memo
         metrics.NATIVE_RECORDS.labels(self.topic.name, "folded").inc(declined_at)
         return declined_at, applied
 

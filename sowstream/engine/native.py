@@ -52,6 +52,8 @@ def load_native(name: str = MODULE) -> ModuleType | None:
             exc,
         )
         module = None
+    else:
+        log.info("the compiled fold (%s) folds the logs of the SOW topics it covers", name)
     _loaded[name] = module
     return module
 
@@ -109,16 +111,25 @@ class NativeFold:
         self,
         recs: Sequence[RawRecord],
         folded: int,
-        load: Callable[[bytes], SowRecord | None],
-    ) -> tuple[int, list[tuple[Any, ...]], list[tuple[bytes, bytes | None]], dict[bytes, Any]]:
+        load: Callable[[list[bytes]], list[SowRecord | bytes | None]],
+        index_paths: list[str],
+    ) -> tuple[
+        int,
+        list[tuple[Any, ...]],
+        list[tuple[bytes, bytes | None, bool]],
+        dict[bytes, SowRecord | bytes | None],
+    ]:
         """Fold ``recs`` (records at or below ``folded`` are skipped): ``(declined_at, ops,
-        writes, olds)``; ``load`` reads a key's current record (once per key touched).
+        writes, olds)``. ``load`` reads the current records of the keys touched (a record, its
+        stored form, or None); ``writes`` says per key whether the values at ``index_paths``
+        stayed the same.
 
         A Rust panic arrives as ``pyo3_runtime.PanicException``; the caller catches it."""
         chunk = self._chunk(self._spec, recs if isinstance(recs, list) else list(recs), folded)
-        olds = {key: load(key) for key in chunk.reads()}
-        declined_at, ops, writes = chunk.fold(list(olds.values()))
-        return declined_at, ops, writes, olds
+        keys = chunk.reads()
+        found = load(keys)
+        declined_at, ops, writes = chunk.fold(found, index_paths)
+        return declined_at, ops, writes, dict(zip(keys, found, strict=True))
 
 
 def native_fold(compiled: CompiledTopic[TopicConfig], mode: NativeMode) -> NativeFold | None:
@@ -137,7 +148,8 @@ def is_panic(exc: BaseException) -> bool:
 
 def digest(outcome: Outcome) -> tuple[Any, ...]:
     """What a fold produced, comparable between the two folds: the store writes (the changelog
-    records), the change events, acks, dead letters, re-keyed copies and queue hand-offs."""
+    records), the change events, acks, dead letters, re-keyed copies and queue hand-offs (the
+    index entries are in the batch's changes, compared by the tests)."""
 
     def rec(r: SowRecord | None) -> tuple[Any, ...] | None:
         if r is None:
@@ -155,7 +167,6 @@ def digest(outcome: Outcome) -> tuple[Any, ...]:
         last.offset if last is not None else None,
         writes,
         [(k, rec(v)) for k, v in outcome.overlay.items()],
-        [(k, rec(v)) for k, v in outcome.before.items()],
         [
             (c.sow_key, rec(c.before), rec(c.after), c.partition, c.offset, c.timestamp)
             for c in outcome.events

@@ -78,6 +78,10 @@ class Outcome:
     # The stored form of every overlay record, when the compiled fold made them all (the
     # store writes, which are also the changelog records); None: encode the overlay.
     encoded: dict[bytes, bytes | None] | None = None
+    # Keys whose hash and memo indexed values the compiled fold found unchanged, valid while
+    # the partition's memo indexes are ``index_memo`` (the index entries stay as they are).
+    index_same: set[bytes] = field(default_factory=set)
+    index_memo: frozenset[str] = frozenset()
     last: int = -1
     last_record: RawRecord | None = None  # the record at ``last``: its fingerprint is stored
     events: list[Change] = field(default_factory=list)
