@@ -52,8 +52,8 @@ test: $(STAMP) native lint typecheck deploy-tools console-assets chromium
 # The apply path's own unit tests once more with the compiled fold off: the Python fold stays
 # the reference, and the fallback of a worker without the extension.
 APPLY_TESTS := tests/unit/test_processor_model.py tests/unit/test_apply_fastpath.py \
-	tests/unit/test_apply_pipeline.py tests/unit/test_atomic_batches.py tests/unit/test_fold.py \
-	tests/unit/test_processor_replies.py tests/unit/test_memo_index.py tests/unit/test_delta.py \
+	tests/unit/test_apply_pipeline.py tests/unit/test_fold.py tests/unit/test_processor_replies.py \
+	tests/unit/test_memo_index.py tests/unit/test_subscription_model.py \
 	tests/unit/test_subscriber_cache.py
 test-python-fold: $(STAMP)
 	SOWSTREAM_NATIVE=off $(BIN)/pytest -q -p no:cacheprovider $(APPLY_TESTS)

@@ -96,7 +96,12 @@ fn extract_spec(spec: &Bound<'_, PyTuple>) -> PyResult<Spec> {
     let key_paths = paths
         .into_iter()
         .map(|p| {
-            let steps = p.strip_prefix('/').unwrap_or(&p).split('/').map(str::to_owned).collect();
+            let steps = p
+                .strip_prefix('/')
+                .unwrap_or(&p)
+                .split('/')
+                .map(str::to_owned)
+                .collect();
             (p, steps)
         })
         .collect();
@@ -118,7 +123,10 @@ fn header<'py>(headers: &Bound<'py, PyDict>, name: &str) -> PyResult<Option<Stri
 }
 
 /// The SowKey from the Key fields of a body, as `sowstream.sow.keys.generated_sow_key` makes it.
-fn generated_key(spec: &Spec, body: &Map<String, Value>) -> Result<Result<String, Decoded>, Decline> {
+fn generated_key(
+    spec: &Spec,
+    body: &Map<String, Value>,
+) -> Result<Result<String, Decoded>, Decline> {
     let mut hasher = Blake2b96::new();
     let domain = spec.key_domain.as_bytes();
     hasher.update((domain.len() as u32).to_be_bytes());
@@ -159,7 +167,10 @@ fn generated_key(spec: &Spec, body: &Map<String, Value>) -> Result<Result<String
         let Some(text) = text else {
             return Ok(Err(Decoded::Dead {
                 reason: "missing_key_field",
-                text: format!("topic {}: key field {} is missing from the message", spec.name_repr, path),
+                text: format!(
+                    "topic {}: key field {} is missing from the message",
+                    spec.name_repr, path
+                ),
             }));
         };
         let raw = text.as_bytes();
@@ -183,7 +194,8 @@ fn user_key(spec: &Spec, supplied: Option<String>) -> Result<Result<String, Deco
         Some(k) if k.is_empty() => user_key(spec, None),
         Some(k) => {
             let ok = k.len() <= MAX_USER_KEY_LENGTH
-                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=_-".contains(&b));
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+/=_-".contains(&b));
             if ok {
                 Ok(Ok(k))
             } else {
@@ -275,7 +287,9 @@ fn decode_one(
             return Ok(Err(Decline)); // a delete by filter
         }
         if value_bytes.is_empty() {
-            let supplied = kafka_key.clone().or(header(headers, SOW_KEY)?.filter(|s| !s.is_empty()));
+            let supplied = kafka_key
+                .clone()
+                .or(header(headers, SOW_KEY)?.filter(|s| !s.is_empty()));
             let sow_key = if spec.user_keys {
                 match user_key(spec, supplied) {
                     Err(d) => return Ok(Err(d)),
@@ -473,7 +487,13 @@ fn expiration_of(op: &Op, default_ms: Option<i64>) -> Result<Option<i64>, Declin
 }
 
 /// The stored form of a record (format 1 of `sowstream.sow.record`).
-fn stored_form(sow_key: &str, data: &[u8], offset: i64, timestamp: i64, exp: Option<i64>) -> Vec<u8> {
+fn stored_form(
+    sow_key: &str,
+    data: &[u8],
+    offset: i64,
+    timestamp: i64,
+    exp: Option<i64>,
+) -> Vec<u8> {
     let key = sow_key.as_bytes();
     let mut out = Vec::with_capacity(29 + key.len() + data.len());
     out.push(if exp.is_some() { 0x03 } else { 0x01 });
@@ -501,12 +521,17 @@ impl Chunk {
         let (Some(first), Some(state)) = (first, state) else {
             return first.is_none() && state.is_none();
         };
-        let Ok(old) = parse_object(first.as_bytes(py)) else { return false };
+        let Ok(old) = parse_object(first.as_bytes(py)) else {
+            return false;
+        };
         let parsed;
         let new = match (&state.parsed, state.body_of) {
             (Some(p), _) => p,
             (None, Some(j)) => match &self.decoded[j] {
-                Decoded::Op(Op { body: Some(Value::Object(m)), .. }) => m,
+                Decoded::Op(Op {
+                    body: Some(Value::Object(m)),
+                    ..
+                }) => m,
                 _ => return false,
             },
             (None, None) => match parse_object(state.data.as_bytes(py)) {
@@ -517,10 +542,12 @@ impl Chunk {
                 Err(_) => return false,
             },
         };
-        paths.iter().all(|steps| match (scalar_at(&old, steps), scalar_at(new, steps)) {
-            (Some(a), Some(b)) => same_scalar(a, b),
-            _ => false,
-        })
+        paths.iter().all(
+            |steps| match (scalar_at(&old, steps), scalar_at(new, steps)) {
+                (Some(a), Some(b)) => same_scalar(a, b),
+                _ => false,
+            },
+        )
     }
 }
 
@@ -577,7 +604,10 @@ fn from_stored_form(py: Python<'_>, raw: &[u8]) -> PyResult<State> {
     }
     let int = |i: usize| i64::from_be_bytes(raw[i..i + 8].try_into().unwrap_or([0; 8]));
     let size = u32::from_be_bytes(raw[17..21].try_into().unwrap_or([0; 4])) as usize;
-    let end = at.checked_add(size).filter(|e| *e <= raw.len()).ok_or_else(bad)?;
+    let end = at
+        .checked_add(size)
+        .filter(|e| *e <= raw.len())
+        .ok_or_else(bad)?;
     Ok(State {
         data: PyBytes::new(py, &raw[end..]).unbind(),
         offset: int(1),
@@ -599,7 +629,12 @@ impl Chunk {
     /// Decode ``records`` (RawRecord objects of one partition, in log order) for the topic
     /// ``spec``; records at or below ``folded`` are skipped as the Python fold skips them.
     #[new]
-    fn new(py: Python<'_>, spec: &Bound<'_, PyTuple>, records: &Bound<'_, PyList>, folded: i64) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        spec: &Bound<'_, PyTuple>,
+        records: &Bound<'_, PyList>,
+        folded: i64,
+    ) -> PyResult<Self> {
         let spec = extract_spec(spec)?;
         let mut decoded = Vec::with_capacity(records.len());
         let mut slots: HashMap<String, usize> = HashMap::new();
@@ -652,7 +687,13 @@ impl Chunk {
     ) -> PyResult<Bound<'py, PyTuple>> {
         let index_steps: Vec<Vec<String>> = index_paths
             .iter()
-            .map(|p| p.strip_prefix('/').unwrap_or(p).split('/').map(str::to_owned).collect())
+            .map(|p| {
+                p.strip_prefix('/')
+                    .unwrap_or(p)
+                    .split('/')
+                    .map(str::to_owned)
+                    .collect()
+            })
             .collect();
         let mut states: Vec<Option<State>> = Vec::with_capacity(olds.len());
         for old in olds.iter() {
@@ -665,7 +706,11 @@ impl Chunk {
                 continue;
             }
             states.push(Some(State {
-                data: old.getattr(pyo3::intern!(py, "data"))?.cast::<PyBytes>()?.clone().unbind(),
+                data: old
+                    .getattr(pyo3::intern!(py, "data"))?
+                    .cast::<PyBytes>()?
+                    .clone()
+                    .unbind(),
                 offset: old.getattr(pyo3::intern!(py, "log_offset"))?.extract()?,
                 timestamp: old.getattr(pyo3::intern!(py, "log_timestamp"))?.extract()?,
                 expiration: old.getattr(pyo3::intern!(py, "expiration"))?.extract()?,
@@ -674,8 +719,10 @@ impl Chunk {
             }));
         }
         // The records as the fold found them, for telling whether an indexed value changed.
-        let firsts: Vec<Option<Py<PyBytes>>> =
-            states.iter().map(|s| s.as_ref().map(|s| s.data.clone_ref(py))).collect();
+        let firsts: Vec<Option<Py<PyBytes>>> = states
+            .iter()
+            .map(|s| s.as_ref().map(|s| s.data.clone_ref(py)))
+            .collect();
         let mut touched: Vec<usize> = Vec::new();
         let mut seen = vec![false; states.len()];
         let ops = PyList::empty(py);
@@ -716,7 +763,10 @@ impl Chunk {
                     None => (op.value.as_ref().map(|v| v.clone_ref(py)), None),
                     Some(s) => {
                         let from_op = s.body_of.and_then(|j| match &self.decoded[j] {
-                            Decoded::Op(Op { body: Some(Value::Object(m)), .. }) => Some(m.clone()),
+                            Decoded::Op(Op {
+                                body: Some(Value::Object(m)),
+                                ..
+                            }) => Some(m.clone()),
                             _ => None,
                         });
                         let mut base = match s.parsed.take().or(from_op) {
@@ -738,12 +788,18 @@ impl Chunk {
                             declined_at = i;
                             break;
                         }
-                        let Value::Object(base) = merged else { unreachable!() };
+                        let Value::Object(base) = merged else {
+                            unreachable!()
+                        };
                         (Some(PyBytes::new(py, &text).unbind()), Some(base))
                     }
                 },
             };
-            let count: u8 = if op.cmd != Cmd::Delete || stored.is_some() { 1 } else { 0 };
+            let count: u8 = if op.cmd != Cmd::Delete || stored.is_some() {
+                1
+            } else {
+                0
+            };
             let expiration = expiration_of(op, self.default_expiration_ms);
             let Ok(expiration) = expiration else {
                 declined_at = i;
@@ -785,16 +841,30 @@ impl Chunk {
         let writes = PyList::empty(py);
         for slot in touched {
             let key = self.keys[slot].bind(py);
-            let same = index_steps.is_empty() || self.same_indexed(py, &index_steps, &firsts[slot], &states[slot]);
+            let same = index_steps.is_empty()
+                || self.same_indexed(py, &index_steps, &firsts[slot], &states[slot]);
             match &states[slot] {
                 None => writes.append((key, py.None(), same))?,
                 Some(s) => {
                     let sow_key = std::str::from_utf8(key.as_bytes()).unwrap_or_default();
-                    let form = stored_form(sow_key, s.data.as_bytes(py), s.offset, s.timestamp, s.expiration);
+                    let form = stored_form(
+                        sow_key,
+                        s.data.as_bytes(py),
+                        s.offset,
+                        s.timestamp,
+                        s.expiration,
+                    );
                     writes.append((key, PyBytes::new(py, &form), same))?;
                 }
             }
         }
-        PyTuple::new(py, [declined_at.into_pyobject(py)?.into_any(), ops.into_any(), writes.into_any()])
+        PyTuple::new(
+            py,
+            [
+                declined_at.into_pyobject(py)?.into_any(),
+                ops.into_any(),
+                writes.into_any(),
+            ],
+        )
     }
 }
