@@ -280,7 +280,8 @@ class Applier:
             if not (is_panic(exc) or isinstance(exc, Exception)):
                 raise
             log.error(
-                "topic %s: the compiled fold panicked (%s: %s); folding the chunk in Python",
+                "topic %s: the compiled fold panicked or failed (%s: %s); folding the chunk in "
+                "Python",
                 self.topic.name,
                 type(exc).__name__,
                 exc,
@@ -291,7 +292,7 @@ class Applier:
         if start < len(recs):
             outcome.encoded = None
             outcome.index_same.clear()
-            metrics.NATIVE_RECORDS.labels(self.topic.name, "declined").inc()
+            metrics.NATIVE_RECORDS.labels(self.topic.name, "declined").inc(len(recs) - start)
             applied += self._fold_python(ps, recs[start:], outcome, replay=replay)
         return outcome, applied
 

@@ -77,8 +77,8 @@ CONFLATED_PUBLISHED = Counter(
 )
 NATIVE_RECORDS = Counter(
     "sowstream_native_records_total",
-    "Log records folded by the compiled fold, and records it declined (the Python fold took "
-    "the rest of their chunk)",
+    "Log records folded by the compiled fold, and records left to the Python fold (from the "
+    "first one it declined to the end of its chunk)",
     ["topic", "outcome"],
 )
 NATIVE_MISMATCHES = Counter(
