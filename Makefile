@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CONFIG ?= examples/orders.yaml
 TEST_PROCESSES ?= 2  # pytest-xdist processes for make test, one broker each (tests of a file stay together)
 
-.PHONY: run test console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-sow bench-scan bench-apply bench-memory bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore chaos clean
+.PHONY: run test native test-python-fold console-assets chromium lint typecheck unit integration deploy-tools deploy-check broker-start broker-stop bench bench-sow bench-scan bench-apply bench-memory bench-subs bench-pipeline bench-queues bench-views bench-index bench-restore chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,15 +16,47 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The compiled fold (native/: Rust through PyO3), built by maturin (from PyPI, into the venv)
+# with `cargo build --release` and installed into the venv as its own package; rebuilt when a
+# source of native/ changes. Cargo keeps its crates in ~/.cargo/registry and its build in
+# native/target (git-ignored). Without cargo nothing is built and the worker says once that it
+# applies logs with the Python fold.
+PATH := $(HOME)/.cargo/bin:$(PATH)
+NATIVE_STAMP := $(VENV)/.native
+NATIVE_SRC := native/Cargo.toml native/Cargo.lock native/pyproject.toml \
+	$(wildcard native/src/*.rs) $(wildcard native/sowstream_native/*)
+native: $(NATIVE_STAMP)
+
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SRC)
+	@if command -v cargo >/dev/null 2>&1; then \
+	  $(BIN)/pip install --quiet 'maturin>=1.16,<2' && \
+	  rm -rf native/target/wheels && \
+	  $(BIN)/maturin build --release --quiet -m native/Cargo.toml -o native/target/wheels && \
+	  $(BIN)/pip install --quiet --force-reinstall --no-deps native/target/wheels/*.whl && \
+	  touch $@; \
+	else \
+	  echo "cargo not found: the compiled fold (native/) is not built; sowstream applies logs with its Python fold"; \
+	fi
+
 # Provisions Kafka from Maven Central on first use, starts it, then runs a worker in the foreground.
-run: $(STAMP) console-assets
+run: $(STAMP) native console-assets
 	$(BIN)/sowstream broker start
 	$(BIN)/sowstream worker --config $(CONFIG)
 
-test: $(STAMP) lint typecheck deploy-tools console-assets chromium
+test: $(STAMP) native lint typecheck deploy-tools console-assets chromium
 	$(BIN)/sowstream broker provision
 	$(BIN)/sowstream pipeline provision
 	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile
+	$(MAKE) test-python-fold
+
+# The apply path's own unit tests once more with the compiled fold off: the Python fold stays
+# the reference, and the fallback of a worker without the extension.
+APPLY_TESTS := tests/unit/test_processor_model.py tests/unit/test_apply_fastpath.py \
+	tests/unit/test_apply_pipeline.py tests/unit/test_fold.py tests/unit/test_processor_replies.py \
+	tests/unit/test_memo_index.py tests/unit/test_subscription_model.py \
+	tests/unit/test_subscriber_cache.py
+test-python-fold: $(STAMP)
+	SOWSTREAM_NATIVE=off $(BIN)/pytest -q -p no:cacheprovider $(APPLY_TESTS)
 
 # The console page's grid and chart libraries, from npm (package-lock.json pins them), copied
 # into the package's static dir (git-ignored): `sowstream console` serves them, no CDN.
@@ -46,7 +78,7 @@ chromium:
 	  apt-get install -y --no-install-recommends chromium chromium-driver || \
 	  { apt-get update && apt-get install -y --no-install-recommends chromium chromium-driver; }; }
 
-unit: $(STAMP)
+unit: $(STAMP) native
 	$(BIN)/pytest -q tests/unit
 
 # Chaos runs (tests/support/chaos.py): 3 workers under mixed load while workers, the broker and
@@ -55,7 +87,7 @@ chaos: $(STAMP)
 	$(BIN)/sowstream broker provision
 	$(BIN)/python -m tests.support.chaos run --runs $(or $(RUNS),1) --seconds $(or $(SECONDS),90)
 
-integration: $(STAMP)
+integration: $(STAMP) native
 	$(BIN)/pytest -q tests/integration
 
 # kustomize (built from the Go module proxy) and Strimzi's CRDs (generated from Maven Central),
@@ -81,18 +113,18 @@ broker-stop: $(STAMP)
 	$(BIN)/sowstream broker stop
 
 # Every row of issue 13's table in one run, with ratios and aims (10-15 minutes).
-bench: $(STAMP)
+bench: $(STAMP) native
 	$(BIN)/python -m bench.perf
 
-bench-sow: $(STAMP)
+bench-sow: $(STAMP) native
 	$(BIN)/python -m bench.sow_bench
 
 # The full-scan sow alone, repeated (about half a minute).
-bench-scan: $(STAMP)
+bench-scan: $(STAMP) native
 	$(BIN)/python -m bench.scan_bench
 
 # The per-record apply path in process, step by step (no broker; about a minute).
-bench-apply: $(STAMP)
+bench-apply: $(STAMP) native
 	$(BIN)/python -m bench.apply_profile
 
 # 10M updates over 1M keys, worker RSS sampled (about 10 minutes).
@@ -119,4 +151,4 @@ bench-restore: $(STAMP)
 	$(BIN)/python -m bench.restore_bench --keys $(or $(KEYS),1000000)
 
 clean:
-	rm -rf $(VENV) .sowstream build *.egg-info
+	rm -rf $(VENV) .sowstream build *.egg-info native/target

@@ -32,6 +32,7 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from bench.sow_bench import make_updates
 from sowstream.config import load_config_text
+from sowstream.config.models import NativeMode
 from sowstream.engine.ports import Sender
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.runtime import FaustTable
@@ -94,24 +95,27 @@ class BenchTable:
             db.close()
 
 
-def log_records(bodies: Sequence[bytes], first_offset: list[int]) -> list[RawRecord]:
+def log_records(
+    bodies: Sequence[bytes], first_offset: list[int], headers: dict[str, str] | None = None
+) -> list[RawRecord]:
     """The bodies as log records, keyed and partitioned as the client publishes them."""
     out = []
     for body in bodies:
         ident = int(body.split(b'"id":', 1)[1].split(b",", 1)[0])
         key = generated_sow_key("orders", "orders", ["/id"], {"id": ident}).encode()
         p = ident % PARTITIONS
-        out.append(RawRecord(p, first_offset[p], 1_764_000_000_000, key, body, {}))
+        out.append(RawRecord(p, first_offset[p], 1_764_000_000_000, key, body, dict(headers or {})))
         first_offset[p] += 1
     return out
 
 
-def processor(table: BenchTable, memo: Sequence[str]) -> TopicProcessor:
+def processor(table: BenchTable, memo: Sequence[str], native: NativeMode = "off") -> TopicProcessor:
     proc = TopicProcessor(
         TOPIC,
         TopicNames("bench"),
         NullSender(),
         new_store=lambda p: RocksPartition(FaustTable(table), p),
+        native=native,
     )
     for p in range(PARTITIONS):
         ps = proc.table.open(p)  # not loaded: nothing to read back from an empty store
@@ -221,9 +225,24 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3, help="timed passes (the best counts)")
     parser.add_argument("--memo", action="append", default=[], help="memo index path, e.g. /qty")
     parser.add_argument("--cprofile", type=int, default=0, help="print the top N functions")
+    parser.add_argument(
+        "--native",
+        choices=["off", "on", "both"],
+        default="both",
+        help="the compiled fold (engine.native); both: off, then on, each on its own stores",
+    )
+    parser.add_argument("--delta", action="store_true", help="every timed update a delta_publish")
+    parser.add_argument("--no-steps", action="store_true", help="skip the step-by-step timings")
     args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="apply-profile-"))
     gc.set_threshold(50_000, 20, 100)  # as the worker sets it (sowstream.engine.app)
+    modes: list[NativeMode] = ["off", "on"] if args.native == "both" else [args.native]
+    for number, mode in enumerate(modes):
+        run(args, mode, steps_too=number == 0 and not args.no_steps)
+
+
+def run(args: argparse.Namespace, mode: NativeMode, *, steps_too: bool) -> None:
+    """Load every key once, then time the passes, with the compiled fold ``mode``."""
+    root = Path(tempfile.mkdtemp(prefix="apply-profile-"))
     table = BenchTable(root)
     try:
         offsets = [0] * PARTITIONS
@@ -231,13 +250,17 @@ def main() -> None:
         first = log_records(make_updates(args.keys, args.keys, seed=3), offsets)
         seen: set[bytes] = set()
         load = [r for r in first if r.key not in seen and not seen.add(r.key)]  # type: ignore[func-returns-value]
-        proc = processor(table, args.memo)
+        proc = processor(table, args.memo, mode)
+        if mode == "on" and proc.applier._native is None:
+            raise SystemExit("--native on: the compiled fold is not installed (make native)")
         asyncio.run(apply_all(proc, load))
+        headers = {h.COMMAND: h.DELTA_PUBLISH} if args.delta else None
         passes = [
-            log_records(make_updates(args.updates, args.keys, seed=10 + i), offsets)
+            log_records(make_updates(args.updates, args.keys, seed=10 + i), offsets, headers)
             for i in range(args.passes)
         ]
-        steps(proc, table, passes[0][:50_000])
+        if steps_too:
+            steps(proc, table, passes[0][:50_000])
         timings = []
         for updates in passes:
             wall, cpu = time.perf_counter(), time.thread_time()
@@ -245,14 +268,15 @@ def main() -> None:
             timings.append((time.thread_time() - cpu, time.perf_counter() - wall))
         cpu, wall = min(timings)
         print(
-            f"apply path, {args.updates:,} updates over {args.keys:,} keys"
+            f"apply path, native {mode}, {args.updates:,} "
+            f"{'delta_publish ' if args.delta else ''}updates over {args.keys:,} keys"
             f"{' memo ' + ','.join(args.memo) if args.memo else ''}, best of {args.passes}: "
             f"{cpu / args.updates * 1e6:.2f} µs/record of main-thread CPU "
             f"({args.updates / cpu:,.0f}/s; wall clock {wall / args.updates * 1e6:.2f} µs; "
             "all passes: " + ", ".join(f"{c / args.updates * 1e6:.2f}" for c, _ in timings) + ")"
         )
         if args.cprofile:
-            more = log_records(make_updates(args.updates, args.keys, seed=4), offsets)
+            more = log_records(make_updates(args.updates, args.keys, seed=4), offsets, headers)
             prof = cProfile.Profile()
             prof.enable()
             asyncio.run(apply_all(proc, more))

@@ -50,6 +50,9 @@ from sowstream.wire.topics import kafka_topic_part, topic_ident
 Durability = Literal["persistent", "transient"]
 ExpirationMode = Literal["disabled", "enabled", "default"]
 RestoreMode = Literal["batched", "faust"]
+# Who folds a SOW topic's log: the compiled fold (on, falling back to Python per record),
+# only the Python fold (off), or both, compared (shadow).
+NativeMode = Literal["on", "off", "shadow"]
 
 DEFAULT_INSTANCE_NAME = "sowstream"
 
@@ -541,6 +544,9 @@ class EngineConfig(Frozen):
     restore: RestoreMode = "batched"
     # Credentials the engine checks (JWTs, HMAC secrets); unset, identities are asserted.
     authentication: AuthenticationSettings = AuthenticationSettings()
+    # Whether the compiled fold (the sowstream_native package, built from native/) applies the
+    # logs: on, off, or shadow (both run, differences counted). None: $SOWSTREAM_NATIVE, else on.
+    native: NativeMode | None = None
 
     @field_validator("auto_create_topics", mode="before")
     @classmethod
@@ -554,6 +560,13 @@ class EngineConfig(Frozen):
     def _restore(cls, value: object) -> object:
         if value not in get_args(RestoreMode):
             raise ValueError(f"restore must be batched or faust, got {value!r}")
+        return value
+
+    @field_validator("native", mode="before")
+    @classmethod
+    def _native(cls, value: object) -> object:
+        if value is not None and value not in get_args(NativeMode):
+            raise ValueError(f"native must be on, off or shadow, got {value!r}")
         return value
 
     @field_validator("auto_topic_partitions", mode="before")

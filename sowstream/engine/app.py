@@ -103,6 +103,7 @@ class Engine:
             kafka=engine.kafka,
             rocksdb=engine.rocksdb,
             authenticator=Authenticator(engine.authentication),
+            native=engine.native,
         )
         self.topology = Topology(config, ctx)
         self.auto = AutoTopics(config, self.topology)

@@ -17,6 +17,14 @@ from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import delivered
 from sowstream.engine.metrics import BatchLife
+from sowstream.engine.native import (
+    DEAD,
+    REKEY,
+    UNCHANGED,
+    NativeFold,
+    digest,
+    is_panic,
+)
 from sowstream.engine.outbox import Outbox
 from sowstream.engine.partition import (
     MAX_IN_FLIGHT,
@@ -72,9 +80,13 @@ class Applier:
         subs: TopicSubscriptions,
         outbox: Outbox,
         queues: list[QueueRuntime],
+        native: NativeFold | None = None,
+        *,
+        shadow: bool = False,
     ) -> None:
         """``queues``: the queues fed by this topic (the engine adds to the list as it wires
-        them); the views reading it are the ``outbox``'s."""
+        them); the views reading it are the ``outbox``'s. ``native``: the topic's compiled
+        fold, if it is used; ``shadow``: only compared with the Python fold (engine.native)."""
         self.topic: TopicConfig = table.topic
         self.compiled = table.compiled
         self.names = names
@@ -88,6 +100,8 @@ class Applier:
         self._subs = subs
         self._outbox = outbox
         self._queues = queues
+        self._native = native
+        self._shadow = shadow
 
     async def process(self, records: Sequence[RawRecord], fetched: float | None = None) -> None:
         """Fold a batch of log records (any mix of partitions, each in log order) and send its
@@ -240,17 +254,25 @@ class Applier:
                 outcome.journal,
                 _position(outcome),
                 outcome.bodies,
+                outcome.encoded,
+                outcome.index_same if outcome.index_memo == ps.memo else frozenset(),
             )
 
-    def _identified(self, recs: Sequence[RawRecord]) -> Sequence[RawRecord]:
-        """``recs`` with their credentials checked, where the engine checks publishes: every
-        one when credentials are required, else those of topics with publish entitlements."""
+    @property
+    def _checks_publishers(self) -> bool:
+        """Whether publishers' credentials are checked here: every publish when credentials are
+        required, else those of topics with publish entitlements (the Python fold does that)."""
         auth = self.authenticator
         if auth is None or not auth.enabled:
+            return False
+        return auth.settings.required or bool(self.topic.publish_filters)
+
+    def _identified(self, recs: Sequence[RawRecord]) -> Sequence[RawRecord]:
+        """``recs`` with their credentials checked, where publishers are checked."""
+        if not self._checks_publishers:
             return recs
-        if not auth.settings.required and not self.topic.publish_filters:
-            return recs
-        return authenticated(auth, self.log_topic, recs)
+        assert self.authenticator is not None
+        return authenticated(self.authenticator, self.log_topic, recs)
 
     def _fold(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
         """Compute what ``recs`` do to the partition, without writing it yet.
@@ -258,20 +280,182 @@ class Applier:
         Every key an op touches is written again even when unchanged: after a crash the replayed
         ops re-send their records, so a changelog that missed the last batch catches up. With
         subscriptions present, each op's effect on its record is kept as a :class:`Change`.
+
+        The compiled fold (engine.native) takes the chunk first; from the first record it
+        declines the Python fold goes on. A Rust panic folds the whole chunk again in Python.
         """
         if not self.topic.sow:
             return self._fold_plain(ps, recs, replay=replay)
+        native = self._native if self.view_name is None and not self._checks_publishers else None
+        if native is None:
+            outcome = Outcome(last=ps.folded)
+            applied = self._fold_python(ps, recs, outcome, replay=replay)
+        elif self._shadow:
+            outcome = Outcome(last=ps.folded)
+            applied = self._fold_python(ps, recs, outcome, replay=replay)
+            self._compare(ps, recs, outcome, native, replay=replay)
+        else:
+            outcome, applied = self._fold_both(ps, recs, native, replay=replay)
+        metrics.UPDATES.labels(self.topic.name).inc(applied)
+        if outcome.dead:
+            metrics.REJECTED.labels(self.topic.name).inc(len(outcome.dead))
+        return outcome
+
+    def _fold_both(
+        self, ps: PartitionState, recs: Sequence[RawRecord], native: NativeFold, *, replay: bool
+    ) -> tuple[Outcome, int]:
+        """The compiled fold up to its first decline, the Python fold from there; the outcome
+        and how many ops were applied."""
+        outcome = Outcome(last=ps.folded)
+        try:
+            start, applied = self._fold_native(ps, recs, outcome, native, replay=replay)
+        except BaseException as exc:
+            # A panic, or anything it refused (a header it cannot read): the Python fold redoes
+            # the chunk, and raises itself whatever is really wrong (a store that fails).
+            if not (is_panic(exc) or isinstance(exc, Exception)):
+                raise
+            log.error(
+                "topic %s: the compiled fold panicked or failed (%s: %s); folding the chunk in "
+                "Python",
+                self.topic.name,
+                type(exc).__name__,
+                exc,
+            )
+            metrics.NATIVE_PANICS.labels(self.topic.name).inc()
+            outcome = Outcome(last=ps.folded)
+            start, applied = 0, 0
+        if start < len(recs):
+            outcome.encoded = None
+            outcome.index_same.clear()
+            metrics.NATIVE_RECORDS.labels(self.topic.name, "declined").inc(len(recs) - start)
+            applied += self._fold_python(ps, recs[start:], outcome, replay=replay)
+        return outcome, applied
+
+    def _compare(
+        self,
+        ps: PartitionState,
+        recs: Sequence[RawRecord],
+        reference: Outcome,
+        native: NativeFold,
+        *,
+        replay: bool,
+    ) -> None:
+        """engine.native: shadow: fold ``recs`` the compiled way too and count a difference."""
+        try:
+            other, _ = self._fold_both(ps, recs, native, replay=replay)
+            same = digest(other) == digest(reference)
+        except Exception as exc:  # the reference outcome is used whatever happens here
+            log.error("topic %s: the shadow compiled fold failed: %s", self.topic.name, exc)
+            same = False
+        if not same:
+            metrics.NATIVE_MISMATCHES.labels(self.topic.name).inc()
+            log.warning(
+                "topic %s partition %d: the compiled fold differs from the Python fold on the "
+                "chunk of offsets %d..%d (the Python fold's result is used)",
+                self.topic.name,
+                recs[0].partition if recs else -1,
+                recs[0].offset if recs else -1,
+                recs[-1].offset if recs else -1,
+            )
+
+    def _fold_native(
+        self,
+        ps: PartitionState,
+        recs: Sequence[RawRecord],
+        outcome: Outcome,
+        native: NativeFold,
+        *,
+        replay: bool,
+    ) -> tuple[int, int]:
+        """Fold ``recs`` with the compiled fold into ``outcome``, as :meth:`_fold_python` would;
+        returns where it declined (len(recs) if nowhere) and how many ops it applied."""
+        table = self._table
+        overlay = outcome.overlay
+        before = outcome.before
+        events = outcome.events if ((self._subs or self._outbox.views) and not replay) else None
+        queues = bool(self._queues)
+        parse = table.parse
+        memo = frozenset(ps.memo)
+        index_paths = [*table.index_paths, *sorted(memo)]
+        declined_at, ops, writes, olds = native.run(
+            recs, ps.folded, lambda keys: table.load_many(ps, overlay, keys), index_paths
+        )
+
+        def found(key: bytes) -> SowRecord | None:
+            """The record the fold found under ``key`` (read from the store's bytes once)."""
+            old = olds[key]
+            if type(old) is bytes:
+                old = olds[key] = SowRecord.from_bytes(old)
+            return old  # type: ignore[return-value]
+
+        applied = 0
+        for op in ops:
+            kind = op[0]
+            rec = recs[op[1]]
+            if kind == DEAD:
+                if not replay:
+                    exc = InvalidMessageError(op[3], topic=self.topic.name, reason=op[2])
+                    outcome.dead.append(Rejected(rec, exc))
+                    outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
+                continue
+            if kind == REKEY:
+                if not replay:
+                    outcome.rekeys.append(Rekey(op[2], rec))
+                continue
+            key = op[2]
+            new: SowRecord | None
+            if kind == UNCHANGED:
+                new = stored = overlay[key] if key in overlay else found(key)
+                count = 1
+            else:
+                if events is not None:
+                    stored = overlay[key] if key in overlay else found(key)
+                if op[4] is None:
+                    new, count = None, op[5]
+                else:
+                    new, count = SowRecord(op[3], op[4], op[6], op[7], op[8]), 1
+            overlay[key] = new
+            if queues and new is not None and rec.headers.get(h.COMMAND) != h.SOW_DELETE:
+                outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
+            if events is not None:
+                _note(events, op[3], stored, new, rec)
+            applied += 1
+            if not replay and rec.headers.get(h.REPLY_TO):
+                outcome.acks.append(Ack(rec, count, SUCCESS))
+        for rec in recs[:declined_at]:
+            if rec.offset > ps.folded:
+                outcome.last = max(outcome.last, rec.offset)
+                outcome.last_record = rec
+        whole = declined_at == len(recs)
+        indexed = bool(index_paths)
+        for key, _form, same in writes:
+            # The batch write reads the records found only to change index entries; the
+            # Python fold going on after a decline expects every one of them.
+            if not whole or (indexed and not same):
+                before[key] = found(key)
+            elif indexed:
+                outcome.index_same.add(key)
+        if whole:
+            outcome.encoded = {key: form for key, form, _ in writes}
+            outcome.index_memo = memo
+        metrics.NATIVE_RECORDS.labels(self.topic.name, "folded").inc(declined_at)
+        return declined_at, applied
+
+    def _fold_python(
+        self, ps: PartitionState, recs: Sequence[RawRecord], outcome: Outcome, *, replay: bool
+    ) -> int:
+        """The reference fold: ``recs`` into ``outcome`` (which may hold a prefix of the chunk
+        folded already); returns how many ops it applied."""
         topic = self.topic
         compiled = self.compiled
         load = self._table.load_record
         parse = self._table.parse
-        outcome = Outcome()
         overlay = outcome.overlay
         before = outcome.before
         bodies = outcome.bodies
         events = outcome.events if ((self._subs or self._outbox.views) and not replay) else None
         versions = outcome.versions if self._table.history is not None else None
-        last = ps.folded
+        last = outcome.last
         applied = 0
         for rec in recs:
             if rec.offset <= ps.folded:
@@ -331,10 +515,7 @@ class Applier:
             if not replay and op.reply_to:
                 outcome.acks.append(Ack(rec, count, SUCCESS))
         outcome.last = last
-        metrics.UPDATES.labels(topic.name).inc(applied)
-        if outcome.dead:
-            metrics.REJECTED.labels(topic.name).inc(len(outcome.dead))
-        return outcome
+        return applied
 
     def _fold_plain(
         self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool

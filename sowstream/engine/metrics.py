@@ -143,3 +143,21 @@ def fetched(oldest_timestamp_ms: int) -> float:
     if waited >= 0:
         _STAGE["fetch"].observe(waited)
     return now
+
+
+NATIVE_RECORDS = Counter(
+    "sowstream_native_records_total",
+    "Log records folded by the compiled fold, and records left to the Python fold (from the "
+    "first one it declined to the end of its chunk)",
+    ["topic", "outcome"],
+)
+NATIVE_MISMATCHES = Counter(
+    "sowstream_native_mismatches_total",
+    "Chunks whose compiled fold differed from the Python fold (engine.native: shadow)",
+    ["topic"],
+)
+NATIVE_PANICS = Counter(
+    "sowstream_native_panics_total",
+    "Chunks the compiled fold panicked or failed on (folded again by the Python fold)",
+    ["topic"],
+)

@@ -76,6 +76,13 @@ class Outcome:
     # The parsed body of an overlay record where the fold had it (a publish stored as sent),
     # so writing the batch's index entries does not parse it again.
     bodies: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    # The stored form of every overlay record, when the compiled fold made them all (the
+    # store writes, which are also the changelog records); None: encode the overlay.
+    encoded: dict[bytes, bytes | None] | None = None
+    # Keys whose hash and memo indexed values the compiled fold found unchanged, valid while
+    # the partition's memo indexes are ``index_memo`` (the index entries stay as they are).
+    index_same: set[bytes] = field(default_factory=set)
+    index_memo: frozenset[str] = frozenset()
     last: int = -1
     last_record: RawRecord | None = None  # the record at ``last``: its fingerprint is stored
     events: list[Change] = field(default_factory=list)

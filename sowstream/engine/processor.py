@@ -23,6 +23,7 @@ from typing import Any
 from sowstream.config.models import TopicConfig
 from sowstream.engine.apply import Applier
 from sowstream.engine.maintenance import Maintenance
+from sowstream.engine.native import NativeMode, default_mode, native_fold
 from sowstream.engine.outbox import Outbox
 from sowstream.engine.ownership import Ownership
 from sowstream.engine.partition import PartitionState
@@ -59,11 +60,13 @@ class TopicProcessor:
         log_reader: LogReader | None = None,
         entitlement: EntitlementLookup | None = None,
         new_store: Callable[[int], PartitionStore] | None = None,
+        native: NativeMode | None = None,
     ) -> None:
         """``compiled``: the topic with its message type and stages (its unit compiles them
         once); ``table``: the RocksDB table that keeps the partitions (None: in memory);
         ``new_store`` replaces how a partition's store is made (tests keep stores across
-        processors, as RocksDB outlives a worker)."""
+        processors, as RocksDB outlives a worker); ``native``: whether the compiled fold applies
+        the log (engine.native; None: $SOWSTREAM_NATIVE, else on)."""
         topic = compiled.definition
         self.topic = topic
         self.compiled = compiled
@@ -80,7 +83,17 @@ class TopicProcessor:
             compiled, entitlement, current=self.table.current_record if topic.sow else None
         )
         self.outbox = Outbox(compiled, sender, self.views)
-        self.applier = Applier(self.table, names, sender, self.subs, self.outbox, self.queues)
+        mode = native or default_mode()
+        self.applier = Applier(
+            self.table,
+            names,
+            sender,
+            self.subs,
+            self.outbox,
+            self.queues,
+            native_fold(compiled, mode),
+            shadow=mode == "shadow",
+        )
         self.ownership = Ownership(
             self.table, sender, log_reader, self.subs, self.queues, self.applier
         )

@@ -62,6 +62,9 @@ class PartitionStore(Protocol):
     def get(self, key: bytes) -> bytes | None:
         """The value under ``key`` or None."""
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values under ``keys`` (None where absent), read at once."""
+
     def write(self, changes: Mapping[bytes, bytes | None]) -> None:
         """Apply puts (bytes) and deletes (None) atomically, in the mapping's order."""
 
@@ -103,6 +106,10 @@ class RocksPartition:
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db().get(key)
         return value
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        values: list[bytes | None] = self._db().get(keys)  # one multi-get
+        return values
 
     def write(self, changes: Mapping[bytes, bytes | None]) -> None:
         if not changes:
@@ -198,6 +205,9 @@ class MemoryPartition:
 
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return [self._data.get(key) for key in keys]
 
     def write(self, changes: Mapping[bytes, bytes | None]) -> None:
         if changes:

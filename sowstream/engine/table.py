@@ -17,6 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from itertools import chain, islice
 from operator import itemgetter
 from typing import Any
@@ -70,6 +71,7 @@ from sowstream.sow.record import (
 )
 
 log = logging.getLogger("sowstream.engine")
+STORED_FORMS = (PLAIN, EXPIRING)  # the markers of format 1 (sow.record), which Rust reads
 
 _FIRST = itemgetter(0)  # a stored value's first byte: its format marker
 _FORMAT_1 = bytes((PLAIN, EXPIRING))  # the markers of format 1 (anything else is Avro)
@@ -191,6 +193,34 @@ class PartitionTable:
                 return flight.outcome.overlay[key]
         raw = ps.store.get(key)
         return SowRecord.from_bytes(raw) if raw is not None else None
+
+    def load_many(
+        self, ps: PartitionState, overlay: dict[bytes, SowRecord | None], keys: list[bytes]
+    ) -> list[SowRecord | bytes | None]:
+        """The records under ``keys`` as :meth:`load_record` finds them, those read from the
+        store (in one multi-get) in their stored form, unless it is an old (Avro) one."""
+        out: list[SowRecord | bytes | None] = []
+        missing: list[int] = []
+        flights = [flight.outcome.overlay for flight in reversed(ps.in_flight)]
+        for key in keys:
+            if key in overlay:
+                out.append(overlay[key])
+                continue
+            for held in flights:
+                if key in held:
+                    out.append(held[key])
+                    break
+            else:
+                missing.append(len(out))
+                out.append(None)
+        if missing:
+            raws = ps.store.get_many([keys[i] for i in missing])
+            for i, raw in zip(missing, raws, strict=True):
+                if raw is not None and raw[0] not in STORED_FORMS:
+                    out[i] = SowRecord.from_bytes(raw)
+                else:
+                    out[i] = raw
+        return out
 
     def current_record(self, partition: int, sow_key: str) -> SowRecord | None:
         """The record ``partition`` holds under ``sow_key`` now, batches in flight included."""
@@ -490,8 +520,12 @@ class PartitionTable:
         journal: Mapping[bytes, bytes | None] | None = None,
         position: Mapping[bytes, bytes | None] | None = None,
         bodies: Mapping[bytes, dict[str, Any]] | None = None,
+        encoded: Mapping[bytes, bytes | None] | None = None,
+        index_same: AbstractSet[bytes] = frozenset(),
     ) -> dict[bytes, bytes | None]:
-        """Write a batch's final records (and index entries) as one store batch.
+        """Write a batch's final records (and index entries) as one store batch; ``encoded``
+        holds the stored form of every overlay record when the compiled fold made them, and
+        ``index_same`` the keys whose indexed values it found unchanged (no entry changes).
 
         A log batch passes its highest offset: it is written last, so a changelog prefix that
         holds the watermark holds the whole batch. Expiry deletes change no watermark.
@@ -500,10 +534,13 @@ class PartitionTable:
         indexed = bool(self.index_fields or ps.memo)
         expires = self.expires
         for key, new in overlay.items():
-            if indexed:
+            if indexed and key not in index_same:
                 body = bodies.get(key) if bodies else None
                 self.index_changes(changes, key, before.get(key), new, ps.memo, body)
-            changes[key] = new.to_bytes() if new is not None else None
+            if encoded is not None:
+                changes[key] = encoded[key]
+            else:
+                changes[key] = new.to_bytes() if new is not None else None
             if new is not None and new.expiration is not None and expires:
                 heapq.heappush(ps.expiry, (new.expiration, key))
         if versions and self.history is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from sowstream.auth import Authenticator
-from sowstream.config.models import RocksDBConfig
+from sowstream.config.models import NativeMode, RocksDBConfig
 from sowstream.engine.commands import Acknowledge, CommandInbox, ControlRecord
 from sowstream.engine.inputs import InputPump
 from sowstream.engine.meta import Infos
@@ -104,6 +104,7 @@ class Context:
     app_id: str
     kafka: Mapping[str, str]  # engine.kafka: every Kafka client's extra settings
     rocksdb: RocksDBConfig
+    native: NativeMode | None = None  # engine.native: who folds the SOW topics' logs
     # Makes the reader of a Kafka topic (rebuilds, catch-ups, gap reads): by default with
     # confluent-kafka, on ``bootstrap`` with ``kafka``.
     logs: Callable[[str], LogReader] | None = None

@@ -53,6 +53,7 @@ class TopicUnit:
             table=self.table,
             log_reader=ctx.log_reader(log_topic),
             entitlement=entitlement,
+            native=ctx.native,
         )
         self.proc.applier.authenticator = ctx.authenticator
         consumer = {

@@ -1,0 +1,5 @@
+"""sowstream's compiled fold: see ``sowstream.engine.native`` for how the engine uses it."""
+
+from sowstream_native._fold import Chunk
+
+__all__ = ["Chunk"]

@@ -1,0 +1,367 @@
+"""The compiled fold (sowstream_native) against the Python fold, which stays the reference.
+
+Random logs go through two processors, one folding with the compiled fold and one without, chunk
+by chunk (so old values come from the store, the batches in flight and the chunk itself), then
+once more as a replay after a crash. Everything a fold produces must be byte-equal: the store
+writes (the changelog records, index entries and watermark included), change events, acks, dead
+letters, re-keyed copies. Where the compiled fold declines a record, the Python fold's result is
+what both give; on logs of records it covers it must decline none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import sys
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from sowstream.config import load_config_text
+from sowstream.config.models import TopicConfig
+from sowstream.engine import metrics, native
+from sowstream.engine.native import digest, native_fold
+from sowstream.engine.partition import Outcome, PartitionState
+from sowstream.engine.processor import TopicProcessor
+from sowstream.messagetypes.changes import merge_delta
+from sowstream.sow.compiled import CompiledTopic, compile_topic
+from sowstream.sow.keys import generated_sow_key
+from sowstream.sow.ops import RawRecord
+from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.subscriptions.options import parse_options
+from sowstream.wire import headers as h
+from sowstream.wire.topics import TopicNames
+from tests.support.sender import RecordingSender
+
+pytest.importorskip("sowstream_native", reason="the compiled fold is not built (no cargo)")
+
+TOPICS = {
+    "keyed": "sow:\n  - Name: t\n    Key: /id\n    HashIndex: [[/g]]\n    Durability: transient\n",
+    "nested": "sow:\n  - Name: t\n    Key: [/id, /a/b]\n    Expiration: 10s\n"
+    "    Durability: transient\n",
+    "user": "sow:\n  - Name: t\n    Durability: transient\n",
+}
+
+
+def compiled(kind: str) -> CompiledTopic[TopicConfig]:
+    return compile_topic(load_config_text(TOPICS[kind]).topics[0])
+
+
+INTS = st.sampled_from(
+    [0, 1, -1, 2**31, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1, 2**64, -(2**63) - 1]
+)
+FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
+    [0.0, -0.0, 1e16, 1e15, 1e-5, 1.5e-5, 1e-7, 5e-324, 1.7976931348623157e308, 0.1]
+)
+TEXT = st.text(max_size=6) | st.sampled_from(["", "é", "\x00\x1f\x7f", '"\\/', "\u2028", "😀"])
+SCALARS = st.none() | st.booleans() | INTS | st.integers() | FLOATS | TEXT
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+IDS = st.sampled_from(["a", "b"]) | st.sampled_from(
+    ["a", "b", "é", 1, 2, 2**64 - 1, "", None, True, 1.5, [1], {"x": 1}]
+)
+INDEXED = st.integers(0, 2) | st.sampled_from([None, "1", 1.0, -0.0, [1], {"x": 1}]) | VALUES
+# Spellings of a body the Python fold reads in its own way, and bad ones.
+ODD = st.sampled_from(
+    [
+        b"",
+        b"[1]",
+        b"{",
+        b'{"id": "a", "id": "b"}',
+        b'{"id":"a","v":-0}',
+        b'{"id":"a","v":-0.0}',
+        b'{"id":"a","v":1E400}',
+        b'{"id":"a","v":1.0e16,"w":[1e-7]}',
+        b'{"id":"a\xff"}',
+        b'{"id":"\\ud800"}',
+        b'{"id":"a","v":"\\u00e9\\n"}',
+        b'\xef\xbb\xbf{"id":"a"}',
+        b'{"id":"a","v":123456789012345678901234567890}',
+        b'  {"id" : "b" , "a" : {"b" : 2}}  ',
+    ]
+)
+
+
+@st.composite
+def records(draw: st.DrawFn, kind: str) -> list[RawRecord]:
+    """A log of one partition; a ``wild`` one holds what the compiled fold declines too."""
+    topic = compiled(kind).definition
+    wild = draw(st.booleans())
+    out: list[RawRecord] = []
+    offset = 0
+    for _ in range(draw(st.integers(0, 14))):
+        offset += draw(st.integers(1, 2))
+        body: dict[str, Any] = {}
+        if draw(st.integers(0, 5)):
+            body["id"] = draw(IDS if wild else st.sampled_from(["a", "b", "é", 7, 2**64 - 1]))
+        if kind == "nested" and draw(st.integers(0, 4)):
+            body["a"] = draw(st.sampled_from([{"b": 1}, {"b": "x"}, {"b": None}, {}, 3, [1]]))
+        for indexed in ("g", "w"):  # the hash index's and the memo index's fields
+            if draw(st.integers(0, 3)):
+                body[indexed] = draw(INDEXED)
+        body.update(draw(st.dictionaries(st.sampled_from(["v", "a"]), VALUES, max_size=3)))
+        spelling = draw(st.integers(0 if wild else 1, 9))
+        if spelling == 0:
+            value: bytes | None = draw(ODD)
+        elif spelling == 1:
+            value = json.dumps(body, ensure_ascii=draw(st.booleans())).encode()
+        else:
+            try:
+                value = orjson.dumps(body)
+            except TypeError:  # an integer beyond 64 bits
+                value = json.dumps(body).encode()
+        commands = [None, "publish", "delta_publish", "delta_publish", "sow_delete", ""]
+        command = draw(st.sampled_from([*commands, "bogus"] if wild else commands))
+        headers: dict[str, str] = {}
+        if command is not None:
+            headers[h.COMMAND] = command
+        if command == "sow_delete" and draw(st.booleans()):
+            value = None
+        if draw(st.booleans()):
+            headers[h.REPLY_TO] = "r"
+        expirations = [None, None, "", "0", "5", "007"] + (["30s", "x", "9" * 12] if wild else [])
+        expiration = draw(st.sampled_from(expirations))
+        if expiration is not None:
+            headers[h.EXPIRATION] = expiration
+        keys = ["k1", "k2", "k+/=_-", ""] + (["bad key", "a\n", "x" * 1030] if wild else [])
+        supplied = draw(st.sampled_from(keys))
+        how = draw(st.integers(0, 3 if wild else 2))
+        key: bytes | None = None
+        if topic.user_supplied_keys:
+            if how == 0:
+                key = supplied.encode()
+            elif how == 1:
+                headers[h.SOW_KEY] = supplied
+            elif how == 3:
+                key = b"\xff\xfe"
+        elif how <= 2:
+            try:
+                parsed = orjson.loads(value or b"")
+                key = generated_sow_key("t", "t", topic.keys, parsed).encode()
+            except Exception:
+                key = b"k1"
+        elif draw(st.booleans()):
+            key = supplied.encode()
+            headers[h.SOW_KEY] = supplied
+        timestamp = draw(st.sampled_from([1, 1_700_000_000_000]))
+        out.append(RawRecord(0, offset, timestamp, key, value, headers))
+    return out
+
+
+async def processor(kind: str, mode: str) -> tuple[TopicProcessor, PartitionState]:
+    proc = TopicProcessor(compiled(kind), TopicNames("p"), RecordingSender(), native=mode)  # type: ignore[arg-type]
+    proc.subs.upsert(SubscriptionSpec("s", "r", "t", "subscribe", None, parse_options("")))
+    ps = await proc.ready(0)
+    if kind == "keyed":
+        ps.memo.add("/w")  # a memo index kept by every write, beside the hash index on /g
+    return proc, ps
+
+
+def both(kind: str, recs: list[RawRecord], cuts: list[int]) -> list[tuple[Any, ...]]:
+    """Fold ``recs`` chunk by chunk, then replay them all, on both folds; what each produced."""
+
+    async def go() -> list[tuple[Any, ...]]:
+        seen: list[tuple[Any, ...]] = []
+        python, ps_py = await processor(kind, "off")
+        compiled_, ps_c = await processor(kind, "on")
+        assert compiled_.applier._native is not None
+        bounds = sorted({0, len(recs), *[c % (len(recs) + 1) for c in cuts]})
+        chunks = [recs[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        for chunk in [*chunks, recs]:
+            replay = chunk is recs
+            if replay:  # a crash: what was folded is folded again from the store
+                ps_py.folded = ps_c.folded = -1
+            a = python.applier.apply(ps_py, chunk, replay=replay)
+            b = compiled_.applier.apply(ps_c, chunk, replay=replay)
+            ps_py.folded = max(ps_py.folded, a.last)
+            ps_c.folded = max(ps_c.folded, b.last)
+            assert digest(b) == digest(a)
+            assert b.changes == a.changes
+            seen.append(digest(a))
+        assert sorted(ps_c.store.scan()) == sorted(ps_py.store.scan())
+        return seen
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(TOPICS))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), cuts=st.lists(st.integers(0, 20), max_size=3))
+def test_the_compiled_fold_equals_the_python_fold(
+    kind: str, data: st.DataObject, cuts: list[int]
+) -> None:
+    both(kind, data.draw(records(kind)), cuts)
+
+
+def log_of(bodies: list[tuple[str, dict[str, Any]]], user: bool = False) -> list[RawRecord]:
+    out = []
+    for i, (command, body) in enumerate(bodies):
+        try:
+            value = orjson.dumps(body)
+        except TypeError:  # an integer beyond 64 bits: not orjson's spelling, filtered out
+            value = json.dumps(body).encode()
+        key = generated_sow_key("t", "t", ("/id",), body).encode() if not user else b"k1"
+        out.append(RawRecord(0, i, 1_000 + i, key, value, {h.COMMAND: command, h.REPLY_TO: "r"}))
+    return out
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["publish", "delta_publish", "sow_delete"]),
+            st.fixed_dictionaries(
+                {"id": st.sampled_from(["a", "b", 7])},
+                optional={
+                    "g": INTS,
+                    "v": VALUES.filter(lambda v: not _negative_zero(v)),
+                    "w": TEXT,
+                },
+            ),
+        ),
+        max_size=20,
+    )
+)
+@settings(max_examples=100, deadline=None)
+@example(
+    [
+        ("publish", {"id": "a", "v": {"x": 1, "y": [1.5]}}),
+        ("delta_publish", {"id": "a", "v": {"x": 1e16}}),
+    ]
+)
+def test_the_compiled_fold_declines_nothing_it_covers(
+    ops: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """On orjson-spelt bodies with right keys it folds every record itself (no -0.0 or integers
+    beyond 64 bits, which it declines: their text is not orjson's own), and both folds agree."""
+    recs = [r for r in log_of(ops) if _spelt_by_orjson(r.value)]
+    fold = native_fold(compiled("keyed"), "on")
+    assert fold is not None
+    declined_at, _, _, _ = fold.run(recs, -1, lambda keys: [None] * len(keys), [])
+    assert declined_at == len(recs)
+    both("keyed", recs, [len(recs) // 2])
+
+
+def _spelt_by_orjson(value: bytes | None) -> bool:
+    try:
+        return value is not None and orjson.dumps(orjson.loads(value)) == value
+    except orjson.JSONDecodeError:
+        return False
+
+
+def test_a_panic_refolds_the_chunk_in_python(caplog: pytest.LogCaptureFixture) -> None:
+    """A Rust panic (made by the test hook) while decoding or while folding: the chunk is folded
+    by the Python fold, the result is the reference's, the worker goes on."""
+    recs = log_of([("publish", {"id": "a", "v": 1}), ("delta_publish", {"id": "a", "w": 2})])
+    for at in (1, -1):
+
+        async def go(at: int = at) -> tuple[Outcome, Outcome, float]:
+            ref, ps_ref = await processor("keyed", "off")
+            proc, ps = await processor("keyed", "on")
+            fold = proc.applier._native
+            assert fold is not None
+            fold.panic_at(at)
+            before = metrics.NATIVE_PANICS.labels("t")._value.get()
+            got = proc.applier.apply(ps, recs, replay=False)
+            panics = metrics.NATIVE_PANICS.labels("t")._value.get() - before
+            return got, ref.applier.apply(ps_ref, recs, replay=False), panics
+
+        with caplog.at_level(logging.ERROR, "sowstream.engine"):
+            got, want, panics = asyncio.run(go())
+        assert digest(got) == digest(want) and got.changes == want.changes
+        assert panics == 1
+        assert "the compiled fold panicked" in caplog.text
+
+
+def test_shadow_mode_counts_a_difference(caplog: pytest.LogCaptureFixture) -> None:
+    """engine.native: shadow uses the Python fold's result and counts chunks where the compiled
+    fold differs (here it is made to differ by a compiled fold of another topic's Key)."""
+    recs = log_of([("publish", {"id": "a", "v": 1})])
+
+    async def go() -> tuple[Outcome, Outcome, float, float]:
+        ref, ps_ref = await processor("keyed", "off")
+        proc, ps = await processor("keyed", "shadow")
+        before = metrics.NATIVE_MISMATCHES.labels("t")._value.get()
+        same = proc.applier.apply(ps, recs, replay=False)
+        agreed = metrics.NATIVE_MISMATCHES.labels("t")._value.get() - before
+        other = native_fold(compiled("nested"), "on")  # keys on /id and /a/b: other SowKeys
+        proc.applier._native = other
+        ps.folded = -1
+        proc.applier.apply(ps, recs, replay=True)
+        differed = metrics.NATIVE_MISMATCHES.labels("t")._value.get() - before
+        return same, ref.applier.apply(ps_ref, recs, replay=False), agreed, differed
+
+    with caplog.at_level(logging.WARNING, "sowstream.engine"):
+        got, want, agreed, differed = asyncio.run(go())
+    assert digest(got) == digest(want)
+    assert agreed == 0 and differed == 1
+    assert "the compiled fold differs from the Python fold" in caplog.text
+
+
+def test_without_the_extension_the_python_fold_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No compiled fold installed (no cargo): one clear line, and the Python fold applies."""
+    monkeypatch.setitem(sys.modules, "sowstream_native", None)  # makes its import fail
+    monkeypatch.setattr(native, "_loaded", {})
+    with caplog.at_level(logging.WARNING, "sowstream.engine"):
+        assert native.load_native() is None
+        assert native.load_native() is None  # said once
+        recs = log_of([("publish", {"id": "a", "v": 1})])
+
+        async def go() -> Outcome:
+            proc, ps = await processor("keyed", "on")
+            assert proc.applier._native is None
+            return proc.applier.apply(ps, recs, replay=False)
+
+        outcome = asyncio.run(go())
+    assert len(outcome.overlay) == 1 and outcome.acks[0].changed == 1
+    lines = [r for r in caplog.records if "compiled fold" in r.getMessage()]
+    assert len(lines) == 1
+    assert "applying logs with the Python fold" in lines[0].getMessage()
+
+
+def test_a_record_the_compiled_fold_cannot_read_is_folded_in_python() -> None:
+    """A header Rust cannot take as UTF-8 (a lone surrogate) makes the call fail: the chunk is
+    folded by the Python fold, as the reference does it (an unknown command here)."""
+    recs = log_of([("publish", {"id": "a", "v": 1})])
+    recs.append(RawRecord(0, 5, 1, b"k", b'{"id":"b"}', {h.COMMAND: "\udcff", h.REPLY_TO: "r"}))
+    seen = both("keyed", recs, [])
+    assert seen[0][7][0][1] == "unknown_command"  # the dead letters of the first chunk
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(VALUES, min_size=1, max_size=4))
+def test_a_merged_record_is_spelt_as_orjson_spells_it(values: list[Any]) -> None:
+    """Each delta_publish re-writes the record: floats (shortest round trip, orjson's exponent
+    forms), 64-bit integers, escapes and key order come out as orjson.dumps writes them; only a
+    record holding -0.0 is declined (orjson reads -0 as the integer 0)."""
+    bodies = [("publish", {"id": "a"})] + [("delta_publish", {"id": "a", "v": v}) for v in values]
+    recs = log_of(bodies)
+    fold = native_fold(compiled("keyed"), "on")
+    assert fold is not None
+    declined_at, ops, _, _ = fold.run(recs, -1, lambda keys: [None] * len(keys), [])
+    merged: dict[str, Any] = orjson.loads(recs[0].value or b"")
+    assert ops[0][4] == recs[0].value
+    for rec, op in zip(recs[1:], ops[1:], strict=False):
+        merged = merge_delta(merged, orjson.loads(rec.value or b""))
+        assert op[4] == orjson.dumps(merged)
+    if declined_at < len(recs):
+        assert _negative_zero(merge_delta(merged, orjson.loads(recs[declined_at].value or b"")))
+
+
+def _negative_zero(value: Any) -> bool:
+    if isinstance(value, float):
+        return value == 0.0 and str(value).startswith("-")
+    if isinstance(value, dict):
+        return any(_negative_zero(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_negative_zero(v) for v in value)
+    return False
