@@ -54,6 +54,7 @@ from sowstream.wire.kafka import (
     producer_config,
 )
 from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames, topic_ident
+from sowstream.wire.versions import PRODUCE_HEADERS, version_of
 
 REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
 # Characters that only a pattern has ('.' is common in topic names): a name with none of these
@@ -398,14 +399,18 @@ class Connection:
         """Write each command to its control-topic partition and wait until Kafka has them."""
         producer = self._require()
         for topic, partition, command in commands:
-            producer.produce(topic, value=command.encode(), partition=partition)
+            producer.produce(
+                topic, value=command.encode(), partition=partition, headers=PRODUCE_HEADERS
+            )
         producer.flush(self.timeout)
 
     def send_now(self, commands: Iterable[Send]) -> None:
         """Write commands nobody waits for on the producer that does not linger (acks)."""
         producer = self._ack_producer()
         for topic, partition, command in commands:
-            producer.produce(topic, value=command.encode(), partition=partition)
+            producer.produce(
+                topic, value=command.encode(), partition=partition, headers=PRODUCE_HEADERS
+            )
         producer.poll(0)
 
     def prepare_acks(self, control_topics: Iterable[str]) -> None:
@@ -530,6 +535,7 @@ class Connection:
                     )
                 )
                 self._subscriptions.pop(sub.sub_id, None)
+                self._unregister(sub)
                 return
             if command == LOG_RESET:
                 if isinstance(sub, Subscription):
@@ -543,7 +549,12 @@ class Connection:
             return
         if value is None:
             return
-        reply = protocol.Reply.decode(value)
+        try:
+            # An older engine's reply is read with its version's schema; a newer one's as far as
+            # this client's schema goes (versions only append fields).
+            reply = protocol.Reply.decode(value, version_of(headers))
+        except Exception:  # not a Reply this client can read: nothing waits for it
+            return
         with self._cond:
             self._pending.park(reply, time.monotonic())
             self._cond.notify_all()
@@ -570,9 +581,19 @@ class Connection:
                 self.names.subscriptions,
                 key=spec.key.encode(),
                 value=encode("Subscription", spec.to_wire()),
+                headers=PRODUCE_HEADERS,
             )
         if producer.flush(self.timeout):
             raise CommandTimeoutError("could not register the subscription in time")
+
+    def _unregister(self, sub: LiveSubscription) -> None:
+        """Tombstone the registrations of a subscription the engine ended or refused (from the
+        reader thread: nothing waits for the tombstones)."""
+        if self._producer is None:
+            return
+        for spec in sub.specs:
+            self._producer.produce(self.names.subscriptions, key=spec.key.encode(), value=None)
+        self._producer.poll(0)
 
     def drop_subscription(self, sub: LiveSubscription) -> None:
         """Stop routing to ``sub`` and tombstone its registrations (it remembers its bookmark)."""

@@ -53,6 +53,7 @@ from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.protocol import ACK, FAILURE, SUCCESS, Reply
 from sowstream.wire.topics import TopicNames
+from sowstream.wire.versions import VERSION_HEADER
 
 log = logging.getLogger("sowstream.engine")
 
@@ -454,7 +455,7 @@ class Applier:
                 message=ack.message,
                 count=ack.changed,
             )
-            await self._sender.send_reply(reply_to, reply.encode())
+            await self._sender.send_reply(reply_to, reply.encode(), VERSION_HEADER)
 
 
 def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:

@@ -15,7 +15,7 @@ before.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
 COMMAND_BATCH = 500  # records handled in one go at most
@@ -36,6 +36,7 @@ class ControlRecord(NamedTuple):
     partition: int
     offset: int
     value: bytes | None
+    headers: Mapping[str, str] | None = None  # sow.schema: the version the value was written with
 
 
 class CommandInbox(Generic[A, R]):

@@ -27,14 +27,12 @@ from sowstream.sow.query import result_order, validate_query
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.matcher import TopicSubscriptions
-from sowstream.subscriptions.model import WITH_SOW
+from sowstream.subscriptions.model import BAD_FILTER, BAD_OPTION, WITH_SOW
 from sowstream.wire.protocol import PARTIAL, SOW, Command, ReplyRecord
 
 log = logging.getLogger("sowstream.engine")
 
 # The reason a command is refused for, by the error that refused it.
-BAD_FILTER = "bad_filter"
-BAD_OPTION = "bad_option"
 TIMEOUT = "timeout"
 
 

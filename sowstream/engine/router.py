@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import orjson
 
@@ -23,12 +23,13 @@ from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.topology import Topology
 from sowstream.engine.units.base import ControlInbox
 from sowstream.engine.units.topic import TopicUnit
-from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.errors import InvalidCommandError, SchemaVersionError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
 from sowstream.wire import headers as h
 from sowstream.wire.protocol import ACK, FAILURE, SOW, Command, Reply, ReplyRecord
+from sowstream.wire.versions import SCHEMA_VERSION, check, version_of
 
 log = logging.getLogger("sowstream.engine")
 
@@ -41,6 +42,7 @@ UNKNOWN_COMMAND = "unknown_command"
 UNKNOWN_TOPIC = "unknown_topic"
 INVALID = "invalid"
 NOT_DECLARED = "not_declared"
+INTERNAL_ERROR = "internal_error"
 
 ROWS_BATCH = 500  # status and queue rows per reply batch
 
@@ -58,19 +60,40 @@ class TopicCreation(Protocol):
         """Wait until every topic created so far (by any worker) is known here."""
 
 
-def decode_command(record: ControlRecord) -> Command | None:
-    """A control-topic record as a Command, or None (logged) when it is not one."""
+class Refused(NamedTuple):
+    """A command read far enough to answer, refused before it is handled (its schema version)."""
+
+    command: Command
+    reason: str
+    message: str
+
+
+def decode_command(record: ControlRecord) -> Command | Refused | None:
+    """A control-topic record as a Command; Refused when its schema version is not accepted
+    here (read as far as this side's schema goes, to answer it); None (logged) when it cannot
+    be read at all, so there is nobody to answer."""
+    payload = record.value or b""
+    problem: SchemaVersionError | None = None
     try:
-        return Command.decode(record.value or b"")
+        version = version_of(record.headers)
+        check(version, "the command")
+    except SchemaVersionError as exc:
+        problem, version = exc, exc.written or 1
+    try:
+        cmd = Command.decode(payload, version)
     except Exception as exc:  # anything a foreign producer may send
         log.warning(
-            "ignored undecodable command on %s[%d]@%d: %s",
+            "ignored undecodable command on %s[%d]@%d: %s%s",
             record.topic,
             record.partition,
             record.offset,
             exc,
+            f" ({problem})" if problem is not None else "",
         )
         return None
+    if problem is not None:
+        return Refused(cmd, SCHEMA_VERSION, str(problem))
+    return cmd
 
 
 class CommandRouter:
@@ -117,7 +140,10 @@ class CommandRouter:
         commands: list[Addressed] = []
         for record in records:
             cmd = decode_command(record)
-            if cmd is not None:
+            if isinstance(cmd, Refused):
+                if self._holds(unit, record.partition):
+                    await self.refuse(cmd.command, unit.topic.name, record.partition, *cmd[1:])
+            elif cmd is not None:
                 commands.append((cmd, record.partition))
         for run in runs(commands, self._is_queue_ack):
             try:
@@ -125,10 +151,39 @@ class CommandRouter:
                     await self._queue_acks(unit, run.items)
                 else:
                     await self.answer(unit, *run.items[0])
-            except Exception:
+            except Exception as exc:
                 log.exception(
                     "topic %s: command %s failed", unit.topic.name, run.items[0][0].command_id
                 )
+                # The client is told rather than left to time out (an ack run may have stored
+                # some removals: acknowledging again is harmless, they come back as acked).
+                for cmd, partition in run.items:
+                    await self.refuse(
+                        cmd, unit.topic.name, partition, INTERNAL_ERROR, f"the engine failed: {exc}"
+                    )
+
+    async def refuse(
+        self, cmd: Command, topic: str, partition: int, reason: str, message: str
+    ) -> None:
+        """Answer ``cmd`` with a failure naming ``reason``, in the form its client waits for: a
+        failed ``ack`` for acknowledgements and topic declarations, a failed ``part_end`` for
+        everything else."""
+        if cmd.command in (QUEUE_ACK, h.DECLARE_TOPIC):
+            if cmd.option("ack_type") == NO_ANSWER:
+                return
+            answer = Reply(
+                command=ACK,
+                command_id=cmd.command_id,
+                query_id=cmd.query_id,
+                topic=cmd.topic,
+                partition=partition,
+                status=FAILURE,
+                reason=reason,
+                message=message,
+            )
+            await ReplyWriter(self._sender, cmd.reply_to, answer).send(answer)
+            return
+        await ReplyWriter.for_command(self._sender, cmd, topic, partition).failure(reason, message)
 
     def _is_queue_ack(self, item: Addressed) -> bool:
         cmd = item[0]
@@ -140,6 +195,16 @@ class CommandRouter:
         """A command on the shared control topic: create a topic, or one for a created topic."""
         cmd = decode_command(record)
         if cmd is None:
+            return
+        if not self._owns(record.topic, record.partition):
+            log.info(
+                "%s partition %d is not held here: its command is left to its owner",
+                record.topic,
+                record.partition,
+            )
+            return
+        if isinstance(cmd, Refused):
+            await self.refuse(cmd.command, cmd.command.topic, record.partition, *cmd[1:])
             return
         if cmd.command == h.DECLARE_TOPIC:
             await self._declare(cmd, record.partition)
@@ -173,7 +238,19 @@ class CommandRouter:
     # -- one command ------------------------------------------------------------------------------
 
     async def answer(self, unit: TopicUnit, cmd: Command, partition: int) -> None:
-        """Answer one partition's share of a command about ``unit``'s topic."""
+        """Answer one partition's share of a command about ``unit``'s topic, if this worker
+        holds the partition: a command read during a rebalance, or by a worker the partition
+        has just left, loads nothing here (no "ghost" partition outside the assignment) and is
+        left unanswered; the partition's owner reads it again from the last committed offset
+        once the rebalance is over, and answers it."""
+        if not self._holds(unit, partition):
+            log.info(
+                "topic %s partition %d is not held here: command %s is left to its owner",
+                unit.topic.name,
+                partition,
+                cmd.command_id,
+            )
+            return
         proc = unit.proc
         queue = self._topology.queues.get(cmd.topic) if unit.feeds_queues else None
         if cmd.command == STATUS:
@@ -306,4 +383,7 @@ class CommandRouter:
         """Whether this worker is assigned ``unit``'s control partition ``partition`` (so its log
         partition) and no rebalance or recovery runs: only then may a command load it (during a
         rebalance the assignment still lists partitions already revoked)."""
-        return self._assignment.settled and self._assignment.owns(unit.ctl_topic, partition)
+        return self._owns(unit.ctl_topic, partition)
+
+    def _owns(self, ctl_topic: str, partition: int) -> bool:
+        return self._assignment.settled and self._assignment.owns(ctl_topic, partition)

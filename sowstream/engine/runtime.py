@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -37,6 +37,7 @@ from sowstream.engine.runtime_restore import batched_table_manager, restore_prog
 from sowstream.engine.security import kafka_security
 from sowstream.engine.units.base import ControlInbox, Partitions
 from sowstream.sow.ops import RawRecord
+from sowstream.wire import headers as h
 
 log = logging.getLogger("sowstream.engine")
 
@@ -257,7 +258,9 @@ def faust_credentials(kafka: dict[str, str]) -> CredentialsT | None:
 
 
 def _control_record(msg: Any) -> ControlRecord:
-    return ControlRecord(msg.topic, msg.partition, msg.offset, msg.value)
+    raw = msg.headers
+    pairs = list(raw.items()) if isinstance(raw, Mapping) else raw  # faust allows either
+    return ControlRecord(msg.topic, msg.partition, msg.offset, msg.value, h.header_map(pairs))
 
 
 def _event_record(msg: Any) -> RawRecord:

@@ -16,6 +16,9 @@ COMMAND_ID = "sow.cmd_id"  # correlates the ack with the command
 VIEW = "sow.view"  # on a view's log: the view whose maintainer wrote the record (only it may)
 ORIGIN = "sow.origin"  # "partition:offset" of the unkeyed record this keyed copy came from
 IDENTITY = "sow.identity"  # the publisher's identity, for publish entitlements
+# On Command, Reply and Subscription records: the protocol schema version their Avro value was
+# written with (sowstream.wire.versions); absent means version 1.
+SCHEMA = "sow.schema"
 
 # Live subscription messages on a reply topic: the value is the JSON body, the rest is here, so a
 # plain Kafka consumer can read a subscription. Engine replies (Avro) carry no sow.cmd header.

@@ -114,7 +114,9 @@ class Setup:
         config = serving_config(load_config_text(CONFIG, source="test"))
         self.names = TopicNames()
         self.sender = RecordingSender()
-        self.held = Held({(self.names.control("orders"), p) for p in held})
+        # The shared control topic of topics created on first use: held whole.
+        auto = {(self.names.auto_control, p) for p in range(8)}
+        self.held = Held({(self.names.control("orders"), p) for p in held} | auto)
         ctx = Context(
             wiring=Wiring(),
             sender=self.sender,
@@ -157,7 +159,7 @@ def test_status_answers_the_partition_row_then_its_end() -> None:
 
 
 def test_an_unknown_command_fails_naming_it() -> None:
-    setup = Setup()
+    setup = Setup(held=frozenset({2}))
     asyncio.run(setup.router.answer(setup.orders, command("bogus"), 2))
     (reply,) = setup.replies()
     assert (reply.command, reply.status, reply.reason, reply.partition) == (
@@ -172,7 +174,7 @@ def test_an_unknown_command_fails_naming_it() -> None:
 def test_a_queue_command_answers_for_its_underlying_topic_and_partition() -> None:
     """One answer per (underlying topic, partition): a queue over several topics gets one from
     each, told apart by the topic (docs/protocol.md, Browsing)."""
-    setup = Setup()
+    setup = Setup(held=frozenset({1}))
     asyncio.run(setup.router.answer(setup.orders, command("queue_status", topic="work"), 1))
     rows, end = setup.replies()
     assert (rows.topic, rows.partition, orjson.loads(rows.records[0].data)) == (
@@ -249,3 +251,124 @@ def test_declare_topic_is_acknowledged_or_refused_with_the_reason() -> None:
                 "not today",
                 0,
             )
+
+
+# -- commands for partitions not held here: no ghost loads ----------------------------------------
+
+PLACED = [
+    command("sow"),
+    command("sow_and_subscribe", sub_id="s1"),
+    command("status"),
+    command("sow", topic="work"),  # browsing a queue
+    command("queue_status", topic="work"),
+    command("queue_ack", topic="work", options={"bookmarks": "orders|0|5"}),
+]
+
+
+def test_a_command_read_during_a_rebalance_loads_nothing_and_its_owner_answers_it() -> None:
+    """The test holds the rebalance (the assignment is not settled): a worker that read the
+    commands before it loads nothing and answers nothing. Once partition 0 has moved to another
+    worker, that worker reads them again (from the last committed offset) and answers each."""
+    moving = Setup(held=frozenset({0}))
+    moving.held.settled = False
+    records = [record(cmd, 0, offset) for offset, cmd in enumerate(PLACED)]
+    asyncio.run(moving.router.handle(moving.orders, records))
+    assert moving.replies() == []
+    assert moving.orders.proc.table.get(0) is None
+    # The rebalance ends: partition 0 is the other worker's now.
+    moving.held.owned.discard((moving.names.control("orders"), 0))
+    moving.held.settled = True
+    asyncio.run(moving.router.handle(moving.orders, records))
+    assert moving.replies() == []
+    assert moving.orders.proc.partitions == []
+    owner = Setup(held=frozenset({0}))
+    asyncio.run(owner.router.handle(owner.orders, records))
+    answers = owner.replies()
+    ends = [r for r in answers if r.command in ("part_end", "ack")]
+    assert [r.command_id for r in ends] == [cmd.command_id for cmd in PLACED]
+    assert all(r.partition == 0 and r.status == "success" for r in ends)
+    assert owner.orders.proc.partitions == [0]
+
+
+def test_a_command_for_a_partition_assigned_elsewhere_loads_nothing() -> None:
+    setup = Setup(held=frozenset({0}))
+    records = [record(cmd, 1, offset) for offset, cmd in enumerate(PLACED)]
+    asyncio.run(setup.router.handle(setup.orders, records))
+    asyncio.run(setup.router.answer(setup.orders, command("sow"), 1))
+    assert setup.replies() == []
+    assert setup.orders.proc.partitions == []
+
+
+# -- schema versions -------------------------------------------------------------------------------
+
+
+def versioned(cmd: Command | bytes, version: str | None, partition: int = 0) -> ControlRecord:
+    value = cmd if isinstance(cmd, bytes) else cmd.encode()
+    headers = {} if version is None else {"sow.schema": version}
+    return ControlRecord("sowstream.ctl.orders", partition, 0, value, headers)
+
+
+def test_a_command_of_a_newer_schema_version_is_refused_naming_both_versions() -> None:
+    setup = Setup()
+    # Version 2 as a later schema would write it: the version 1 fields, then one more (an int).
+    newer = command("sow", command_id="v2").encode() + b"\x02"
+    ack = command("queue_ack", topic="work", command_id="ack-v2").encode() + b"\x02"
+    asyncio.run(setup.router.handle(setup.orders, [versioned(newer, "2"), versioned(ack, "2")]))
+    end, refused_ack = setup.replies()
+    assert (end.command, end.command_id, end.status, end.reason, end.topic, end.partition) == (
+        "part_end",
+        "v2",
+        "failure",
+        "schema_version",
+        "orders",
+        0,
+    )
+    assert end.message == (
+        "the command was written with protocol schema version 2; this side reads versions 1 "
+        "to 1: upgrade it, or write version 1"
+    )
+    assert (refused_ack.command, refused_ack.command_id, refused_ack.reason) == (
+        "ack",
+        "ack-v2",
+        "schema_version",
+    )
+
+
+def test_a_schema_header_that_is_no_version_is_refused_naming_it() -> None:
+    setup = Setup()
+    asyncio.run(setup.router.handle(setup.orders, [versioned(command("sow"), "two")]))
+    (end,) = setup.replies()
+    assert (end.status, end.reason) == ("failure", "schema_version")
+    assert end.message == "header sow.schema='two' is not a schema version (a positive integer)"
+
+
+def test_commands_without_the_header_are_version_1_and_answers_say_their_version() -> None:
+    setup = Setup()
+    asyncio.run(
+        setup.router.handle(
+            setup.orders, [versioned(command("sow"), None), versioned(command("status"), "1")]
+        )
+    )
+    assert [r.schema for r in setup.sender.replied] == ["1", "1", "1"]
+    assert [(r.command, r.status) for r in setup.replies()] == [
+        ("part_end", "success"),
+        ("sow", "success"),
+        ("part_end", "success"),
+    ]
+
+
+def test_a_command_the_engine_fails_on_is_answered_with_the_error() -> None:
+    """Not a refusal but a failure of the engine (here: storing a batch failed): the client
+    is told, rather than left waiting until it times out."""
+    setup = Setup()
+    ps = asyncio.run(setup.orders.proc.ready(0))
+    ps.failure = OSError("disk full")
+    asyncio.run(setup.router.handle(setup.orders, [record(command("sow"))]))
+    (end,) = setup.replies()
+    assert (end.command, end.status, end.reason, end.partition) == (
+        "part_end",
+        "failure",
+        "internal_error",
+        0,
+    )
+    assert end.message == "the engine failed: topic 'orders': storing a batch failed: disk full"
