@@ -18,6 +18,7 @@ import orjson
 from sowstream.engine.commands import ControlRecord, runs
 from sowstream.engine.partition import PartitionMoved
 from sowstream.engine.ports import Assignment, Sender
+from sowstream.engine.queries import TIMEOUT
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.topology import Topology
@@ -372,9 +373,11 @@ class CommandRouter:
             except PartitionMoved:
                 continue
             except SowstreamError as exc:
-                log.warning(
-                    "topic %s: queue acknowledgements left unanswered: %s", proc.topic.name, exc
-                )
+                # Held here but the log is not applied that far in time: nobody else will
+                # answer, so the client is told (it may acknowledge again).
+                for cmd, at in commands:
+                    if at == partition:
+                        await self.refuse(cmd, proc.topic.name, partition, TIMEOUT, str(exc))
                 continue
             held.add(partition)
         return [item for item in commands if item[1] in held]

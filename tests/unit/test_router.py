@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import orjson
+import pytest
 
 from sowstream.config import load_config_text
 from sowstream.config.models import RocksDBConfig
+from sowstream.engine import table as table_module
 from sowstream.engine.commands import ControlRecord
 from sowstream.engine.router import CommandRouter
 from sowstream.engine.topology import Topology, serving_config
@@ -110,7 +112,12 @@ class Creation:
 
 
 class Setup:
-    def __init__(self, held: frozenset[int] = frozenset({0}), problem: str | None = None) -> None:
+    def __init__(
+        self,
+        held: frozenset[int] = frozenset({0}),
+        problem: str | None = None,
+        log: EmptyLog | None = None,
+    ) -> None:
         config = serving_config(load_config_text(CONFIG, source="test"))
         self.names = TopicNames()
         self.sender = RecordingSender()
@@ -126,7 +133,7 @@ class Setup:
             app_id="test",
             kafka={},
             rocksdb=RocksDBConfig(),
-            logs=lambda topic: EmptyLog(),
+            logs=lambda topic: log or EmptyLog(),
         )
         self.topology = Topology(config, ctx)
         self.creation = Creation(problem)
@@ -372,3 +379,28 @@ def test_a_command_the_engine_fails_on_is_answered_with_the_error() -> None:
         0,
     )
     assert end.message == "the engine failed: topic 'orders': storing a batch failed: disk full"
+
+
+class UnappliedLog(EmptyLog):
+    """A log whose records up to offset 10 exist but are never applied (the pump is stalled)."""
+
+    async def end_offset(self, partition: int) -> int:
+        return 10
+
+
+def test_a_queue_ack_whose_messages_are_not_applied_in_time_is_answered_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(table_module, "APPLIED_WAIT_SECONDS", 0.05)
+    setup = Setup(log=UnappliedLog())
+    ack = command("queue_ack", topic="work", command_id="late", options={"bookmarks": "orders|0|5"})
+    asyncio.run(setup.router.handle(setup.orders, [record(ack)]))
+    (reply,) = setup.replies()
+    assert (reply.command, reply.command_id, reply.status, reply.reason, reply.partition) == (
+        "ack",
+        "late",
+        "failure",
+        "timeout",
+        0,
+    )
+    assert reply.message == "topic 'orders': the log was not applied up to offset 5 within 0s"
