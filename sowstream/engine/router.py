@@ -133,8 +133,11 @@ class CommandRouter:
                 await self.handle(unit, [record for _, record in batch])
             except Exception:  # one bad batch must not stop every later command
                 log.exception("topic %s: handling commands failed", unit.topic.name)
-            for ack, _ in batch:
-                await ack()
+            for ack, record in batch:
+                # A record read while its partition is not held (a rebalance is running) stays
+                # unacknowledged: its offset is not committed before the owner has read it.
+                if self._holds(unit, record.partition):
+                    await ack()
 
     async def handle(self, unit: TopicUnit, records: Sequence[ControlRecord]) -> None:
         """Handle control-topic records in order; consecutive queue acknowledgements together."""
