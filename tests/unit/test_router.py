@@ -7,6 +7,7 @@ by recording implementations of its ports (wiring, assignment, sender, log reade
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
@@ -267,3 +268,34 @@ def test_a_queue_ack_whose_messages_are_not_applied_in_time_is_answered_timeout(
         0,
     )
     assert reply.message == "topic 'orders': the log was not applied up to offset 5 within 0s"
+
+
+def test_records_read_while_their_partition_is_not_held_stay_unacknowledged() -> None:
+    """Acknowledged, a record's offset could be committed before its partition's owner read it
+    again after the rebalance: the command would never be answered."""
+    setup = Setup(held=frozenset({0}))
+    acked: list[int] = []
+
+    def acknowledge(partition: int) -> Callable[[], Awaitable[None]]:
+        async def ack() -> None:
+            acked.append(partition)
+
+        return ack
+
+    async def go() -> None:
+        inbox = setup.orders.inbox
+        assert inbox is not None
+        serving = asyncio.create_task(setup.router.run())
+        for offset, partition in enumerate((0, 1, 0)):
+            await inbox.put(acknowledge(partition), record(command("sow"), partition, offset))
+        for _ in range(100):
+            if len(acked) == 2:
+                break
+            await asyncio.sleep(0.01)
+        setup.held.settled = False  # a rebalance starts: nothing is acknowledged meanwhile
+        await inbox.put(acknowledge(0), record(command("sow"), 0, 3))
+        await asyncio.sleep(0.1)
+        serving.cancel()
+
+    asyncio.run(go())
+    assert acked == [0, 0]
