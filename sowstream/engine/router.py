@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 import orjson
 
 from sowstream.engine.commands import ControlRecord, runs
+from sowstream.engine.gates import COMMANDS, Gates
 from sowstream.engine.partition import PartitionMoved
 from sowstream.engine.ports import Assignment, Sender
 from sowstream.engine.queries import TIMEOUT
@@ -107,8 +108,10 @@ class CommandRouter:
         sender: Sender,
         assignment: Assignment,
         worker_name: str,
+        gates: Gates | None = None,
     ) -> None:
         self._topology = topology
+        self._gates = gates or Gates()
         self._creation = creation
         self._sender = sender
         self._assignment = assignment
@@ -129,6 +132,7 @@ class CommandRouter:
     async def _serve(self, unit: TopicUnit, inbox: ControlInbox) -> None:
         while True:
             batch = await inbox.take()
+            await self._gates.passing(COMMANDS)
             try:
                 await self.handle(unit, [record for _, record in batch])
             except Exception:  # one bad batch must not stop every later command
