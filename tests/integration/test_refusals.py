@@ -9,13 +9,17 @@ queue_status, an unknown command, queue and topic registrations, a newer schema 
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 
+from sowstream.errors import SubscriptionDroppedError
 from tests.support.engine import EngineProcesses, running_engine
-from tests.support.raw import RawClient
+from tests.support.raw import SUBSCRIPTION, RawClient, avro
 
 pytestmark = pytest.mark.integration
 
@@ -162,3 +166,36 @@ def test_a_newer_schema_version_is_refused_naming_both_versions(raw: RawClient) 
     headers, text = raw.live(sub_id)
     assert (headers["sow.cmd"], headers["sow.reason"]) == ("failure", "schema_version")
     assert text.startswith("the registration was written with protocol schema version 2")
+
+
+def test_sowstreams_client_raises_a_refused_subscription_and_removes_it(
+    engine: EngineProcesses,
+) -> None:
+    """The Python client checks filters and options itself, so the engine refuses its
+    registration only when another writer changed it: here the registration is overwritten with
+    a bad filter. The application gets the reason as an exception, and the client tombstones
+    the registration."""
+    with engine.client() as client:
+        sub = client.subscribe("WQ")
+        spec = sub.specs[0]
+        writer = Producer({"bootstrap.servers": engine.bootstrap})
+        bad = {**spec.to_wire(), "filter": "/job = = 1"}
+        writer.produce(f"{engine.prefix}.subs", avro(SUBSCRIPTION, bad), key=spec.key.encode())
+        writer.flush(30)
+        with pytest.raises(SubscriptionDroppedError) as refused:
+            sub.next(timeout=30)
+        assert str(refused.value).startswith(
+            f"subscription {spec.sub_id}: bad_filter: queue 'WQ': filter error at position 7"
+        )
+        reader = Consumer(
+            {"bootstrap.servers": engine.bootstrap, "group.id": uuid.uuid4().hex, "log_level": 3}
+        )
+        reader.assign([TopicPartition(f"{engine.prefix}.subs", 0, 0)])
+        last: list[bytes | None] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and last[-1:] != [None]:
+            msg = reader.poll(0.5)
+            if msg is not None and not msg.error() and msg.key() == spec.key.encode():
+                last.append(msg.value())
+        reader.close()
+        assert last[-1:] == [None], "the refused registration was not removed"
