@@ -20,12 +20,13 @@ from sowstream.config.models import SlowConsumerConfig
 from sowstream.engine import metrics
 from sowstream.engine.autotopics import AutoTopics
 from sowstream.engine.outbox import refusal_headers
+from sowstream.engine.queries import refusal
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.topology import Topology
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError
-from sowstream.subscriptions.model import BAD_FILTER, BAD_OPTION, SubscriptionSpec
+from sowstream.subscriptions.model import SubscriptionSpec
 
 log = logging.getLogger("sowstream.engine")
 
@@ -64,6 +65,7 @@ class Clients:
             self.client_gone,
         )
         self._check_every = slow_consumer.check_interval / 1000
+        auto.refuse = self.refuse
 
     def declare(self) -> None:
         """Follow the registry, and watch for slow consumers, from the worker's start."""
@@ -90,7 +92,7 @@ class Clients:
             try:
                 queue.subscribe(spec)
             except (FilterError, ValueError) as exc:
-                self.refuse(key, spec.to_wire(), _reason(exc), f"queue {topic!r}: {exc}")
+                self.refuse(key, spec.to_wire(), refusal(exc), f"queue {topic!r}: {exc}")
             return
         unit = self._topology.topics.get(topic)
         if unit is None:
@@ -104,7 +106,7 @@ class Clients:
         try:
             proc.subs.upsert(spec, held=proc.partitions)
         except (FilterError, InvalidCommandError) as exc:
-            self.refuse(key, spec.to_wire(), _reason(exc), f"topic {spec.topic!r}: {exc}")
+            self.refuse(key, spec.to_wire(), refusal(exc), f"topic {spec.topic!r}: {exc}")
 
     def refuse(self, key: str, raw: Mapping[str, Any], reason: str, text: str) -> None:
         """Tell the client behind a registration that it is refused, and why: a ``failure``
@@ -160,8 +162,3 @@ class Clients:
             for spec in unit.proc.subs.remove_client(reply_to):
                 self.registry.write(spec, remove=True)
                 metrics.SUBSCRIPTIONS_DROPPED.labels("client_gone").inc()
-
-
-def _reason(exc: Exception) -> str:
-    """The reason code a registration is refused for ``exc`` with."""
-    return BAD_FILTER if isinstance(exc, FilterError) else BAD_OPTION

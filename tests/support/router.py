@@ -116,7 +116,7 @@ class Setup:
         log: EmptyLog | None = None,
         config: str = CONFIG,
     ) -> None:
-        serving = serving_config(load_config_text(config, source="test"))
+        self.config = serving = serving_config(load_config_text(config, source="test"))
         self.names = TopicNames()
         self.sender = RecordingSender()
         # The shared control topic of topics created on first use: held whole.
