@@ -147,12 +147,14 @@ class CommandRouter:
         """Handle control-topic records in order; consecutive queue acknowledgements together."""
         commands: list[Addressed] = []
         for record in records:
-            cmd = decode_command(record)
-            if isinstance(cmd, Refused):
+            read = decode_command(record)
+            if isinstance(read, Refused):
                 if self._holds(unit, record.partition):
-                    await self.refuse(cmd.command, unit.topic.name, record.partition, *cmd[1:])
-            elif cmd is not None:
-                commands.append((cmd, record.partition))
+                    await self.refuse(
+                        read.command, unit.topic.name, record.partition, read.reason, read.message
+                    )
+            elif read is not None:
+                commands.append((read, record.partition))
         for run in runs(commands, self._is_queue_ack):
             try:
                 if run.together:
@@ -212,7 +214,8 @@ class CommandRouter:
             )
             return
         if isinstance(cmd, Refused):
-            await self.refuse(cmd.command, cmd.command.topic, record.partition, *cmd[1:])
+            refused = cmd.command
+            await self.refuse(refused, refused.topic, record.partition, cmd.reason, cmd.message)
             return
         if cmd.command == h.DECLARE_TOPIC:
             await self._declare(cmd, record.partition)
@@ -269,9 +272,18 @@ class CommandRouter:
             await proc.query(cmd, partition)
         elif cmd.command in SUBSCRIBE_COMMANDS:
             await proc.subscribe(cmd, partition)
+        elif cmd.command in (QUEUE_ACK, QUEUE_STATUS):
+            await self.refuse(
+                cmd,
+                proc.topic.name,
+                partition,
+                INVALID,
+                f"{cmd.command} on {cmd.topic!r}, which is not a queue: it takes a queue's name",
+            )
         else:
-            writer = ReplyWriter.for_command(self._sender, cmd, proc.topic.name, partition)
-            await writer.failure(UNKNOWN_COMMAND, f"unknown command {cmd.command!r}")
+            await self.refuse(
+                cmd, proc.topic.name, partition, UNKNOWN_COMMAND, f"unknown command {cmd.command!r}"
+            )
 
     async def _status(self, unit: TopicUnit, cmd: Command, partition: int) -> None:
         """The partition's row of ``sowstream status``, from the worker holding it."""

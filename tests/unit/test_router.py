@@ -299,3 +299,19 @@ def test_records_read_while_their_partition_is_not_held_stay_unacknowledged() ->
 
     asyncio.run(go())
     assert acked == [0, 0]
+
+
+def test_queue_commands_on_a_topic_that_is_no_queue_are_refused_in_their_answers_form() -> None:
+    setup = Setup()
+    for name in ("queue_ack", "queue_status"):
+        asyncio.run(setup.router.answer(setup.orders, command(name), 0))
+    ack, end = setup.replies()
+    assert (ack.command, ack.topic, ack.status, ack.reason) == (
+        "ack",
+        "orders",
+        "failure",
+        "invalid",
+    )
+    assert ack.message == "queue_ack on 'orders', which is not a queue: it takes a queue's name"
+    assert (end.command, end.status, end.reason) == ("part_end", "failure", "invalid")
+    assert end.message == "queue_status on 'orders', which is not a queue: it takes a queue's name"
