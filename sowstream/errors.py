@@ -84,3 +84,12 @@ class SubscriptionDroppedError(SowstreamError):
 
 class PipelineError(SowstreamError):
     """A data-pipeline job cannot run: broker unreachable, log missing, records aged out."""
+
+
+class SchemaVersionError(SowstreamError):
+    """A record written with a protocol schema version the reader does not accept."""
+
+    def __init__(self, message: str, *, written: int | None, accepted: tuple[int, int]) -> None:
+        super().__init__(message)
+        self.written = written
+        self.accepted = accepted

@@ -55,6 +55,7 @@ from sowstream.wire.kafka import (
     producer_config,
 )
 from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames, topic_ident
+from sowstream.wire.versions import PRODUCE_HEADERS, version_of
 
 REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
 # Characters that only a pattern has ('.' is common in topic names): a name with none of these
@@ -437,10 +438,12 @@ class Connection:
     def _signed(
         self, topic: str, key: bytes | None, value: bytes | None
     ) -> list[tuple[str, str | bytes | None]]:
-        """The credential header of a record, if the client has credentials."""
-        if self.auth is None:
-            return []
-        return [(h.CREDENTIAL, self.auth.credential(topic, key, value).encode())]
+        """The headers of a command or registration: its schema version, and its credential if
+        the client has credentials."""
+        headers = list(PRODUCE_HEADERS.items())
+        if self.auth is not None:
+            headers.append((h.CREDENTIAL, self.auth.credential(topic, key, value).encode()))
+        return headers
 
     def prepare_acks(self, control_topics: Iterable[str]) -> None:
         """Connect the ack producer and fetch these control topics' metadata now: the first
@@ -564,6 +567,7 @@ class Connection:
                     )
                 )
                 self._subscriptions.pop(sub.sub_id, None)
+                self._unregister(sub)
                 return
             if command == LOG_RESET:
                 if isinstance(sub, Subscription):
@@ -577,7 +581,12 @@ class Connection:
             return
         if value is None:
             return
-        reply = protocol.Reply.decode(value)
+        try:
+            # An older engine's reply is read with its version's schema; a newer one's as far as
+            # this client's schema goes (versions only append fields).
+            reply = protocol.Reply.decode(value, version_of(headers))
+        except Exception:  # not a Reply this client can read: nothing waits for it
+            return
         with self._cond:
             self._pending.park(reply, time.monotonic())
             self._cond.notify_all()
@@ -605,6 +614,15 @@ class Connection:
             producer.produce(topic, key=key, value=value, headers=self._signed(topic, key, value))
         if producer.flush(self.timeout):
             raise CommandTimeoutError("could not register the subscription in time")
+
+    def _unregister(self, sub: LiveSubscription) -> None:
+        """Tombstone the registrations of a subscription the engine ended or refused (from the
+        reader thread: nothing waits for the tombstones)."""
+        if self._producer is None:
+            return
+        for spec in sub.specs:
+            self._producer.produce(self.names.subscriptions, key=spec.key.encode(), value=None)
+        self._producer.poll(0)
 
     def drop_subscription(self, sub: LiveSubscription) -> None:
         """Stop routing to ``sub`` and tombstone its registrations (it remembers its bookmark)."""

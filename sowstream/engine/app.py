@@ -22,6 +22,7 @@ from sowstream.auth import Authenticator
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.autotopics import AutoTopics
 from sowstream.engine.clients import Clients
+from sowstream.engine.gates import REBALANCE, Gates
 from sowstream.engine.health import Health, serve
 from sowstream.engine.meta import write_meta
 from sowstream.engine.ports import StateTable
@@ -107,8 +108,15 @@ class Engine:
         )
         self.topology = Topology(config, ctx)
         self.auto = AutoTopics(config, self.topology)
+        self.gates = Gates.from_environment()
         self.router = CommandRouter(
-            self.topology, self.auto, sender, assignment, self.worker_name, ctx.authenticator
+            self.topology,
+            self.auto,
+            sender,
+            assignment,
+            self.worker_name,
+            self.gates,
+            ctx.authenticator,
         )
         self.clients = Clients(self.topology, self.auto, engine.slow_consumer, sender.forget_gone)
         sender.on_gone = self.clients.reply_topic_missing
@@ -155,6 +163,8 @@ class Engine:
             unit.assign(assigned)
 
     async def _revoked(self, revoked: Partitions) -> None:
+        if revoked:
+            await self.gates.passing(REBALANCE)
         for unit in self.topology.units:
             await unit.drop(revoked)
 

@@ -65,6 +65,7 @@ from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.protocol import ACK, FAILURE, SUCCESS, Reply
 from sowstream.wire.topics import TopicNames
+from sowstream.wire.versions import VERSION_HEADER
 
 log = logging.getLogger("sowstream.engine")
 
@@ -666,7 +667,7 @@ class Applier:
                 message=ack.message,
                 count=ack.changed,
             )
-            acks.setdefault(reply_to, []).append((reply.encode(), []))
+            acks.setdefault(reply_to, []).append((reply.encode(), VERSION_HEADER))
         for reply_to, replies in acks.items():  # batched per publisher's reply topic
             await self._sender.send_replies(reply_to, replies)
 

@@ -20,9 +20,12 @@ from sowstream.config.root import SowstreamConfig
 from sowstream.engine.commands import ControlRecord
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.meta import log_topic_spec, topic_info, write_meta
+from sowstream.engine.queries import refusal
+from sowstream.engine.registry import Refuse
 from sowstream.engine.topology import Topology
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.kafka import ensure_topics
@@ -42,6 +45,8 @@ class AutoTopics:
         # Registrations for topics not known (yet): applied when the topic turns up.
         self._unplaced: dict[str, dict[str, SubscriptionSpec]] = {}
         self.directory = TopicDirectory(ctx.bootstrap, ctx.names.meta, ctx.kafka, self.add)
+        # Tells a client its registration is refused (set by the worker's Clients).
+        self.refuse: Refuse | None = None
 
     def declare(self, commands: Callable[[ControlRecord], Awaitable[None]]) -> None:
         """Hand the shared control topic's records to ``commands``; follow the meta topic."""
@@ -71,8 +76,13 @@ class AutoTopics:
             topic, self._ctx, entitlement=self._config.entitlement_lookup(name), auto=True
         )
         self._topology.add(unit)
-        for spec in self._unplaced.pop(name, {}).values():
-            unit.proc.subs.upsert(spec, held=unit.proc.partitions)
+        for key, spec in self._unplaced.pop(name, {}).items():
+            try:
+                unit.proc.subs.upsert(spec, held=unit.proc.partitions)
+            except (FilterError, InvalidCommandError) as exc:
+                # Refused on its own: the topic is served for every other subscriber.
+                if self.refuse is not None:
+                    self.refuse(key, spec.to_wire(), refusal(exc), f"topic {name!r}: {exc}")
         unit.declare()
         log.info("serving topic %s (created on first use)", name)
 

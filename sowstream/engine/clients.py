@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
@@ -18,6 +19,8 @@ from confluent_kafka.admin import AdminClient
 from sowstream.config.models import SlowConsumerConfig
 from sowstream.engine import metrics
 from sowstream.engine.autotopics import AutoTopics
+from sowstream.engine.outbox import refusal_headers
+from sowstream.engine.queries import refusal
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.topology import Topology
@@ -49,6 +52,7 @@ class Clients:
             ctx.names.subscriptions,
             ctx.kafka,
             self.registration,
+            refuse=self.refuse,
             loaded=ctx.subscriptions_known,
             authenticator=ctx.authenticator,
         )
@@ -62,6 +66,7 @@ class Clients:
             self.client_gone,
         )
         self._check_every = slow_consumer.check_interval / 1000
+        auto.refuse = self.refuse
 
     def declare(self) -> None:
         """Follow the registry, and watch for slow consumers, from the worker's start."""
@@ -88,7 +93,7 @@ class Clients:
             try:
                 queue.subscribe(spec)
             except (FilterError, ValueError) as exc:
-                log.warning("ignored queue subscription %s: %s", key, exc)
+                self.refuse(key, spec.to_wire(), refusal(exc), f"queue {topic!r}: {exc}")
             return
         unit = self._topology.topics.get(topic)
         if unit is None:
@@ -102,7 +107,23 @@ class Clients:
         try:
             proc.subs.upsert(spec, held=proc.partitions)
         except (FilterError, InvalidCommandError) as exc:
-            log.warning("ignored registration %s: %s", key, exc)
+            self.refuse(key, spec.to_wire(), refusal(exc), f"topic {spec.topic!r}: {exc}")
+
+    def refuse(self, key: str, raw: Mapping[str, Any], reason: str, text: str) -> None:
+        """Tell the client behind a registration that it is refused, and why: a ``failure``
+        message for its subscription id on its reply topic (the registry record stays until
+        the client removes it; every worker that reads it refuses it)."""
+        log.warning("refused registration %s: %s", key, text)
+        reply_to = str(raw.get("reply_to") or "")
+        if not reply_to:
+            return
+        headers = refusal_headers(str(raw.get("sub_id") or ""), str(raw.get("topic") or ""), reason)
+        sender = self._ctx.sender
+
+        async def send() -> None:
+            await sender.send_reply(reply_to, text.encode(), headers)
+
+        self._ctx.wiring.background(send())
 
     def reply_topic_missing(self, reply_to: str) -> None:
         """A reply could not be sent: make sure the client is really gone before acting."""

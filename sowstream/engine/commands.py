@@ -15,7 +15,7 @@ before.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
 COMMAND_BATCH = 500  # records handled in one go at most
@@ -36,9 +36,14 @@ class ControlRecord(NamedTuple):
     partition: int
     offset: int
     value: bytes | None
+    headers: Mapping[str, str] | None = None  # sow.schema (its version), sow.credential
     key: bytes | None = None
-    credential: str | None = None  # its sow.credential header
     timestamp_ms: int = 0
+
+    @property
+    def credential(self) -> str | None:
+        """Its ``sow.credential`` header (sowstream.auth)."""
+        return self.headers.get("sow.credential") if self.headers else None
 
 
 class CommandInbox(Generic[A, R]):

@@ -133,9 +133,15 @@ def live_headers(d: Delivery) -> list[tuple[str, bytes]]:
 
 def failure_headers(spec: SubscriptionSpec, reason: str) -> list[tuple[str, bytes]]:
     """Headers of the message that tells a client the engine ended its subscription."""
+    return refusal_headers(spec.sub_id, spec.topic, reason)
+
+
+def refusal_headers(sub_id: str, topic: str, reason: str) -> list[tuple[str, bytes]]:
+    """Headers of a ``failure`` message for subscription ``sub_id`` on ``topic`` (ended, or
+    refused: its registration could not be served), with the reason's code."""
     return [
         (h.COMMAND, FAILURE.encode()),
-        (h.SUB_ID, spec.sub_id.encode()),
-        (h.TOPIC, spec.topic.encode()),
+        (h.SUB_ID, sub_id.encode()),
+        (h.TOPIC, topic.encode()),
         (h.REASON, reason.encode()),
     ]

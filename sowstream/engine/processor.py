@@ -40,6 +40,7 @@ from sowstream.views.conflated import ConflatedFeed
 from sowstream.views.routing import ViewFeed
 from sowstream.wire.avro import encode
 from sowstream.wire.topics import TopicNames
+from sowstream.wire.versions import VERSION_HEADER
 
 # LogReader, Sender, RawRecord and PartitionState are imported from here by the worker's modules
 # (until they import them from where they are defined).
@@ -149,7 +150,7 @@ class TopicProcessor:
         The stages answer through :class:`~sowstream.engine.replies.ReplyWriter`; this stays
         for the worker's callers until they do too.
         """
-        await self._sender.send_reply(reply_to, encode("Reply", body))
+        await self._sender.send_reply(reply_to, encode("Reply", body), VERSION_HEADER)
 
 
 def _store_maker(topic: TopicConfig, table: StateTable | None) -> Callable[[int], PartitionStore]:

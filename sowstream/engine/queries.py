@@ -27,15 +27,13 @@ from sowstream.sow.query import QueryOptions, result_order, validate_query
 from sowstream.sow.record import SowRecord, stored_key
 from sowstream.subscriptions.delta import project
 from sowstream.subscriptions.matcher import TopicSubscriptions
-from sowstream.subscriptions.model import WITH_SOW
+from sowstream.subscriptions.model import BAD_FILTER, BAD_OPTION, WITH_SOW
 from sowstream.wire import rawscan
 from sowstream.wire.protocol import PARTIAL, SOW, Command, ReplyRecord
 
 log = logging.getLogger("sowstream.engine")
 
 # The reason a command is refused for, by the error that refused it.
-BAD_FILTER = "bad_filter"
-BAD_OPTION = "bad_option"
 TIMEOUT = "timeout"
 
 

@@ -17,17 +17,27 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 
 from sowstream.auth import Authenticator
-from sowstream.errors import AuthenticationError, SowstreamError
+from sowstream.errors import AuthenticationError, SchemaVersionError, SowstreamError
 from sowstream.filters import FilterError
-from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.subscriptions.model import BAD_FILTER, BAD_OPTION, SubscriptionSpec
 from sowstream.wire import headers as h
-from sowstream.wire.avro import decode, encode
+from sowstream.wire.avro import encode
 from sowstream.wire.kafka import producer_config
+from sowstream.wire.versions import (
+    PRODUCE_HEADERS,
+    SCHEMA_VERSION,
+    check,
+    decode_versioned,
+    version_of,
+)
 
 log = logging.getLogger("sowstream.engine")
 
 # Called with (registry key, spec or None for a tombstone).
 Apply = Callable[[str, SubscriptionSpec | None], None]
+# Called for a registration read but not accepted: (key, its fields as far as they were read,
+# the reason's code, the text).
+Refuse = Callable[[str, Mapping[str, Any], str, str], None]
 
 
 class SubscriptionRegistry:
@@ -40,6 +50,7 @@ class SubscriptionRegistry:
         extra: Mapping[str, str],
         apply: Apply,
         *,
+        refuse: Refuse | None = None,
         loaded: asyncio.Event | None = None,
         authenticator: Authenticator | None = None,
     ) -> None:
@@ -50,6 +61,7 @@ class SubscriptionRegistry:
         self._bootstrap = bootstrap
         self._extra = dict(extra)
         self._apply = apply
+        self._refuse = refuse
         # Set once every registration written before the start is applied.
         self.loaded = loaded if loaded is not None else asyncio.Event()
         self._producer: Producer | None = None
@@ -72,10 +84,26 @@ class SubscriptionRegistry:
         if value is None:
             self._apply(key, None)
             return
+        problem: SchemaVersionError | None = None
         try:
-            spec = SubscriptionSpec.from_wire(decode("Subscription", value))
-        except (SowstreamError, FilterError, ValueError, KeyError, EOFError) as exc:
+            version = version_of(h.header_map(msg.headers()))
+            check(version, "the registration")
+        except SchemaVersionError as exc:
+            problem, version = exc, exc.written or 1
+        try:
+            raw = decode_versioned("Subscription", value, version)
+        except Exception as exc:  # not a Subscription record: nobody to answer
             log.warning("ignored unreadable registration %r on %s: %s", key, self.topic, exc)
+            return
+        if problem is not None:
+            self._refused(key, raw, SCHEMA_VERSION, str(problem))
+            return
+        try:
+            spec = SubscriptionSpec.from_wire(raw)
+        except (SowstreamError, FilterError, ValueError, KeyError) as exc:
+            self._refused(
+                key, raw, BAD_FILTER if isinstance(exc, FilterError) else BAD_OPTION, str(exc)
+            )
             return
         auth = self._authenticator
         if auth is not None and auth.enabled:
@@ -92,14 +120,17 @@ class SubscriptionRegistry:
                     msg.timestamp()[1],
                 )
             except AuthenticationError as exc:
-                # The placement command carries the same credential and is refused with the
-                # reason, so the client hears of it; here the registration is only ignored.
-                log.warning("ignored registration %r on %s: %s", key, self.topic, exc)
-                self._apply(key, None)
+                self._refused(key, raw, exc.reason, str(exc))
+                self._apply(key, None)  # an earlier registration under this key ends too
                 return
             if identity != spec.identity:
                 spec = replace(spec, identity=identity)
         self._apply(key, spec)
+
+    def _refused(self, key: str, raw: Mapping[str, Any], reason: str, text: str) -> None:
+        log.warning("refused registration %r on %s: %s", key, self.topic, text)
+        if self._refuse is not None:
+            self._refuse(key, raw, reason, text)
 
     async def run(self) -> None:
         """Read the registry from the start, then follow it until cancelled."""
@@ -132,7 +163,9 @@ class SubscriptionRegistry:
             self._producer = Producer(producer_config(self._bootstrap, self._extra))
         value = None if remove else encode("Subscription", spec.to_wire())
         try:
-            self._producer.produce(self.topic, key=spec.key.encode(), value=value)
+            self._producer.produce(
+                self.topic, key=spec.key.encode(), value=value, headers=PRODUCE_HEADERS
+            )
             self._producer.poll(0)
         except (KafkaException, BufferError) as exc:
             log.warning("could not update the subscription registry for %s: %s", spec.key, exc)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from sowstream.engine.ports import Sender
 from sowstream.wire import rawscan
 from sowstream.wire.protocol import FAILURE, PART_END, SOW, SOW_RAW, Command, Reply, ReplyRecord
+from sowstream.wire.versions import VERSION_HEADER
 
 # Kafka's default max message size is 1 MB; stay well under it when packing a reply batch.
 MAX_REPLY_BYTES = 900_000
@@ -60,7 +61,7 @@ class ReplyWriter:
 
     async def send(self, reply: Reply) -> None:
         """Send one reply as it is (dropped by the sender if the client is gone)."""
-        await self._sender.send_reply(self._reply_to, reply.encode())
+        await self._sender.send_reply(self._reply_to, reply.encode(), VERSION_HEADER)
 
     async def records(
         self, items: Iterable[ReplyRecord], batch_size: int, command: str = SOW

@@ -11,25 +11,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import orjson
 
 from sowstream.auth import Authenticator
 from sowstream.engine.commands import ControlRecord, runs
+from sowstream.engine.gates import COMMANDS, Gates
 from sowstream.engine.partition import PartitionMoved
 from sowstream.engine.ports import Assignment, Sender, wall_clock_ms
+from sowstream.engine.queries import TIMEOUT
 from sowstream.engine.queues import NO_ANSWER, QueueRuntime
 from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.topology import Topology
 from sowstream.engine.units.base import ControlInbox
 from sowstream.engine.units.topic import TopicUnit
-from sowstream.errors import AuthenticationError, InvalidCommandError, SowstreamError
+from sowstream.errors import (
+    AuthenticationError,
+    InvalidCommandError,
+    SchemaVersionError,
+    SowstreamError,
+)
 from sowstream.filters import FilterError
 from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
 from sowstream.wire import headers as h
 from sowstream.wire.protocol import ACK, FAILURE, SOW, Command, Reply, ReplyRecord
+from sowstream.wire.versions import SCHEMA_VERSION, check, version_of
 
 log = logging.getLogger("sowstream.engine")
 
@@ -42,6 +50,7 @@ UNKNOWN_COMMAND = "unknown_command"
 UNKNOWN_TOPIC = "unknown_topic"
 INVALID = "invalid"
 NOT_DECLARED = "not_declared"
+INTERNAL_ERROR = "internal_error"
 
 ROWS_BATCH = 500  # status and queue rows per reply batch
 
@@ -59,19 +68,40 @@ class TopicCreation(Protocol):
         """Wait until every topic created so far (by any worker) is known here."""
 
 
-def decode_command(record: ControlRecord) -> Command | None:
-    """A control-topic record as a Command, or None (logged) when it is not one."""
+class Refused(NamedTuple):
+    """A command read far enough to answer, refused before it is handled (its schema version)."""
+
+    command: Command
+    reason: str
+    message: str
+
+
+def decode_command(record: ControlRecord) -> Command | Refused | None:
+    """A control-topic record as a Command; Refused when its schema version is not accepted
+    here (read as far as this side's schema goes, to answer it); None (logged) when it cannot
+    be read at all, so there is nobody to answer."""
+    payload = record.value or b""
+    problem: SchemaVersionError | None = None
     try:
-        return Command.decode(record.value or b"")
+        version = version_of(record.headers)
+        check(version, "the command")
+    except SchemaVersionError as exc:
+        problem, version = exc, exc.written or 1
+    try:
+        cmd = Command.decode(payload, version)
     except Exception as exc:  # anything a foreign producer may send
         log.warning(
-            "ignored undecodable command on %s[%d]@%d: %s",
+            "ignored undecodable command on %s[%d]@%d: %s%s",
             record.topic,
             record.partition,
             record.offset,
             exc,
+            f" ({problem})" if problem is not None else "",
         )
         return None
+    if problem is not None:
+        return Refused(cmd, SCHEMA_VERSION, str(problem))
+    return cmd
 
 
 class CommandRouter:
@@ -84,10 +114,13 @@ class CommandRouter:
         sender: Sender,
         assignment: Assignment,
         worker_name: str,
+        gates: Gates | None = None,
         authenticator: Authenticator | None = None,
     ) -> None:
-        """``authenticator`` checks each command's credential (None: identities asserted)."""
+        """``gates``: test hooks (inactive in production); ``authenticator`` checks each
+        command's credential (None: identities asserted)."""
         self._topology = topology
+        self._gates = gates or Gates()
         self._creation = creation
         self._sender = sender
         self._assignment = assignment
@@ -109,36 +142,77 @@ class CommandRouter:
     async def _serve(self, unit: TopicUnit, inbox: ControlInbox) -> None:
         while True:
             batch = await inbox.take()
+            await self._gates.passing(COMMANDS)
             try:
                 await self.handle(unit, [record for _, record in batch])
             except Exception:  # one bad batch must not stop every later command
                 log.exception("topic %s: handling commands failed", unit.topic.name)
-            for ack, _ in batch:
-                await ack()
+            for ack, record in batch:
+                # A record read while its partition is not held (a rebalance is running) stays
+                # unacknowledged: its offset is not committed before the owner has read it.
+                if self._holds(unit, record.partition):
+                    await ack()
 
     async def handle(self, unit: TopicUnit, records: Sequence[ControlRecord]) -> None:
         """Handle control-topic records in order; consecutive queue acknowledgements together."""
         commands: list[Addressed] = []
         for record in records:
-            cmd = decode_command(record)
-            if cmd is not None:
-                cmd = await self.authenticated(cmd, record)
-            if cmd is not None:
-                commands.append((cmd, record.partition))
+            read = decode_command(record)
+            held = self._holds(unit, record.partition)
+            if isinstance(read, Refused):
+                if held:
+                    await self.refuse(
+                        read.command, unit.topic.name, record.partition, read.reason, read.message
+                    )
+            elif read is not None:
+                cmd = await self.authenticated(read, record, answer=held)
+                if cmd is not None:
+                    commands.append((cmd, record.partition))
         for run in runs(commands, self._is_queue_ack):
             try:
                 if run.together:
                     await self._queue_acks(unit, run.items)
                 else:
                     await self.answer(unit, *run.items[0])
-            except Exception:
+            except Exception as exc:
                 log.exception(
                     "topic %s: command %s failed", unit.topic.name, run.items[0][0].command_id
                 )
+                # The client is told rather than left to time out (an ack run may have stored
+                # some removals: acknowledging again is harmless, they come back as acked).
+                for cmd, partition in run.items:
+                    await self.refuse(
+                        cmd, unit.topic.name, partition, INTERNAL_ERROR, f"the engine failed: {exc}"
+                    )
 
-    async def authenticated(self, cmd: Command, record: ControlRecord) -> Command | None:
-        """``cmd`` acting as the identity its credential proves; None once refused (the
-        client is answered with the reason, so a refusal never looks like silence)."""
+    async def refuse(
+        self, cmd: Command, topic: str, partition: int, reason: str, message: str
+    ) -> None:
+        """Answer ``cmd`` with a failure naming ``reason``, in the form its client waits for: a
+        failed ``ack`` for acknowledgements and topic declarations, a failed ``part_end`` for
+        everything else."""
+        if cmd.command in (QUEUE_ACK, h.DECLARE_TOPIC):
+            if cmd.option("ack_type") == NO_ANSWER:
+                return
+            answer = Reply(
+                command=ACK,
+                command_id=cmd.command_id,
+                query_id=cmd.query_id,
+                topic=cmd.topic,
+                partition=partition,
+                status=FAILURE,
+                reason=reason,
+                message=message,
+            )
+            await ReplyWriter(self._sender, cmd.reply_to, answer).send(answer)
+            return
+        await ReplyWriter.for_command(self._sender, cmd, topic, partition).failure(reason, message)
+
+    async def authenticated(
+        self, cmd: Command, record: ControlRecord, *, answer: bool = True
+    ) -> Command | None:
+        """``cmd`` acting as the identity its credential proves; None once refused (with
+        ``answer``, the client is told the reason, so a refusal never looks like silence)."""
         authenticator = self._authenticator
         if authenticator is None or not authenticator.enabled:
             return cmd
@@ -159,8 +233,8 @@ class CommandRouter:
                 record.partition,
                 exc,
             )
-            writer = ReplyWriter.for_command(self._sender, cmd, cmd.topic, record.partition)
-            await writer.failure(exc.reason, str(exc))
+            if answer:
+                await self.refuse(cmd, cmd.topic, record.partition, exc.reason, str(exc))
             return None
         return cmd if identity == cmd.identity else cmd.with_(identity=identity)
 
@@ -172,9 +246,21 @@ class CommandRouter:
 
     async def auto_command(self, record: ControlRecord) -> None:
         """A command on the shared control topic: create a topic, or one for a created topic."""
-        cmd = decode_command(record)
-        if cmd is not None:
-            cmd = await self.authenticated(cmd, record)
+        read = decode_command(record)
+        if read is None:
+            return
+        if not self._owns(record.topic, record.partition):
+            log.info(
+                "%s partition %d is not held here: its command is left to its owner",
+                record.topic,
+                record.partition,
+            )
+            return
+        if isinstance(read, Refused):
+            refused = read.command
+            await self.refuse(refused, refused.topic, record.partition, read.reason, read.message)
+            return
+        cmd = await self.authenticated(read, record)
         if cmd is None:
             return
         if cmd.command == h.DECLARE_TOPIC:
@@ -209,7 +295,19 @@ class CommandRouter:
     # -- one command ------------------------------------------------------------------------------
 
     async def answer(self, unit: TopicUnit, cmd: Command, partition: int) -> None:
-        """Answer one partition's share of a command about ``unit``'s topic."""
+        """Answer one partition's share of a command about ``unit``'s topic, if this worker
+        holds the partition: a command read during a rebalance, or by a worker the partition
+        has just left, loads nothing here (no "ghost" partition outside the assignment) and is
+        left unanswered; the partition's owner reads it again from the last committed offset
+        once the rebalance is over, and answers it."""
+        if not self._holds(unit, partition):
+            log.info(
+                "topic %s partition %d is not held here: command %s is left to its owner",
+                unit.topic.name,
+                partition,
+                cmd.command_id,
+            )
+            return
         proc = unit.proc
         queue = self._topology.queues.get(cmd.topic) if unit.feeds_queues else None
         if cmd.command == STATUS:
@@ -220,9 +318,18 @@ class CommandRouter:
             await proc.query(cmd, partition)
         elif cmd.command in SUBSCRIBE_COMMANDS:
             await proc.subscribe(cmd, partition)
+        elif cmd.command in (QUEUE_ACK, QUEUE_STATUS):
+            await self.refuse(
+                cmd,
+                proc.topic.name,
+                partition,
+                INVALID,
+                f"{cmd.command} on {cmd.topic!r}, which is not a queue: it takes a queue's name",
+            )
         else:
-            writer = ReplyWriter.for_command(self._sender, cmd, proc.topic.name, partition)
-            await writer.failure(UNKNOWN_COMMAND, f"unknown command {cmd.command!r}")
+            await self.refuse(
+                cmd, proc.topic.name, partition, UNKNOWN_COMMAND, f"unknown command {cmd.command!r}"
+            )
 
     async def _status(self, unit: TopicUnit, cmd: Command, partition: int) -> None:
         """The partition's row of ``sowstream status``, from the worker holding it."""
@@ -331,9 +438,11 @@ class CommandRouter:
             except PartitionMoved:
                 continue
             except SowstreamError as exc:
-                log.warning(
-                    "topic %s: queue acknowledgements left unanswered: %s", proc.topic.name, exc
-                )
+                # Held here but the log is not applied that far in time: nobody else will
+                # answer, so the client is told (it may acknowledge again).
+                for cmd, at in commands:
+                    if at == partition:
+                        await self.refuse(cmd, proc.topic.name, partition, TIMEOUT, str(exc))
                 continue
             held.add(partition)
         return [item for item in commands if item[1] in held]
@@ -342,4 +451,7 @@ class CommandRouter:
         """Whether this worker is assigned ``unit``'s control partition ``partition`` (so its log
         partition) and no rebalance or recovery runs: only then may a command load it (during a
         rebalance the assignment still lists partitions already revoked)."""
-        return self._assignment.settled and self._assignment.owns(unit.ctl_topic, partition)
+        return self._owns(unit.ctl_topic, partition)
+
+    def _owns(self, ctl_topic: str, partition: int) -> bool:
+        return self._assignment.settled and self._assignment.owns(ctl_topic, partition)

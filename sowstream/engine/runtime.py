@@ -383,24 +383,17 @@ def faust_credentials(kafka: dict[str, str]) -> CredentialsT | None:
 
 
 def _control_record(msg: Any) -> ControlRecord:
+    raw = msg.headers
+    pairs = list(raw.items()) if isinstance(raw, Mapping) else raw  # faust allows either
     return ControlRecord(
         msg.topic,
         msg.partition,
         msg.offset,
         msg.value,
+        h.header_map(pairs),
         msg.key,
-        header_text(msg.headers, h.CREDENTIAL),
         int(msg.timestamp * 1000),
     )
-
-
-def header_text(headers: Any, name: str) -> str | None:
-    """Header ``name`` of a faust message as text (faust gives a mapping or a list of pairs)."""
-    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
-    for key, value in pairs:
-        if key == name and value is not None:
-            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-    return None
 
 
 def _event_record(msg: Any) -> RawRecord:

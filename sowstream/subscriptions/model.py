@@ -41,6 +41,9 @@ OOF_ENTITLEMENT = "entitlement"
 PUBLISH = "publish"
 OOF = "oof"
 FAILURE = "failure"  # the engine ended the subscription; sow.reason says why
+# Reasons a command or registration is refused for: its filter, or another option.
+BAD_FILTER = "bad_filter"
+BAD_OPTION = "bad_option"
 # A partition's log was recreated: its offsets start over after sow.offset (sow.logcheck).
 LOG_RESET = "log_reset"
 

@@ -21,6 +21,9 @@ CREDENTIAL = "sow.credential"
 # Set by the worker itself on a log record whose credential it refused ("<reason> <message>"):
 # the fold dead-letters the record with that reason.
 REFUSED = "sow.refused"
+# On Command, Reply and Subscription records: the protocol schema version their Avro value was
+# written with (sowstream.wire.versions); absent means version 1.
+SCHEMA = "sow.schema"
 
 # Live subscription messages on a reply topic: the value is the JSON body, the rest is here, so a
 # plain Kafka consumer can read a subscription. Engine replies (Avro) carry no sow.cmd header.

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, replace
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from sowstream.wire.avro import decode, encode
+from sowstream.wire.avro import encode
+from sowstream.wire.versions import PROTOCOL_VERSION, decode_versioned
 
 # Reply.command values (the client's reply reader dispatches on them).
 SOW = "sow"  # a batch of records of a partition's answer
@@ -65,9 +66,10 @@ class Command:
         return encode("Command", record)
 
     @classmethod
-    def decode(cls, payload: bytes) -> Command:
-        """Read a control-topic record (raises what fastavro raises on a bad one)."""
-        r = decode("Command", payload)
+    def decode(cls, payload: bytes, version: int = PROTOCOL_VERSION) -> Command:
+        """Read a control-topic record written with schema version ``version`` (its
+        ``sow.schema`` header); raises what fastavro raises on a bad one."""
+        r = decode_versioned("Command", payload, version)
         keys = r["sow_keys"]
         return cls(
             command=r["command"],
@@ -165,9 +167,9 @@ class Reply:
         )
 
     @classmethod
-    def decode(cls, payload: bytes) -> Reply:
-        """Read a reply-topic record written with the Reply schema."""
-        r = decode("Reply", payload)
+    def decode(cls, payload: bytes, version: int = PROTOCOL_VERSION) -> Reply:
+        """Read a reply-topic record written with version ``version`` of the Reply schema."""
+        r = decode_versioned("Reply", payload, version)
         return cls(
             command=r["command"],
             command_id=r["command_id"],

@@ -103,10 +103,11 @@ class EngineProcesses:
         self.views += [c["Name"] for c in conflated_topics or ()]
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *extra_args: str) -> None:
-        """Start worker ``name`` (its RocksDB dir survives restarts of the same name)."""
+    def start(self, name: str, *extra_args: str, env: dict[str, str] | None = None) -> None:
+        """Start worker ``name`` (its RocksDB dir survives restarts of the same name); ``env``:
+        more environment variables for it (e.g. SOWSTREAM_TEST_HOOKS, sowstream.engine.gates)."""
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the process
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.procs[name] = subprocess.Popen(
             [
                 sys.executable,

@@ -30,12 +30,13 @@ class SentRecord(NamedTuple):
 
 
 class SentReply(NamedTuple):
-    """A message on a client's reply topic: an answer to a command (no headers) or a
-    subscription message (its headers)."""
+    """A message on a client's reply topic: an answer to a command (an Avro Reply: no
+    ``sow.cmd`` header, kept as None here) or a subscription message (its headers)."""
 
     topic: str
     value: bytes
     headers: dict[str, str] | None
+    schema: str | None = None  # sow.schema: the protocol version an answer was written with
 
 
 class RecordingSender(Sender):
@@ -70,7 +71,11 @@ class RecordingSender(Sender):
     ) -> asyncio.Future[Any]:
         refused = self._refused(topic)
         if not refused:
-            self.replied.append(SentReply(topic, value, h.header_map(headers) if headers else None))
+            found = h.header_map(headers)
+            if h.COMMAND in found:
+                self.replied.append(SentReply(topic, value, found))
+            else:
+                self.replied.append(SentReply(topic, value, None, found.get(h.SCHEMA)))
         return self._delivery(refused)
 
     def _refused(self, topic: str) -> bool:

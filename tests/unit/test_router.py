@@ -7,147 +7,15 @@ by recording implementations of its ports (wiring, assignment, sender, log reade
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import orjson
+import pytest
 
-from sowstream.config import load_config_text
-from sowstream.config.models import RocksDBConfig
+from sowstream.engine import table as table_module
 from sowstream.engine.commands import ControlRecord
-from sowstream.engine.router import CommandRouter
-from sowstream.engine.topology import Topology, serving_config
-from sowstream.engine.units.base import Context, ControlInbox
-from sowstream.sow.ops import RawRecord
-from sowstream.wire.protocol import Command, Reply
-from sowstream.wire.topics import TopicNames
-from tests.support.subscriber import RecordingSender
-
-CONFIG = """
-sow:
-  - {Name: orders, Key: /id}
-queues:
-  - {Name: work, UnderlyingTopic: orders}
-"""
-
-
-class Wiring:
-    """The runtime's wiring as a unit test has it: no tables (memory stores), nothing run."""
-
-    def __init__(self) -> None:
-        self.agents: list[str] = []
-
-    def table(self, name: str, partitions: int, rocksdb: RocksDBConfig | None = None) -> Any:
-        return None
-
-    def command_agent(self, topic: str, partitions: int, name: str, inbox: ControlInbox) -> None:
-        self.agents.append(name)
-
-    def record_agent(
-        self, topic: str, partitions: int, name: str, handle: Callable[[ControlRecord], Any]
-    ) -> None:
-        self.agents.append(name)
-
-    def batch_agent(
-        self, topic: str, partitions: int, name: str, handle: Callable[[list[RawRecord]], Any]
-    ) -> None:
-        self.agents.append(name)
-
-    def pumped_agent(
-        self, topic: str, partitions: int, name: str, handle: Callable[[list[RawRecord]], Any]
-    ) -> None:
-        self.agents.append(name)
-
-    def task(self, fun: Callable[[], Awaitable[None]]) -> None:
-        pass
-
-    def background(self, work: Coroutine[Any, Any, None]) -> None:
-        work.close()
-
-
-class Held:
-    """An assignment of the partitions given, settled."""
-
-    def __init__(self, owned: set[tuple[str, int]]) -> None:
-        self.owned = owned
-        self.settled = True
-
-    def owns(self, topic: str, partition: int) -> bool:
-        return (topic, partition) in self.owned
-
-    def partitions(self, topic: str) -> set[int]:
-        return {p for t, p in self.owned if t == topic}
-
-
-class EmptyLog:
-    """A Kafka topic with nothing in it."""
-
-    async def end_offset(self, partition: int) -> int:
-        return -1
-
-    async def start_offset(self, partition: int) -> int:
-        return 0
-
-    async def offset_for_time(self, partition: int, at_ms: int) -> int:
-        return 0
-
-    async def batches(
-        self, partition: int, until: int, start: int = 0
-    ) -> AsyncIterator[list[RawRecord]]:
-        for batch in ():
-            yield batch
-
-
-class Creation:
-    """Topic auto-creation that refuses or accepts every name as told."""
-
-    def __init__(self, problem: str | None = None) -> None:
-        self.problem = problem
-        self.declared: list[str] = []
-        self.caught_up_calls = 0
-
-    async def declare_topic(self, name: str) -> str | None:
-        self.declared.append(name)
-        return self.problem
-
-    async def caught_up(self) -> None:
-        self.caught_up_calls += 1
-
-
-class Setup:
-    def __init__(self, held: frozenset[int] = frozenset({0}), problem: str | None = None) -> None:
-        config = serving_config(load_config_text(CONFIG, source="test"))
-        self.names = TopicNames()
-        self.sender = RecordingSender()
-        self.held = Held({(self.names.control("orders"), p) for p in held})
-        ctx = Context(
-            wiring=Wiring(),
-            sender=self.sender,
-            assignment=self.held,
-            names=self.names,
-            bootstrap="kafka.invalid:9092",
-            app_id="test",
-            kafka={},
-            rocksdb=RocksDBConfig(),
-            logs=lambda topic: EmptyLog(),
-        )
-        self.topology = Topology(config, ctx)
-        self.creation = Creation(problem)
-        self.router = CommandRouter(self.topology, self.creation, self.sender, self.held, "w1")
-        self.orders = self.topology.topics["orders"]
-
-    def replies(self) -> list[Reply]:
-        return [Reply.decode(value) for value, _ in self.sender.take()]
-
-
-def command(name: str, topic: str = "orders", **fields: Any) -> Command:
-    fields.setdefault("command_id", f"id-{name}")
-    return Command(command=name, query_id="q1", reply_to="reply.c1", topic=topic, **fields)
-
-
-def record(cmd: Command | bytes, partition: int = 0, offset: int = 0) -> ControlRecord:
-    value = cmd if isinstance(cmd, bytes) else cmd.encode()
-    return ControlRecord("sowstream.ctl.orders", partition, offset, value)
+from sowstream.wire.protocol import Command
+from tests.support.router import EmptyLog, Setup, command, record
 
 
 def test_status_answers_the_partition_row_then_its_end() -> None:
@@ -162,7 +30,7 @@ def test_status_answers_the_partition_row_then_its_end() -> None:
 
 
 def test_an_unknown_command_fails_naming_it() -> None:
-    setup = Setup()
+    setup = Setup(held=frozenset({2}))
     asyncio.run(setup.router.answer(setup.orders, command("bogus"), 2))
     (reply,) = setup.replies()
     assert (reply.command, reply.status, reply.reason, reply.partition) == (
@@ -177,7 +45,7 @@ def test_an_unknown_command_fails_naming_it() -> None:
 def test_a_queue_command_answers_for_its_underlying_topic_and_partition() -> None:
     """One answer per (underlying topic, partition): a queue over several topics gets one from
     each, told apart by the topic (docs/protocol.md, Browsing)."""
-    setup = Setup()
+    setup = Setup(held=frozenset({1}))
     asyncio.run(setup.router.answer(setup.orders, command("queue_status", topic="work"), 1))
     rows, end = setup.replies()
     assert (rows.topic, rows.partition, orjson.loads(rows.records[0].data)) == (
@@ -254,3 +122,196 @@ def test_declare_topic_is_acknowledged_or_refused_with_the_reason() -> None:
                 "not today",
                 0,
             )
+
+
+# -- commands for partitions not held here: no ghost loads ----------------------------------------
+
+PLACED = [
+    command("sow"),
+    command("sow_and_subscribe", sub_id="s1"),
+    command("status"),
+    command("sow", topic="work"),  # browsing a queue
+    command("queue_status", topic="work"),
+    command("queue_ack", topic="work", options={"bookmarks": "orders|0|5"}),
+]
+
+
+def test_a_command_read_during_a_rebalance_loads_nothing_and_its_owner_answers_it() -> None:
+    """The test holds the rebalance (the assignment is not settled): a worker that read the
+    commands before it loads nothing and answers nothing. Once partition 0 has moved to another
+    worker, that worker reads them again (from the last committed offset) and answers each."""
+    moving = Setup(held=frozenset({0}))
+    moving.held.settled = False
+    records = [record(cmd, 0, offset) for offset, cmd in enumerate(PLACED)]
+    asyncio.run(moving.router.handle(moving.orders, records))
+    assert moving.replies() == []
+    assert moving.orders.proc.table.get(0) is None
+    # The rebalance ends: partition 0 is the other worker's now.
+    moving.held.owned.discard((moving.names.control("orders"), 0))
+    moving.held.settled = True
+    asyncio.run(moving.router.handle(moving.orders, records))
+    assert moving.replies() == []
+    assert moving.orders.proc.partitions == []
+    owner = Setup(held=frozenset({0}))
+    asyncio.run(owner.router.handle(owner.orders, records))
+    answers = owner.replies()
+    ends = [r for r in answers if r.command in ("part_end", "ack")]
+    assert [r.command_id for r in ends] == [cmd.command_id for cmd in PLACED]
+    assert all(r.partition == 0 and r.status == "success" for r in ends)
+    assert owner.orders.proc.partitions == [0]
+
+
+def test_a_command_for_a_partition_assigned_elsewhere_loads_nothing() -> None:
+    setup = Setup(held=frozenset({0}))
+    records = [record(cmd, 1, offset) for offset, cmd in enumerate(PLACED)]
+    asyncio.run(setup.router.handle(setup.orders, records))
+    asyncio.run(setup.router.answer(setup.orders, command("sow"), 1))
+    assert setup.replies() == []
+    assert setup.orders.proc.partitions == []
+
+
+# -- schema versions -------------------------------------------------------------------------------
+
+
+def versioned(cmd: Command | bytes, version: str | None, partition: int = 0) -> ControlRecord:
+    value = cmd if isinstance(cmd, bytes) else cmd.encode()
+    headers = {} if version is None else {"sow.schema": version}
+    return ControlRecord("sowstream.ctl.orders", partition, 0, value, headers)
+
+
+def test_a_command_of_a_newer_schema_version_is_refused_naming_both_versions() -> None:
+    setup = Setup()
+    # Version 2 as a later schema would write it: the version 1 fields, then one more (an int).
+    newer = command("sow", command_id="v2").encode() + b"\x02"
+    ack = command("queue_ack", topic="work", command_id="ack-v2").encode() + b"\x02"
+    asyncio.run(setup.router.handle(setup.orders, [versioned(newer, "2"), versioned(ack, "2")]))
+    end, refused_ack = setup.replies()
+    assert (end.command, end.command_id, end.status, end.reason, end.topic, end.partition) == (
+        "part_end",
+        "v2",
+        "failure",
+        "schema_version",
+        "orders",
+        0,
+    )
+    assert end.message == (
+        "the command was written with protocol schema version 2; this side reads versions 1 "
+        "to 1: upgrade it, or write version 1"
+    )
+    assert (refused_ack.command, refused_ack.command_id, refused_ack.reason) == (
+        "ack",
+        "ack-v2",
+        "schema_version",
+    )
+
+
+def test_a_schema_header_that_is_no_version_is_refused_naming_it() -> None:
+    setup = Setup()
+    asyncio.run(setup.router.handle(setup.orders, [versioned(command("sow"), "two")]))
+    (end,) = setup.replies()
+    assert (end.status, end.reason) == ("failure", "schema_version")
+    assert end.message == "header sow.schema='two' is not a schema version (a positive integer)"
+
+
+def test_commands_without_the_header_are_version_1_and_answers_say_their_version() -> None:
+    setup = Setup()
+    asyncio.run(
+        setup.router.handle(
+            setup.orders, [versioned(command("sow"), None), versioned(command("status"), "1")]
+        )
+    )
+    assert [r.schema for r in setup.sender.replied] == ["1", "1", "1"]
+    assert [(r.command, r.status) for r in setup.replies()] == [
+        ("part_end", "success"),
+        ("sow", "success"),
+        ("part_end", "success"),
+    ]
+
+
+def test_a_command_the_engine_fails_on_is_answered_with_the_error() -> None:
+    """Not a refusal but a failure of the engine (here: storing a batch failed): the client
+    is told, rather than left waiting until it times out."""
+    setup = Setup()
+    ps = asyncio.run(setup.orders.proc.ready(0))
+    ps.failure = OSError("disk full")
+    asyncio.run(setup.router.handle(setup.orders, [record(command("sow"))]))
+    (end,) = setup.replies()
+    assert (end.command, end.status, end.reason, end.partition) == (
+        "part_end",
+        "failure",
+        "internal_error",
+        0,
+    )
+    assert end.message == "the engine failed: topic 'orders': storing a batch failed: disk full"
+
+
+class UnappliedLog(EmptyLog):
+    """A log whose records up to offset 10 exist but are never applied (the pump is stalled)."""
+
+    async def end_offset(self, partition: int) -> int:
+        return 10
+
+
+def test_a_queue_ack_whose_messages_are_not_applied_in_time_is_answered_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(table_module, "APPLIED_WAIT_SECONDS", 0.05)
+    setup = Setup(log=UnappliedLog())
+    ack = command("queue_ack", topic="work", command_id="late", options={"bookmarks": "orders|0|5"})
+    asyncio.run(setup.router.handle(setup.orders, [record(ack)]))
+    (reply,) = setup.replies()
+    assert (reply.command, reply.command_id, reply.status, reply.reason, reply.partition) == (
+        "ack",
+        "late",
+        "failure",
+        "timeout",
+        0,
+    )
+    assert reply.message == "topic 'orders': the log was not applied up to offset 5 within 0s"
+
+
+def test_records_read_while_their_partition_is_not_held_stay_unacknowledged() -> None:
+    """Acknowledged, a record's offset could be committed before its partition's owner read it
+    again after the rebalance: the command would never be answered."""
+    setup = Setup(held=frozenset({0}))
+    acked: list[int] = []
+
+    def acknowledge(partition: int) -> Callable[[], Awaitable[None]]:
+        async def ack() -> None:
+            acked.append(partition)
+
+        return ack
+
+    async def go() -> None:
+        inbox = setup.orders.inbox
+        assert inbox is not None
+        serving = asyncio.create_task(setup.router.run())
+        for offset, partition in enumerate((0, 1, 0)):
+            await inbox.put(acknowledge(partition), record(command("sow"), partition, offset))
+        for _ in range(100):
+            if len(acked) == 2:
+                break
+            await asyncio.sleep(0.01)
+        setup.held.settled = False  # a rebalance starts: nothing is acknowledged meanwhile
+        await inbox.put(acknowledge(0), record(command("sow"), 0, 3))
+        await asyncio.sleep(0.1)
+        serving.cancel()
+
+    asyncio.run(go())
+    assert acked == [0, 0]
+
+
+def test_queue_commands_on_a_topic_that_is_no_queue_are_refused_in_their_answers_form() -> None:
+    setup = Setup()
+    for name in ("queue_ack", "queue_status"):
+        asyncio.run(setup.router.answer(setup.orders, command(name), 0))
+    ack, end = setup.replies()
+    assert (ack.command, ack.topic, ack.status, ack.reason) == (
+        "ack",
+        "orders",
+        "failure",
+        "invalid",
+    )
+    assert ack.message == "queue_ack on 'orders', which is not a queue: it takes a queue's name"
+    assert (end.command, end.status, end.reason) == ("part_end", "failure", "invalid")
+    assert end.message == "queue_status on 'orders', which is not a queue: it takes a queue's name"

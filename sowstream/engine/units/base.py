@@ -40,6 +40,10 @@ class Partitions:
             by_topic.setdefault(topic, set()).add(partition)
         self._by_topic = by_topic
 
+    def __bool__(self) -> bool:
+        """Whether any partition is handed over."""
+        return bool(self._by_topic)
+
     def of(self, topic: str) -> list[int]:
         """The partitions of Kafka topic ``topic``, in order."""
         return sorted(self._by_topic.get(topic, ()))
