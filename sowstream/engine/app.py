@@ -105,8 +105,10 @@ class Engine:
         self.topology = Topology(config, ctx)
         self.auto = AutoTopics(config, self.topology)
         self.router = CommandRouter(self.topology, self.auto, sender, assignment, self.worker_name)
-        self.clients = Clients(self.topology, self.auto, engine.slow_consumer, sender.forget_gone)
-        sender.on_gone = self.clients.reply_topic_missing
+        self.clients = Clients(self.topology, self.auto, engine.slow_consumer)
+        sender.on_gone = self.clients.reply_topic_gone
+        sender.on_missing = self.clients.reply_topic_missing
+        sender.exists = self.clients.topic_exists
         http = f"{metrics_host}:{self.metrics_port}" if self.metrics_port else None
         self.status = WorkerStatus(
             self.topology,
