@@ -21,6 +21,7 @@ from sowstream.config.models import SlowConsumerConfig
 from sowstream.engine import metrics
 from sowstream.engine.autotopics import AutoTopics
 from sowstream.engine.outbox import failure_headers
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
 from sowstream.engine.replytopics import REPLY_TOPIC_GONE
 from sowstream.engine.slow import SlowConsumerWatch
@@ -85,7 +86,7 @@ class Clients:
         queue = self._topology.queues.get(topic)
         if queue is not None:
             if spec is None:
-                self._ctx.wiring.background(queue.unsubscribe(key))
+                self._ctx.wiring.background(self._queue_unsubscribe(queue, key))
                 return
             try:
                 queue.subscribe(spec)
@@ -107,6 +108,12 @@ class Clients:
             proc.subs.upsert(spec, held=proc.partitions)
         except (FilterError, InvalidCommandError) as exc:
             log.warning("ignored registration %s: %s", key, exc)
+
+    async def _queue_unsubscribe(self, queue: QueueRuntime, key: str) -> None:
+        await queue.unsubscribe(key)
+        reply_to = key.split("|", 1)[0]  # SubscriptionSpec.key starts with the reply topic
+        if not self.subscribed(reply_to):
+            await self._sender.release(reply_to)
 
     def subscribed(self, reply_to: str) -> bool:
         """Whether the client behind ``reply_to`` has a subscription on this worker."""

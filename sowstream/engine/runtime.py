@@ -118,6 +118,7 @@ class FaustSender(Sender):
     def prepare(self, topic: str) -> None:
         # The first send to a topic otherwise waits for its metadata (100 ms and more), and
         # meanwhile holds up every other lease of the queue's delivery loop.
+        self.replies.track(topic)  # a queue subscriber's reply topic
         if topic in self._tracked:
             return
         producer = self._producer()
