@@ -43,7 +43,10 @@ class Client:
     ``config`` is passed to every confluent-kafka client as-is (TLS, SASL, ...). Use it as a
     context manager so the reply topic is removed on exit. ``message_type`` is the message type
     of the topics the commands target, as an AMPS connection has one; every command can name
-    another with its own ``message_type=``.
+    another with its own ``message_type=``. With ``resume`` (the default), a subscription the
+    engine ended because the client was away (``client_timeout``, ``reply_topic_gone``) is
+    placed again by itself from where it was, with no gap and no duplicate
+    (docs/subscriptions.md); without, its iterator raises ``SubscriptionDroppedError``.
     """
 
     def __init__(
@@ -56,6 +59,7 @@ class Client:
         timeout: float = 30.0,
         identity: str = "",
         message_type: str = JSON,
+        resume: bool = True,
     ) -> None:
         self._connection = connection = Connection(
             bootstrap,
@@ -69,7 +73,7 @@ class Client:
         self._querying = Querying(connection)
         self._queueing = Queueing(connection)
         self._publishing = Publishing(connection, self._queueing)
-        self._subscribing = Subscribing(connection, self._querying, self._queueing)
+        self._subscribing = Subscribing(connection, self._querying, self._queueing, resume=resume)
 
     # -- the connection ----------------------------------------------------------------------------
 

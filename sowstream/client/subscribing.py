@@ -56,8 +56,16 @@ class Subscribing:
     leases its messages (``queueing``).
     """
 
-    def __init__(self, connection: Connection, querying: Querying, queueing: Queueing) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        querying: Querying,
+        queueing: Queueing,
+        *,
+        resume: bool = True,
+    ) -> None:
         self._conn = connection
+        self._auto_resume = resume
         self._querying = querying
         self._queueing = queueing
         self._resume_lock = threading.Lock()
@@ -71,7 +79,7 @@ class Subscribing:
         """The engine ended ``sub`` (reply-reader thread): for a :data:`RESUMABLE` reason,
         place it again in the background from its last delivered position and return True;
         else False (the application gets ``SubscriptionDroppedError``)."""
-        if reason not in RESUMABLE or sub.closed:
+        if not self._auto_resume or reason not in RESUMABLE or sub.closed:
             return False
         log.warning("subscription %s ended by the engine (%s): placing it again", sub.sub_id, text)
         if isinstance(sub, Subscription):

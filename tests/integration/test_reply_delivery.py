@@ -261,6 +261,47 @@ def test_a_paused_client_is_told_and_resumes_with_every_message_once(
     assert cache == sow
 
 
+UNRESUMED_CLIENT = """
+import json, sys
+from sowstream.client import Client
+from sowstream.errors import SubscriptionDroppedError
+with Client(sys.argv[1], prefix=sys.argv[2], resume=False) as client:
+    sub = client.subscribe("resumed")
+    print(json.dumps({"ready": True}), flush=True)
+    try:
+        while True:
+            sub.next(timeout=60)
+    except SubscriptionDroppedError as exc:
+        print(json.dumps({"dropped": str(exc)}), flush=True)
+"""
+
+
+def test_a_paused_client_that_does_not_resume_is_told_by_an_exception(
+    engine: EngineProcesses, tmp_path: Path
+) -> None:
+    out = (tmp_path / "client.out").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", UNRESUMED_CLIENT, engine.bootstrap, engine.prefix],
+        stdout=out,
+        cwd=REPO,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while '"ready"' not in (tmp_path / "client.out").read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "client did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(8.0)  # client_timeout is 4 s
+        proc.send_signal(signal.SIGCONT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+    last = json.loads((tmp_path / "client.out").read_text().splitlines()[-1])
+    assert "client_timeout" in last["dropped"], last
+
+
 def test_closed_clients_leave_no_reply_topic_errors_behind(
     engine: EngineProcesses, publisher: Client
 ) -> None:
