@@ -187,13 +187,14 @@ from sowstream.client import Client
 with Client(sys.argv[1], prefix=sys.argv[2]) as client:
     sub = client.sow_and_subscribe("resumed")
     print(json.dumps({"ready": True}), flush=True)
-    for msg in sub:
+    stopping = False
+    # "stop" comes last on its partition only: read on until the others are quiet too.
+    while (msg := sub.next(timeout=5 if stopping else 120)) is not None:
         if msg.command in ("group_begin", "group_end"):
             continue
         body = msg.json()
         print(json.dumps({"cmd": msg.command, "key": msg.sow_key, "body": body}), flush=True)
-        if body.get("id") == "stop":
-            break
+        stopping = stopping or body.get("id") == "stop"
     print(json.dumps({"interruptions": sub.interruptions}), flush=True)
 """
 
