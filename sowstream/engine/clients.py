@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from sowstream.config.models import SlowConsumerConfig
@@ -31,6 +31,8 @@ from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SubscriptionSpec
 
 log = logging.getLogger("sowstream.engine")
+
+CONFIRM_GONE_SECONDS = 3.0  # between the two checks that a reply topic was deleted
 
 
 class Clients:
@@ -137,13 +139,19 @@ class Clients:
     async def _confirm_gone(self, reply_to: str) -> None:
         loop = asyncio.get_running_loop()
         try:
-            exists = await loop.run_in_executor(None, self.topic_exists, reply_to)
+            # Asked twice, a few seconds apart: a broker that restarts or moves leaders can
+            # miss a topic for a moment.
+            for attempt in range(2):
+                if attempt:
+                    await asyncio.sleep(CONFIRM_GONE_SECONDS)
+                if await loop.run_in_executor(None, self.topic_exists, reply_to):
+                    return  # a hiccup of the broker's metadata: the next refresh finds it
         finally:
             self._confirming.discard(reply_to)
-        if exists:
-            return  # a hiccup of the broker's metadata: the next refresh finds it again
         log.info("reply topic %s was deleted: its client is gone", reply_to)
-        self.client_gone(reply_to, REPLY_TOPIC_GONE, f"reply topic {reply_to} was deleted", False)
+        # Told all the same (a client that closed has no subscription left to tell about): if
+        # the topic were only missing for a while, the failure waits for it, parked.
+        self.client_gone(reply_to, REPLY_TOPIC_GONE, f"reply topic {reply_to} was deleted")
         self._sender.forget(reply_to)
 
     def topic_exists(self, topic: str) -> bool:
@@ -157,7 +165,10 @@ class Clients:
             found = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
         except KafkaException:
             return True  # cannot tell: do not drop a client on a broker hiccup
-        return found is not None and found.error is None
+        if found is None:
+            return False
+        # Another error (no leader yet, say) is a topic that exists but is not ready.
+        return found.error is None or found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
 
     def client_gone(
         self, reply_to: str, reason: str = REPLY_TOPIC_GONE, text: str = "", tell: bool = True
