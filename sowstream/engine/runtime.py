@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
+from aiokafka.errors import KafkaError
 from faust.auth import SASLCredentials, SSLCredentials
 from faust.types import TP
 from faust.types.auth import CredentialsT
@@ -45,6 +46,8 @@ log = logging.getLogger("sowstream.engine")
 PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.bytes per batch
 INPUT_BATCH_MAX = 2_000  # change events a view maintainer (or conflated topic) takes in one go
 INPUT_BATCH_WITHIN = 0.01  # seconds an input agent waits to fill a batch
+# How long a reply waits for its topic's metadata before it is parked (see send_reply).
+REPLY_METADATA_WAIT = 5.0
 
 # Called with the partitions a rebalance assigned or revoked.
 Rebalance = Callable[[Partitions], Awaitable[None]]
@@ -140,10 +143,21 @@ class FaustSender(Sender):
             fut = await self.send(topic, value, headers=headers)
             replies.sent(topic, fut)
             return fut
-        # No metadata yet (a new client, a slow broker, a deleted topic): waiting for it here
-        # would hold the partition's batch; park the reply and fetch it in the background.
-        self._park(topic, value, headers)
-        return None
+        # No metadata yet: usually a new client, whose topic's metadata comes within
+        # milliseconds, so wait for it here (the batch then waits for this reply's
+        # acknowledgement, and a crash repeats it). A topic still missing after that (a slow
+        # broker, a topic created late or deleted) must not hold the partition longer: park
+        # the reply, and every later one behind it, and fetch the metadata in the background.
+        try:
+            fut = await asyncio.wait_for(
+                self.send(topic, value, headers=headers), REPLY_METADATA_WAIT
+            )
+        except (TimeoutError, KafkaError):
+            self._park(topic, value, headers)
+            return None
+        replies.track(topic)
+        replies.sent(topic, fut)
+        return fut
 
     def _park(self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
         outcome = self.replies.park(topic, value, headers, time.monotonic())
