@@ -152,7 +152,7 @@ def test_past_the_parking_bound_the_subscription_ends_and_the_client_is_told(
     for i in range(200):  # about 400 KB over the two workers
         publisher.publish("items", {"id": f"{run}-{i}", "pad": "x" * 2000})
     publisher.flush()
-    time.sleep(3.0)
+    time.sleep(8.0)  # past the 5 s a reply waits for its topic before replies are parked
     ensure_topics(engine.bootstrap, [TopicSpec(reply_to, 1)], extra=engine.kafka)
     msgs = _read_all(engine, reply_to, settle=5.0)
     failures = [
