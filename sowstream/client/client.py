@@ -46,7 +46,10 @@ class Client:
     of the topics the commands target, as an AMPS connection has one; every command can name
     another with its own ``message_type=``. ``raw_scans`` asks workers to send SOW records as
     raw batches (docs/protocol.md, *Raw batches*), read in bulk; False asks for the older form,
-    one Avro record per SOW record. The messages are the same either way.
+    one Avro record per SOW record. The messages are the same either way. With ``resume`` (the
+    default), a subscription the engine ended because the client was away (``client_timeout``,
+    ``reply_topic_gone``) is placed again by itself from where it was, with no gap and no
+    duplicate (docs/subscriptions.md); without, its iterator raises ``SubscriptionDroppedError``.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class Client:
         message_type: str = JSON,
         auth: Auth | None = None,
         raw_scans: bool = True,
+        resume: bool = True,
     ) -> None:
         """``auth`` (:class:`~sowstream.auth.HmacAuth` or :class:`~sowstream.auth.BearerAuth`)
         puts a credential on every record the client writes; an engine that checks credentials
@@ -79,7 +83,7 @@ class Client:
         self._querying = Querying(connection)
         self._queueing = Queueing(connection)
         self._publishing = Publishing(connection, self._queueing)
-        self._subscribing = Subscribing(connection, self._querying, self._queueing)
+        self._subscribing = Subscribing(connection, self._querying, self._queueing, resume=resume)
 
     # -- the connection ----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Self, cast
 
@@ -119,6 +119,9 @@ class Connection:
         self._stop = threading.Event()
         self._subscriptions: dict[str, LiveSubscription] = {}
         self._bookmarks: dict[str, str] = {}  # sub_id -> last delivered, for MOST_RECENT
+        # Asked when the engine ends a subscription (subscription, reason, text): True when it
+        # is being placed again, so it goes on rather than failing.
+        self.on_ended: Callable[[LiveSubscription, str, str], bool] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -560,13 +563,13 @@ class Connection:
             if sub is None:
                 return  # unsubscribed meanwhile
             if command == FAILURE:
-                sub.fail(
-                    SubscriptionDroppedError(
-                        f"subscription {sub.sub_id}: {headers.get(h.REASON, '')}: "
-                        f"{(value or b'').decode('utf-8', 'replace')}"
-                    )
+                reason = headers.get(h.REASON, "")
+                text = (value or b"").decode("utf-8", "replace")
+                if self.on_ended is not None and self.on_ended(sub, reason, text):
+                    return
+                self.end_subscription(
+                    sub, SubscriptionDroppedError(f"subscription {sub.sub_id}: {reason}: {text}")
                 )
-                self._subscriptions.pop(sub.sub_id, None)
                 self._unregister(sub)
                 return
             if command == LOG_RESET:
@@ -623,6 +626,12 @@ class Connection:
         for spec in sub.specs:
             self._producer.produce(self.names.subscriptions, key=spec.key.encode(), value=None)
         self._producer.poll(0)
+
+    def end_subscription(self, sub: LiveSubscription, error: BaseException) -> None:
+        """The engine ended ``sub`` for good: the application gets ``error``."""
+        sub.fail(error)
+        if self._subscriptions.get(sub.sub_id) is sub:
+            del self._subscriptions[sub.sub_id]
 
     def drop_subscription(self, sub: LiveSubscription) -> None:
         """Stop routing to ``sub`` and tombstone its registrations (it remembers its bookmark)."""

@@ -59,8 +59,15 @@ class QueueSubscription:
         self._batch: dict[str, list[str]] = {"": [], "cancel": [], "expire": []}
         self._current: Message | None = None  # auto_ack: handed out, acknowledged on the next
         self._closed = False
+        # Why the engine ended this subscription each time the client registered it again.
+        self.interruptions: list[str] = []
 
     last_bookmark = ""  # a queue subscription never resumes from a bookmark
+
+    @property
+    def closed(self) -> bool:
+        """Whether the application closed it (or it failed)."""
+        return self._closed
 
     # -- reader-thread side ------------------------------------------------------------------------
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
 from sowstream.client.connection import Connection
@@ -18,6 +20,8 @@ from sowstream.client.subscription import (
 from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.errors import (
     InvalidCommandError,
+    SowstreamError,
+    SubscriptionDroppedError,
 )
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, parse_bookmark
 from sowstream.sow.query import (
@@ -25,6 +29,7 @@ from sowstream.sow.query import (
     validate_query,
 )
 from sowstream.subscriptions.model import (
+    DELTA,
     DELTA_SUBSCRIBE,
     SOW_AND_DELTA_SUBSCRIBE,
     SOW_AND_SUBSCRIBE,
@@ -35,6 +40,14 @@ from sowstream.subscriptions.model import (
 from sowstream.subscriptions.options import SubscriptionOptions, parse_options
 from sowstream.subscriptions.window import PageWindow, ResultSet
 
+log = logging.getLogger("sowstream.client")
+
+# Why the engine ends a subscription when the client was away (silent past client_timeout, or
+# its replies could not reach it): the client places it again when it reads the news. A slow
+# consumer's subscriptions are not: it would resume behind the backlog it was dropped for, so
+# the application hears of it (SubscriptionDroppedError) and decides.
+RESUMABLE = frozenset({"client_timeout", "reply_topic_gone"})
+
 
 class Subscribing:
     """The subscription part: the subscribe family, placement, ``replace`` and bookmarks.
@@ -43,10 +56,105 @@ class Subscribing:
     leases its messages (``queueing``).
     """
 
-    def __init__(self, connection: Connection, querying: Querying, queueing: Queueing) -> None:
+    def __init__(
+        self,
+        connection: Connection,
+        querying: Querying,
+        queueing: Queueing,
+        *,
+        resume: bool = True,
+    ) -> None:
         self._conn = connection
+        self._auto_resume = resume
         self._querying = querying
         self._queueing = queueing
+        self._resume_lock = threading.Lock()
+        self._resuming: set[str] = set()  # sub ids being placed again
+        self._again: set[str] = set()  # ended again while being placed: place once more
+        connection.on_ended = self.resume
+
+    # -- resuming what the engine ended ----------------------------------------------------------
+
+    def resume(self, sub: Subscription | QueueSubscription, reason: str, text: str) -> bool:
+        """The engine ended ``sub`` (reply-reader thread): for a :data:`RESUMABLE` reason,
+        place it again in the background from its last delivered position and return True;
+        else False (the application gets ``SubscriptionDroppedError``)."""
+        if not self._auto_resume or reason not in RESUMABLE or sub.closed:
+            return False
+        log.warning("subscription %s ended by the engine (%s): placing it again", sub.sub_id, text)
+        if isinstance(sub, Subscription):
+            sub.hold()  # until the replay is in, so messages stay in order and none twice
+        with self._resume_lock:
+            if sub.sub_id in self._resuming:
+                self._again.add(sub.sub_id)
+                return True
+            self._resuming.add(sub.sub_id)
+        threading.Thread(
+            target=self._resume_loop,
+            args=(sub, reason, text),
+            name=f"sowstream-resume-{sub.sub_id}",
+            daemon=True,
+        ).start()
+        return True
+
+    def _resume_loop(self, sub: Subscription | QueueSubscription, reason: str, text: str) -> None:
+        while True:
+            try:
+                if not sub.closed:
+                    self._place_again(sub)
+                    sub.interruptions.append(reason)
+            except (SowstreamError, OSError) as exc:
+                with self._resume_lock:
+                    self._resuming.discard(sub.sub_id)
+                    self._again.discard(sub.sub_id)
+                self._conn.end_subscription(
+                    sub,
+                    SubscriptionDroppedError(
+                        f"subscription {sub.sub_id}: {reason}: {text}; placing it again failed: "
+                        f"{exc}"
+                    ),
+                )
+                return
+            with self._resume_lock:
+                if sub.sub_id not in self._again:
+                    self._resuming.discard(sub.sub_id)
+                    return
+                self._again.discard(sub.sub_id)
+            if isinstance(sub, Subscription):
+                sub.hold()
+
+    def _place_again(self, sub: Subscription | QueueSubscription) -> None:
+        """Register ``sub`` again and place it on every partition from where it was: a replay
+        from its resume bookmarks, with no SOW part (the application has it)."""
+        conn = self._conn
+        if isinstance(sub, QueueSubscription):
+            conn.register(sub.specs)  # the queue leases afresh; what it held went back
+            return
+        command = DELTA_SUBSCRIBE if sub.specs[0].command in DELTA else SUBSCRIBE
+        specs = [replace(spec, command=command) for spec in sub.specs]
+        infos = [
+            replace(conn.topic_info(spec.topic, spec.message_type), topic_regex=spec.topic_regex)
+            for spec in specs
+        ]
+        first = specs[0]
+        try:
+            conn.register(specs)
+            group = self.place(
+                sub,
+                infos,
+                command,
+                first.filter,
+                first.options,
+                first.order_by,
+                CLIENT_DEFAULT_BATCH_SIZE,
+                None,
+                None,
+                bookmarks=sub.resume_bookmarks(),
+            )
+            for _ in group:  # the replays came as live messages, held until now
+                pass
+        finally:
+            sub.release()
 
     def subscribe(
         self,
@@ -336,8 +444,12 @@ class Subscribing:
         previous_filter: str | None,
         on_part_end: Callable[[str, int, int], None] | None = None,
         bookmark: str | None = None,
+        bookmarks: Mapping[tuple[str, int], str] | None = None,
     ) -> Iterator[Message]:
-        """Send the subscription to every partition and read the answers (as a SOW group)."""
+        """Send the subscription to every partition and read the answers (as a SOW group).
+
+        ``bookmarks``: a bookmark per (topic, partition) instead of ``bookmark`` (placing a
+        subscription again where it was; a partition it has none for replays from EPOCH)."""
         query_id = query_id or uuid.uuid4().hex[:16]
         command_id = uuid.uuid4().hex
         held = sub.specs[0].sow_keys if sub.specs else None
@@ -358,7 +470,13 @@ class Subscribing:
                     order_by=order_by,
                     batch_size=batch_size,
                     after_offset=conn.written(info.log_topic, partition),
-                    options=conn.answer_options(bookmark=bookmark),
+                    options=conn.answer_options(
+                        bookmark=(
+                            bookmarks.get((info.name, partition), EPOCH)
+                            if bookmarks is not None
+                            else bookmark
+                        )
+                    ),
                     sub_id=sub.sub_id,
                     sub_options=options.to_text(),
                     previous_filter=previous_filter,

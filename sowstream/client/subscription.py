@@ -20,7 +20,7 @@ from typing import Any
 from sowstream.client.messages import Message
 from sowstream.errors import SubscriptionDroppedError
 from sowstream.messagetypes import MessageType, registry
-from sowstream.sow.bookmarks import message_bookmark
+from sowstream.sow.bookmarks import EPOCH, message_bookmark
 from sowstream.subscriptions.delta import (
     has_changes,
     project,
@@ -122,7 +122,10 @@ class Subscription:
         self._holding = True  # until the SOW part (or the placement) completes
         self._held: list[_Live] = []
         self._last: dict[tuple[str, int], tuple[int, int]] = {}
+        self._times: dict[tuple[str, int], int] = {}  # log time of the last message let through
         self._closed = False
+        # Why the engine ended this subscription each time the client placed it again.
+        self.interruptions: list[str] = []
         self._delivered: _Live | None = None  # the last live message let through
 
     @property
@@ -130,6 +133,27 @@ class Subscription:
         """Bookmark of the last live message delivered ("" before any), for MOST_RECENT."""
         live = self._delivered
         return message_bookmark(live.timestamp, live.partition, live.offset) if live else ""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the application closed it (or it failed)."""
+        return self._closed
+
+    def resume_bookmarks(self) -> dict[tuple[str, int], str]:
+        """Per (topic, partition), the bookmark to place this subscription again from: right
+        after the last message let through (or the SOW part's cut), so the replay leaves no gap;
+        what it repeats is dropped by sequence. A delete by filter or expiry whose messages
+        came only in part (several share an offset) is replayed from its offset."""
+        with self._lock:
+            out: dict[tuple[str, int], str] = {}
+            for (topic, partition), (offset, seq) in self._last.items():
+                start = offset - 1 if 0 < seq < CUT_SEQ else offset
+                if start < 0:
+                    out[(topic, partition)] = EPOCH
+                else:
+                    at = self._times.get((topic, partition), 0)
+                    out[(topic, partition)] = message_bookmark(at, partition, start)
+            return out
 
     # -- reader-thread side ------------------------------------------------------------------------
 
@@ -260,6 +284,7 @@ class Subscription:
         if seq <= self._last.get(where, (-1, 0)):
             return  # already covered by the snapshot, or a replay after a failover
         self._last[where] = seq
+        self._times[where] = live.timestamp
         self._delivered = live
         if self._window is not None:
             for msg in self._windowed(live):

@@ -498,13 +498,26 @@ class SlowConsumerConfig(Frozen):
     check_interval: int = 2_000
     # A client whose reader has not shown a sign of life for this long is taken for dead.
     client_timeout: int = 30_000
+    # Replies to a reply topic the worker's producer has no metadata for yet are parked (in
+    # order) for up to this long, then the client is taken for gone.
+    reply_topic_wait: int = 30_000
+    # The most parked for one reply topic; past it the client's subscriptions end.
+    max_parked_bytes: int = 16 * 1024 * 1024
+
+    @field_validator("max_parked_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: object, info: ValidationInfo) -> int:
+        size = parse_size(value) if isinstance(value, str) else value
+        return bounded_int(size, str(info.field_name), 1024, 2**40)
 
     @field_validator("conflate_after", "drop_after", mode="before")
     @classmethod
     def _messages(cls, value: object, info: ValidationInfo) -> int:
         return bounded_int(value, str(info.field_name), 1, 2**62)
 
-    @field_validator("conflation_interval", "check_interval", "client_timeout", mode="before")
+    @field_validator(
+        "conflation_interval", "check_interval", "client_timeout", "reply_topic_wait", mode="before"
+    )
     @classmethod
     def _interval(cls, value: object, info: ValidationInfo) -> int:
         ms = parse_interval(value) if isinstance(value, str) else value

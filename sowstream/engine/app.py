@@ -118,8 +118,10 @@ class Engine:
             self.gates,
             ctx.authenticator,
         )
-        self.clients = Clients(self.topology, self.auto, engine.slow_consumer, sender.forget_gone)
-        sender.on_gone = self.clients.reply_topic_missing
+        self.clients = Clients(self.topology, self.auto, engine.slow_consumer)
+        sender.on_gone = self.clients.reply_topic_gone
+        sender.on_missing = self.clients.reply_topic_missing
+        sender.exists = self.clients.topic_exists
         http = f"{metrics_host}:{self.metrics_port}" if self.metrics_port else None
         self.status = WorkerStatus(
             self.topology,

@@ -2,26 +2,31 @@
 
 Subscriptions are kept on the registry topic (:class:`~sowstream.engine.registry.
 SubscriptionRegistry`), which every worker follows: each registration is placed on the topic's or
-queue's unit here. A client whose reply topic is gone, or that stops reading
-(:class:`~sowstream.engine.slow.SlowConsumerWatch`), loses its subscriptions and its leases.
+queue's unit here. A client whose reply topic is gone, that stops reading
+(:class:`~sowstream.engine.slow.SlowConsumerWatch`) or whose replies could not wait any longer for
+its reply topic loses its subscriptions and its leases, and is told why (a ``failure`` message on
+its reply topic, when there is one to carry it). Once a client is gone, or has no subscription
+left, the worker forgets its reply topic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from sowstream.config.models import SlowConsumerConfig
 from sowstream.engine import metrics
 from sowstream.engine.autotopics import AutoTopics
-from sowstream.engine.outbox import refusal_headers
+from sowstream.engine.outbox import failure_headers, refusal_headers
 from sowstream.engine.queries import refusal
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
+from sowstream.engine.replytopics import REPLY_TOPIC_GONE
 from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.topology import Topology
 from sowstream.errors import InvalidCommandError
@@ -29,6 +34,8 @@ from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SubscriptionSpec
 
 log = logging.getLogger("sowstream.engine")
+
+CONFIRM_GONE_SECONDS = 3.0  # between the two checks that a reply topic was deleted
 
 
 class Clients:
@@ -39,13 +46,12 @@ class Clients:
         topology: Topology,
         auto: AutoTopics,
         slow_consumer: SlowConsumerConfig,
-        forget_gone: Callable[[str], None],
     ) -> None:
         self._topology = topology
         self._auto = auto
         self._ctx = ctx = topology.ctx
-        # Called when a reply topic thought gone is there after all: send replies to it again.
-        self._forget_gone = forget_gone
+        self._sender = ctx.sender
+        self._confirming: set[str] = set()  # reply topics whose existence is being checked
         self._admin: AdminClient | None = None
         self.registry = SubscriptionRegistry(
             ctx.bootstrap,
@@ -88,7 +94,7 @@ class Clients:
         queue = self._topology.queues.get(topic)
         if queue is not None:
             if spec is None:
-                self._ctx.wiring.background(queue.unsubscribe(key))
+                self._ctx.wiring.background(self._queue_unsubscribe(queue, key))
                 return
             try:
                 queue.subscribe(spec)
@@ -102,7 +108,9 @@ class Clients:
             return
         proc = unit.proc
         if spec is None:
-            proc.unsubscribe(key)
+            gone = proc.unsubscribe(key)
+            if gone is not None and not self.subscribed(gone.reply_to):
+                self._ctx.wiring.background(self._sender.release(gone.reply_to))
             return
         try:
             proc.subs.upsert(spec, held=proc.partitions)
@@ -125,24 +133,52 @@ class Clients:
 
         self._ctx.wiring.background(send())
 
+    async def _queue_unsubscribe(self, queue: QueueRuntime, key: str) -> None:
+        await queue.unsubscribe(key)
+        reply_to = key.split("|", 1)[0]  # SubscriptionSpec.key starts with the reply topic
+        if not self.subscribed(reply_to):
+            await self._sender.release(reply_to)
+
+    def subscribed(self, reply_to: str) -> bool:
+        """Whether the client behind ``reply_to`` has a subscription on this worker."""
+        return any(reply_to in q.clients() for q in self._topology.queues.values()) or any(
+            reply_to in unit.proc.subs.clients() for unit in self._topology.topics.values()
+        )
+
+    def reply_topic_gone(self, reply_to: str, text: str, tell: bool) -> None:
+        """The replies parked for ``reply_to`` were given up on (the topic did not appear in
+        time, or too much waited for it): the client is taken for gone."""
+        self.client_gone(reply_to, REPLY_TOPIC_GONE, text, tell=tell)
+
     def reply_topic_missing(self, reply_to: str) -> None:
-        """A reply could not be sent: make sure the client is really gone before acting."""
+        """A metadata refresh did not find ``reply_to``: if it is really deleted (its client
+        closed), end what the client had and forget the topic."""
+        if reply_to in self._confirming:
+            return
+        self._confirming.add(reply_to)
         self._ctx.wiring.background(self._confirm_gone(reply_to))
 
     async def _confirm_gone(self, reply_to: str) -> None:
         loop = asyncio.get_running_loop()
-        exists = await loop.run_in_executor(None, self._topic_exists, reply_to)
-        if not exists:
-            self.client_gone(reply_to)
-            return
-        # Only its metadata was slow to come: replies flow again, and queue messages whose
-        # delivery was dropped meanwhile go back to the queue for another one.
-        log.info("reply topic %s is there after all: keeping its client", reply_to)
-        self._forget_gone(reply_to)
-        for queue in self._topology.queues.values():
-            await queue.redeliver(reply_to)
+        try:
+            # Asked twice, a few seconds apart: a broker that restarts or moves leaders can
+            # miss a topic for a moment.
+            for attempt in range(2):
+                if attempt:
+                    await asyncio.sleep(CONFIRM_GONE_SECONDS)
+                if await loop.run_in_executor(None, self.topic_exists, reply_to):
+                    return  # a hiccup of the broker's metadata: the next refresh finds it
+        finally:
+            self._confirming.discard(reply_to)
+        log.info("reply topic %s was deleted: its client is gone", reply_to)
+        # Told all the same (a client that closed has no subscription left to tell about): if
+        # the topic were only missing for a while, the failure waits for it, parked.
+        self.client_gone(reply_to, REPLY_TOPIC_GONE, f"reply topic {reply_to} was deleted")
+        self._sender.forget(reply_to)
 
-    def _topic_exists(self, topic: str) -> bool:
+    def topic_exists(self, topic: str) -> bool:
+        """Whether Kafka has ``topic`` (True when the broker cannot tell: a client is never
+        dropped on a hiccup). Blocking: run it in an executor."""
         if self._admin is None:
             self._admin = AdminClient(
                 {"bootstrap.servers": self._ctx.bootstrap, "log_level": 3, **self._ctx.kafka}
@@ -151,15 +187,36 @@ class Clients:
             found = self._admin.list_topics(topic=topic, timeout=10).topics.get(topic)
         except KafkaException:
             return True  # cannot tell: do not drop a client on a broker hiccup
-        return found is not None and found.error is None
+        if found is None:
+            return False
+        # Another error (no leader yet, say) is a topic that exists but is not ready.
+        return found.error is None or found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART
 
-    def client_gone(self, reply_to: str) -> None:
-        """A client's reply topic vanished (it crashed or closed): end its subscriptions."""
+    def client_gone(
+        self, reply_to: str, reason: str = REPLY_TOPIC_GONE, text: str = "", tell: bool = True
+    ) -> None:
+        """End every subscription of the client behind ``reply_to`` and give its leases back;
+        with ``tell``, send it a ``failure`` per subscription with ``reason`` (once the
+        registry has the removals, so a client that registers again is not ended twice)."""
+        ended: list[SubscriptionSpec] = []
         for queue in self._topology.queues.values():
             for spec in queue.specs(reply_to):
                 self.registry.write(spec, remove=True)
+                ended.append(spec)
             self._ctx.wiring.background(queue.disconnect(reply_to))
         for unit in list(self._topology.topics.values()):
             for spec in unit.proc.subs.remove_client(reply_to):
                 self.registry.write(spec, remove=True)
-                metrics.SUBSCRIPTIONS_DROPPED.labels("client_gone").inc()
+                ended.append(spec)
+        metrics.SUBSCRIPTIONS_DROPPED.labels(reason).inc(len(ended))
+        if ended:
+            log.warning("ended %d subscriptions of %s (%s): %s", len(ended), reply_to, reason, text)
+        if tell and ended:
+            self._ctx.wiring.background(self._tell(ended, reason, text))
+
+    async def _tell(self, ended: list[SubscriptionSpec], reason: str, text: str) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.registry.flush)
+        for spec in ended:
+            headers = failure_headers(spec, reason)
+            await self._sender.send_reply(spec.reply_to, text.encode(), headers)

@@ -32,6 +32,10 @@ SUBSCRIPTIONS_DROPPED = Counter(
     "Subscriptions dropped by the slow-consumer policy or because the client went away",
     ["reason"],
 )
+REPLIES_PARKED_DROPPED = Counter(
+    "sowstream_parked_replies_dropped_total",
+    "Replies parked for a reply topic that did not appear in time or outgrew the bound",
+)
 LOGS_RECREATED = Counter(
     "sowstream_logs_recreated_total",
     "Log partitions found recreated below their stored watermark (the SOW is kept, the new log "

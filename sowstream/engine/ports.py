@@ -58,7 +58,8 @@ class Sender:
     ) -> asyncio.Future[Any] | None:
         """Queue a reply for a client; a client that has gone away must not hold the engine up.
 
-        Returns the delivery future, or None when the reply was dropped (client gone).
+        Returns the delivery future, or None when the reply was parked (its topic's metadata
+        is not there yet: it goes out, in order, once it is) or dropped.
         """
         raise NotImplementedError
 
@@ -77,6 +78,13 @@ class Sender:
 
     def prepare(self, topic: str) -> None:
         """Replies to ``topic`` are coming: fetch what sending needs now, without waiting."""
+
+    def forget(self, topic: str) -> None:
+        """The client behind reply topic ``topic`` is gone: keep nothing for it."""
+
+    async def release(self, topic: str) -> None:
+        """The client behind ``topic`` has no subscription left: its topic need not be kept
+        tracked (a later reply tracks it again)."""
 
     async def send_many(
         self,

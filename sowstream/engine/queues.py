@@ -228,16 +228,6 @@ class QueueRuntime:
             await self._removed(self.machine.unsubscribe(key, _now_ms()))
             self.kick()
 
-    async def redeliver(self, reply_to: str) -> None:
-        """Give back every lease of the client behind ``reply_to`` and keep its subscriptions:
-        deliveries to it were dropped while its reply topic looked gone."""
-        specs = self.specs(reply_to)
-        if not specs:
-            return
-        await self._removed(self.machine.disconnect(reply_to, _now_ms()))
-        for spec in specs:
-            self.subscribe(spec)
-
     async def disconnect(self, reply_to: str) -> None:
         """The client vanished: every lease it held goes back at once."""
         for key in [k for k, s in self._subs.items() if s.reply_to == reply_to]:

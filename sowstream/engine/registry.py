@@ -170,6 +170,15 @@ class SubscriptionRegistry:
         except (KafkaException, BufferError) as exc:
             log.warning("could not update the subscription registry for %s: %s", spec.key, exc)
 
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until what :meth:`write` produced is in Kafka (blocking: run it in an executor).
+
+        A client told its subscription ended registers it again: the engine's tombstone must
+        be on the registry before the client can hear of it, or it could land after the new
+        registration and end that too."""
+        if self._producer is not None and self._producer.flush(timeout):
+            log.warning("subscription registry writes not acknowledged within %.0fs", timeout)
+
 
 def poll_batch(consumer: Consumer) -> list[Any]:
     """What is there to read, returning as soon as anything is (at most 0.1 s of waiting)."""

@@ -16,6 +16,7 @@ imports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -34,9 +35,11 @@ from faust.types import TP
 from faust.types.auth import CredentialsT
 
 from sowstream.config.models import EngineConfig, RocksDBConfig
+from sowstream.engine import metrics
 from sowstream.engine.commands import ControlRecord
 from sowstream.engine.ports import Sender
 from sowstream.engine.pump import LOG_BATCH_MAX
+from sowstream.engine.replytopics import Parking, ReplyTopics
 from sowstream.engine.runtime_restore import batched_table_manager, restore_progress
 from sowstream.engine.security import kafka_security
 from sowstream.engine.units.base import ControlInbox, Partitions
@@ -48,6 +51,7 @@ log = logging.getLogger("sowstream.engine")
 PRODUCER_BATCH_BYTES = 512 * 1024  # under Kafka's default 1 MB message.max.bytes per batch
 INPUT_BATCH_MAX = 2_000  # change events a view maintainer (or conflated topic) takes in one go
 INPUT_BATCH_WITHIN = 0.01  # seconds an input agent waits to fill a batch
+# How long a reply waits for its topic's metadata before it is parked (see send_reply).
 REPLY_METADATA_WAIT = 5.0
 REPLY_BATCH_MIN = 64  # replies to one topic from one batch sent as Kafka batches from this many
 
@@ -63,13 +67,30 @@ class FaustSender(Sender):
     per broker, and a reply queued behind a 512 KiB changelog request waited for it.
     """
 
-    def __init__(self, app: faust.App) -> None:
+    def __init__(self, app: faust.App, replies: ReplyTopics | None = None) -> None:
         self._app = app
-        self._gone = _GoneTopics()
         self._tracked: set[str] = set()  # topics aiokafka keeps metadata for (see send)
         self._reply_tracked: set[str] = set()  # the same for the producer of replies
-        # Told when a client's reply topic disappears, so its subscriptions can go too.
-        self.on_gone: Callable[[str], None] | None = None
+        # The clients' reply topics: which are tracked, and the replies parked for slow ones.
+        self.replies = replies or ReplyTopics(wait=30.0, max_bytes=16 * 1024 * 1024)
+        self._waiting: dict[str, asyncio.Task[None]] = {}
+        self._listening = False
+        self._missing: set[str] = set()  # tracked reply topics a refresh did not find
+        # Told when the replies to a topic were given up on, with a text saying why and whether
+        # the client can still be told (its topic may appear): its subscriptions end.
+        self.on_gone: Callable[[str, str, bool], None] | None = None
+        # Told when a metadata refresh misses a tracked reply topic (deleted, or a hiccup).
+        self.on_missing: Callable[[str], None] | None = None
+        # Whether a topic exists (a blocking admin call, run in an executor) while replies wait.
+        self.exists: Callable[[str], bool] | None = None
+
+    def _producer(self) -> Any:
+        """The producer of replies, watched for metadata refreshes (see _refreshed)."""
+        producer = self._replies()
+        if not self._listening:
+            self._listening = True
+            producer.client.cluster.add_listener(self._refreshed)
+        return producer
 
     async def send(
         self,
@@ -136,38 +157,145 @@ class FaustSender(Sender):
         # The first send to a topic otherwise waits for its metadata (100 ms and more), and
         # meanwhile holds up every other lease of the queue's delivery loop. Prepared topics
         # are reply topics: they are sent to by the producer of replies.
-        self._track_reply_topic(self._replies(), topic)
-
-    def forget_gone(self, topic: str) -> None:
-        """``topic`` turned out to exist: send replies to it again."""
-        self._gone.discard(topic)
+        self.replies.track(topic)  # a queue subscriber's reply topic
+        self._track_reply_topic(self._producer(), topic)
 
     async def send_reply(
         self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
     ) -> asyncio.Future[Any] | None:
-        # A client deletes its reply topic on close; answers still in flight for it would make
-        # the producer wait for the topic's metadata for its whole request timeout (minutes).
-        if topic in self._gone:
+        replies = self.replies
+        if replies.is_parked(topic):
+            # Earlier replies wait for the topic: this one queues behind them (order).
+            self._park(topic, value, headers)
             return None
-        producer = self._replies()
+        producer = self._producer()
         if producer.client.cluster.partitions_for_topic(topic):
-            # Metadata is cached, so the send cannot wait on it: skip the timeout's task (this is
-            # the hot path of subscription fan-out).
-            return await self._send_reply(topic, value, headers)
+            # Metadata is cached, so the send cannot wait on it (the hot path of fan-out).
+            replies.track(topic)
+            fut = await self._send_reply(topic, value, headers)
+            replies.sent(topic, fut)
+            return fut
+        # No metadata yet: usually a new client, whose topic's metadata comes within
+        # milliseconds, so wait for it here (the batch then waits for this reply's
+        # acknowledgement, and a crash repeats it). A topic still missing after that (a slow
+        # broker, a topic created late or deleted) must not hold the partition longer: park
+        # the reply, and every later one behind it, and fetch the metadata in the background.
         try:
-            return await asyncio.wait_for(
+            fut = await asyncio.wait_for(
                 self._send_reply(topic, value, headers), REPLY_METADATA_WAIT
             )
-        except (TimeoutError, KafkaError) as exc:
-            self._gone.add(topic)
-            log.info(
-                "dropped replies to %s: the client's reply topic is gone (%s)",
-                topic,
-                type(exc).__name__,
-            )
-            if self.on_gone is not None:
-                self.on_gone(topic)
+        except (TimeoutError, KafkaError):
+            self._park(topic, value, headers)
             return None
+        replies.track(topic)
+        replies.sent(topic, fut)
+        return fut
+
+    def _park(self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None) -> None:
+        outcome = self.replies.park(topic, value, headers, time.monotonic())
+        if outcome is Parking.STARTED:
+            self._waiting[topic] = asyncio.ensure_future(self._wait_for(topic))
+        elif outcome is Parking.OVERFLOW:
+            text = (
+                f"more than {self.replies.max_bytes} bytes of replies waited for reply topic "
+                f"{topic} to appear"
+            )
+            log.warning("dropped the replies parked for %s: %s", topic, text)
+            metrics.REPLIES_PARKED_DROPPED.inc()
+            if self.on_gone is not None:
+                self.on_gone(topic, text, True)
+
+    async def _wait_for(self, topic: str) -> None:
+        """Send what is parked for ``topic`` once its metadata is there; past the wait, drop
+        it and report the topic gone."""
+        producer = self._producer()
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                # Ask aiokafka for the topic (one refresh); if the broker does not know it yet,
+                # stop asking (each refresh for a missing topic logs an error) and poll the
+                # admin API until it exists.
+                self._track_reply_topic(producer, topic)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(producer.client.force_metadata_update(), 2.0)
+                if producer.client.cluster.partitions_for_topic(topic):
+                    await self._drain(topic)
+                    return
+                self._untrack(topic)
+                while True:
+                    if self.replies.expired(topic, time.monotonic()):
+                        self._give_up(topic)
+                        return
+                    exists = self.exists
+                    if exists is None or await loop.run_in_executor(None, exists, topic):
+                        break
+                    await asyncio.sleep(0.5)
+        finally:
+            self._waiting.pop(topic, None)
+
+    async def _drain(self, topic: str) -> None:
+        """Send the replies parked for ``topic``, oldest first (those parked meanwhile too)."""
+        self.replies.track(topic)
+        sent = 0
+        while (reply := self.replies.take(topic)) is not None:
+            fut = await self._send_reply(topic, reply.value, reply.headers)
+            self.replies.sent(topic, fut)
+            sent += 1
+        log.debug("sent %d replies parked for %s", sent, topic)
+
+    def _give_up(self, topic: str) -> None:
+        dropped = self.replies.drop(topic)
+        self.replies.forget(topic)
+        self._untrack(topic)
+        wait = self.replies.wait
+        text = f"reply topic {topic} did not appear within {wait:.0f}s"
+        log.warning("%s: dropped %d parked replies, taking its client for gone", text, dropped)
+        metrics.REPLIES_PARKED_DROPPED.inc(dropped)
+        if self.on_gone is not None:
+            self.on_gone(topic, text, False)
+
+    def _untrack(self, topic: str) -> None:
+        """Stop asking aiokafka for ``topic``'s metadata (its next refresh drops it)."""
+        if topic not in self._reply_tracked:
+            return
+        self._reply_tracked.discard(topic)
+        client = self._replies().client
+        remaining = set(client._topics) - {topic}
+        if remaining:  # an empty set would make aiokafka fetch every topic's metadata
+            client.set_topics(remaining)
+
+    def forget(self, topic: str) -> None:
+        """``topic``'s client is gone: stop tracking it, unless replies still wait for it."""
+        if self.replies.is_parked(topic):
+            return
+        self.replies.forget(topic)
+        self._missing.discard(topic)
+        self._untrack(topic)
+
+    async def release(self, topic: str) -> None:
+        """``topic``'s client has no subscription left: forget the topic once the last reply
+        sent to it is acknowledged (a later reply tracks it again), so that a client that
+        closes and deletes its topic leaves nothing behind."""
+        if not self.replies.is_tracked(topic):
+            return
+        for _ in range(50):
+            if self.replies.idle(topic):
+                self.forget(topic)
+                return
+            await asyncio.sleep(0.1)
+
+    def _refreshed(self, cluster: Any) -> None:
+        """After each metadata refresh: a tracked reply topic it did not find is reported (its
+        client may have closed and deleted it), once until it is found again."""
+        for topic in self.replies.tracked():
+            if self.replies.is_parked(topic) or topic not in self._reply_tracked:
+                continue
+            if cluster.partitions_for_topic(topic):
+                self._missing.discard(topic)
+            elif topic not in self._missing:
+                self._missing.add(topic)
+                if self.on_missing is not None:
+                    self.on_missing(topic)
 
     async def send_replies(
         self, topic: str, messages: Sequence[tuple[bytes, list[tuple[str, bytes]]]]
@@ -177,14 +305,16 @@ class FaustSender(Sender):
         # waits until the topic's previous batch has left for the broker (a round trip when a
         # request is in flight), and this runs under the partition lock: a few go one by one,
         # appended to the producer's open batch without waiting.
-        if topic in self._gone or not messages:
+        if not messages:
             return []
-        producer = self._replies()
+        producer = self._producer()
         partitions = producer.client.cluster.partitions_for_topic(topic)
-        if not partitions or len(messages) < REPLY_BATCH_MIN:
-            # The first reply also waits for the topic's metadata (or finds the client gone).
+        if not partitions or len(messages) < REPLY_BATCH_MIN or self.replies.is_parked(topic):
+            # One by one: the first reply also waits for the topic's metadata, and replies to a
+            # topic that is late are parked behind the ones before them (send_reply).
             return await super().send_replies(topic, messages)
         self._track_reply_topic(producer, topic)
+        self.replies.track(topic)
         # One partition for all (a reply topic has one): messages for a client stay in order.
         partition = min(partitions)
         out: list[asyncio.Future[Any]] = []
@@ -197,6 +327,8 @@ class FaustSender(Sender):
             count += 1
         if count:
             out.append(await producer.send_batch(batch, topic, partition=partition))
+        for fut in out:
+            self.replies.sent(topic, fut)
         return out
 
 
@@ -211,29 +343,6 @@ def track_topic(producer: Any, topic: str) -> None:
     storing, acknowledging and leasing (seen in the queue benchmark).
     """
     producer.client.add_topic(topic)
-
-
-class _GoneTopics:
-    """Reply topics found missing recently: replies to them are dropped without waiting."""
-
-    def __init__(self, ttl: float = 60.0) -> None:
-        self._ttl = ttl
-        self._until: dict[str, float] = {}
-
-    def __contains__(self, topic: str) -> bool:
-        until = self._until.get(topic)
-        if until is None:
-            return False
-        if until < time.monotonic():
-            del self._until[topic]
-            return False
-        return True
-
-    def add(self, topic: str) -> None:
-        self._until[topic] = time.monotonic() + self._ttl
-
-    def discard(self, topic: str) -> None:
-        self._until.pop(topic, None)
 
 
 class FaustAssignment:
@@ -448,7 +557,11 @@ class FaustRuntime:
             consumer_group_instance_id=worker_name if static_membership else None,
             **restore,
         )
-        self.sender = FaustSender(self.app)
+        slow = engine.slow_consumer
+        self.sender = FaustSender(
+            self.app,
+            ReplyTopics(wait=slow.reply_topic_wait / 1000, max_bytes=slow.max_parked_bytes),
+        )
         self.assignment = FaustAssignment(self.app)
         self._background: set[asyncio.Future[None]] = set()
 

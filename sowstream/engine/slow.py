@@ -11,8 +11,10 @@ the engine: its backlog piles up in Kafka. The client commits how far it has rea
   client receives a ``failure`` message with reason ``slow_consumer`` (raised by the iterator).
 
 The same commits carry the client's clock as metadata, every few seconds even when it reads
-nothing: a client silent for ``client_timeout`` (killed, or cut off) is taken for gone, so its
-subscriptions end and the queue messages it held return to their queues at once.
+nothing: a client silent for ``client_timeout`` (killed, paused, or cut off) is taken for gone,
+so its subscriptions end, the queue messages it held return to their queues at once, and it
+finds a ``failure`` with reason ``client_timeout`` when it reads again (the Python client then
+places its subscriptions again from where it was).
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from sowstream.subscriptions.model import SubscriptionSpec
 log = logging.getLogger("sowstream.engine")
 
 SLOW_CONSUMER = "slow_consumer"
+CLIENT_TIMEOUT = "client_timeout"
+
+# Told (reply topic, reason, text) when a client is taken for gone.
+Gone = Callable[[str, str, str], None]
 
 
 class SlowConsumerWatch:
@@ -46,7 +52,7 @@ class SlowConsumerWatch:
         processors: Callable[[], Iterable[TopicProcessor]],
         forget: Callable[[SubscriptionSpec], None],
         queue_clients: Callable[[], Iterable[str]] = lambda: (),
-        gone: Callable[[str], None] = lambda reply: None,
+        gone: Gone = lambda reply, reason, text: None,
     ) -> None:
         self._bootstrap = bootstrap
         self._extra = dict(extra)
@@ -122,11 +128,13 @@ class SlowConsumerWatch:
                 and now > self._grace_until
                 and now - seen > self.policy.client_timeout
             ):
-                log.warning(
-                    "client %s silent for %.0fs: taking it for gone", reply, (now - seen) / 1000
+                text = (
+                    f"client {reply} sent no heartbeat for {(now - seen) / 1000:.0f}s (limit "
+                    f"{self.policy.client_timeout / 1000:.0f}s): the engine ended the subscription"
                 )
+                log.warning("%s", text)
                 self.last_seen.pop(reply, None)
-                self._gone(reply)
+                self._gone(reply, CLIENT_TIMEOUT, text)
             elif backlog >= self.policy.drop_after:
                 await self._drop(reply, backlog, procs)
             elif backlog >= self.policy.conflate_after and reply not in self.conflated:

@@ -44,6 +44,11 @@ def test_slow_consumer_policy_defaults_and_units() -> None:
         "engine:\n  slow_consumer: {conflate_after: 5, drop_after: 50, conflation_interval: 2s}\n"
     ).engine.slow_consumer
     assert (custom.conflate_after, custom.drop_after, custom.conflation_interval) == (5, 50, 2000)
+    assert (policy.reply_topic_wait, policy.max_parked_bytes) == (30_000, 16 * 1024 * 1024)
+    parking = load(
+        "engine:\n  slow_consumer: {reply_topic_wait: 1m, max_parked_bytes: 64KB}\n"
+    ).engine.slow_consumer
+    assert (parking.reply_topic_wait, parking.max_parked_bytes) == (60_000, 65_536)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +57,9 @@ def test_slow_consumer_policy_defaults_and_units() -> None:
         ("{conflate_after: 50, drop_after: 5}", "drop_after"),
         ("{conflation_interval: 10ms}", "between 100"),
         ("{bogus: 1}", "bogus"),
+        ("{reply_topic_wait: 1ms}", "reply_topic_wait"),
+        ("{max_parked_bytes: 10}", "max_parked_bytes"),
+        ("{max_parked_bytes: lots}", "max_parked_bytes"),
     ],
 )
 def test_bad_slow_consumer_policy(engine: str, problem: str) -> None:

@@ -1,0 +1,72 @@
+"""Where a subscription the engine ended is placed again from (issue 26): per partition, right
+after the last message the application got, so the replay leaves no gap; and what the replay
+repeats is dropped."""
+
+from __future__ import annotations
+
+from sowstream.client.subscription import Subscription, _Live
+from sowstream.sow.bookmarks import EPOCH, parse_bookmark
+from sowstream.subscriptions.model import SUBSCRIBE, SubscriptionSpec
+from sowstream.subscriptions.options import parse_options
+
+
+def _sub() -> Subscription:
+    spec = SubscriptionSpec(
+        sub_id="s1",
+        reply_to="r",
+        topic="t",
+        command=SUBSCRIBE,
+        filter=None,
+        options=parse_options(None),
+    )
+    return Subscription("s1", [spec], parse_options(None), key_fields={"t": ("/id",)})
+
+
+def _live(partition: int, offset: int, seq: int = 0, ts: int = 1_000) -> _Live:
+    return _Live("publish", "t", partition, offset, f"k{offset}", b'{"id": 1}', ts, "", False, seq)
+
+
+def _offsets(sub: Subscription) -> list[tuple[int, int]]:
+    out = []
+    while (msg := sub.next(timeout=0)) is not None:
+        partition, offset = (int(x) for x in msg.bookmark.split("|")[1:])
+        out.append((partition, offset))
+    return out
+
+
+def test_each_partition_resumes_right_after_what_was_delivered() -> None:
+    sub = _sub()
+    sub.set_cut("t", 0, 9)  # placement: the partition was at 9
+    sub.set_cut("t", 1, 4)
+    sub.set_cut("t", 2, -1)  # an empty partition
+    sub.release()
+    sub.on_live(_live(0, 12, ts=5_000))
+    sub.on_live(_live(3, 7, seq=2, ts=6_000))  # two of a delete by filter's records at 7
+    marks = sub.resume_bookmarks()
+    assert marks[("t", 0)] == "5000|0|12"
+    assert marks[("t", 1)] == "0|1|4"  # nothing since the cut: after the cut
+    assert marks[("t", 2)] == EPOCH
+    # Only part of offset 7's records may have come: replay offset 7 again.
+    assert marks[("t", 3)] == "6000|3|6"
+    for (_, partition), text in marks.items():
+        if text != EPOCH:
+            mark = parse_bookmark(text)
+            assert mark.partition == partition and mark.offset is not None
+
+
+def test_what_a_replay_from_there_repeats_is_dropped_and_the_rest_comes_in_order() -> None:
+    sub = _sub()
+    sub.set_cut("t", 0, 9)
+    sub.release()
+    sub.on_live(_live(0, 10))
+    sub.on_live(_live(0, 11, seq=1))
+    assert _offsets(sub) == [(0, 10), (0, 11)]
+    # The engine ended it; placing it again holds live messages until the replay is in.
+    sub.hold()
+    assert sub.resume_bookmarks()[("t", 0)] == "1000|0|10"
+    for offset, seq in [(11, 1), (11, 2), (12, 0)]:  # the replay from offset 11
+        sub.on_live(_live(0, offset, seq))
+    sub.set_cut("t", 0, 10)  # its part_end: one below the first replayed offset
+    sub.release()
+    assert _offsets(sub) == [(0, 11), (0, 12)]
+    assert sub.resume_bookmarks()[("t", 0)] == "1000|0|12"
