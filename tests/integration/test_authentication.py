@@ -224,8 +224,10 @@ def wait_reply(bootstrap: str, reply_topic: str, command_id: str) -> Reply:
     try:
         while time.monotonic() < deadline:
             msg = consumer.poll(1.0)
-            if msg is None or msg.error() or msg.value() is None or msg.headers():
+            if msg is None or msg.error() or msg.value() is None:
                 continue
+            if "sow.cmd" in dict(msg.headers() or []):
+                continue  # a subscription message, not an answer
             reply = Reply.decode(msg.value())
             if reply.command_id == command_id and reply.status == "failure":
                 return reply
