@@ -572,15 +572,19 @@ class Connection:
                 )
                 self._unregister(sub)
                 return
-            if command == LOG_RESET:
-                if isinstance(sub, Subscription):
-                    sub.reset_partition(
-                        headers.get(h.TOPIC, ""),
-                        int(headers.get(h.PARTITION, "0")),
-                        int(headers.get(h.OFFSET, "-1")),
-                    )
+            try:
+                if command == LOG_RESET:
+                    if isinstance(sub, Subscription):
+                        sub.reset_partition(
+                            headers.get(h.TOPIC, ""),
+                            int(headers.get(h.PARTITION, "0")),
+                            int(headers.get(h.OFFSET, "-1")),
+                        )
+                    return
+                live = _Live.from_headers(value, headers)
+            except ValueError:  # damaged headers: not a message of ours, and the reader goes on
                 return
-            sub.on_live(_Live.from_headers(value, headers))
+            sub.on_live(live)
             return
         if value is None:
             return
