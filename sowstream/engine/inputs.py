@@ -18,12 +18,11 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, TopicPartition
 
-from sowstream.engine.pump import HeldPartitions, _fetch, _record
+from sowstream.engine.pump import HeldPartitions, as_record, fetch, pump_forever
 from sowstream.sow.ops import RawRecord
 
 log = logging.getLogger("sowstream.engine")
 
-PUMP_RETRY_SECONDS = 1.0
 IDLE_SECONDS = 0.05
 
 
@@ -83,36 +82,29 @@ class InputPump:
         if not wanted:
             await asyncio.sleep(IDLE_SECONDS)
             return
-        msgs = await asyncio.get_running_loop().run_in_executor(self._fetcher, _fetch, consumer)
-        records = [_record(m) for m in msgs if not m.error() and m.partition() in self._next]
+        msgs = await asyncio.get_running_loop().run_in_executor(self._fetcher, fetch, consumer)
+        records = [as_record(m) for m in msgs if not m.error() and m.partition() in self._next]
         if not records:
             return
         await self.runner.handle(records)
         for rec in records:
             self._next[rec.partition] = rec.offset + 1
 
+    def _forget_positions(self) -> None:
+        """After a failure: every partition is read again from its runner's position."""
+        self._next = {}
+
     async def run(self) -> None:
         """Fetch and apply until the worker stops; a failure is logged and the pump resumes
         from the runner's positions."""
-        loop = asyncio.get_running_loop()
         self._fetcher = ThreadPoolExecutor(1, thread_name_prefix=f"input-{self.topic}")
-        consumer = Consumer(
-            {
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 5,
-                "log_level": 4,
-                **self._consumer_config,
-            }
-        )
         try:
-            while True:
-                try:
-                    await self._step(consumer)
-                except Exception:  # a dead pump would leave the view up but never changing
-                    log.exception("input %s: applying failed; retrying", self.topic)
-                    self._next = {}
-                    await asyncio.sleep(PUMP_RETRY_SECONDS)
+            await pump_forever(
+                self._step,
+                self._consumer_config,
+                f"input {self.topic}",
+                self._forget_positions,
+                self._fetcher,
+            )
         finally:
-            await loop.run_in_executor(self._fetcher, consumer.close)
             self._fetcher.shutdown(wait=False)

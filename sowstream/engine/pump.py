@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from concurrent.futures import Executor
 from typing import Any, Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -45,7 +46,7 @@ _LOG_GONE = frozenset(
 )
 
 
-def _record(msg: Any) -> RawRecord:
+def as_record(msg: Any) -> RawRecord:
     """A confluent-kafka log message as the processor's RawRecord."""
     return RawRecord(
         msg.partition() or 0,
@@ -138,7 +139,7 @@ class KafkaLogReader:
                     if offset > until:
                         done = True
                         break
-                    batch.append(_record(msg))
+                    batch.append(as_record(msg))
                     following = offset + 1
                     done = offset >= until
                 if batch:
@@ -157,7 +158,7 @@ class HeldPartitions(Assignment, Protocol):
         """Partitions of Kafka topic ``topic`` assigned to this worker (whether settled or not)."""
 
 
-def _fetch(consumer: Consumer) -> list[Any]:
+def fetch(consumer: Consumer) -> list[Any]:
     """Up to LOG_BATCH_MAX records, returning as soon as any are there.
 
     consume(n, timeout) waits for n records or the timeout, which would add its timeout to the
@@ -167,6 +168,38 @@ def _fetch(consumer: Consumer) -> list[Any]:
     if first is None:
         return []
     return [first, *consumer.consume(LOG_BATCH_MAX - 1, 0)]
+
+
+async def pump_forever(
+    step: Callable[[Consumer], Awaitable[None]],
+    consumer_config: Mapping[str, Any],
+    what: str,
+    reset: Callable[[], None],
+    executor: Executor | None = None,
+) -> None:
+    """Run a pump's ``step`` on a consumer of its own until cancelled. A failing step is logged
+    and retried after ``reset`` has dropped the pump's positions: a dead pump would leave the
+    worker up but applying nothing."""
+    loop = asyncio.get_running_loop()
+    consumer = Consumer(
+        {
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 5,
+            "log_level": 4,
+            **consumer_config,
+        }
+    )
+    try:
+        while True:
+            try:
+                await step(consumer)
+            except Exception:
+                log.exception("%s: applying failed; retrying", what)
+                reset()
+                await asyncio.sleep(PUMP_RETRY_SECONDS)
+    finally:
+        await loop.run_in_executor(executor, consumer.close)
 
 
 class LogPump:
@@ -268,7 +301,7 @@ class LogPump:
         if self._suspect and not await self._verify(consumer, owned):
             await asyncio.sleep(PUMP_RETRY_SECONDS)
             return
-        msgs = await asyncio.get_running_loop().run_in_executor(None, _fetch, consumer)
+        msgs = await asyncio.get_running_loop().run_in_executor(None, fetch, consumer)
         suspect = {m.partition() for m in msgs if self._signals_recreation(m)}
         if suspect - owned:
             suspect = set(owned)  # a topic-level error: every partition may be concerned
@@ -281,7 +314,7 @@ class LogPump:
         # once a rebalance has begun (the partition may be on its way to another worker).
         owned = self.owned()
         records = [
-            _record(m)
+            as_record(m)
             for m in msgs
             if not m.error() and m.partition() in owned and self._current(m.partition())
         ]
@@ -299,27 +332,11 @@ class LogPump:
             await asyncio.sleep(0)
 
     async def run(self) -> None:
-        """Fetch and apply until the worker stops; a failure is logged and the pump resumes."""
-        loop = asyncio.get_running_loop()
-        consumer = Consumer(
-            {
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "fetch.wait.max.ms": 5,
-                "log_level": 4,
-                **self._consumer_config,
-            }
+        """Fetch and apply until the worker stops; a failure is logged and the pump resumes
+        (nothing is lost: every partition is read again from its own state)."""
+        await pump_forever(
+            self._step,
+            self._consumer_config,
+            f"topic {self.proc.topic.name}",
+            self._states.clear,
         )
-        try:
-            while True:
-                try:
-                    await self._step(consumer)
-                except Exception:  # a dead pump would leave the worker up but applying nothing
-                    # Nothing is lost: every partition is read again from its own state.
-                    log.exception(
-                        "topic %s: applying the log failed; retrying", self.proc.topic.name
-                    )
-                    self._states.clear()
-                    await asyncio.sleep(PUMP_RETRY_SECONDS)
-        finally:
-            await loop.run_in_executor(None, consumer.close)
