@@ -621,19 +621,6 @@ class FaustRuntime:
 
         self.app.agent(self._raw_topic(topic, partitions), name=name)(one_by_one)
 
-    def batch_agent(
-        self,
-        topic: str,
-        partitions: int,
-        name: str,
-        handle: Callable[[list[RawRecord]], Awaitable[None]],
-    ) -> None:
-        async def in_batches(stream: Any) -> None:
-            async for events in stream.take_events(INPUT_BATCH_MAX, INPUT_BATCH_WITHIN):
-                await handle([_event_record(e.message) for e in events])
-
-        self.app.agent(self._raw_topic(topic, partitions), name=name)(in_batches)
-
     def pumped_agent(
         self,
         topic: str,
@@ -645,7 +632,12 @@ class FaustRuntime:
         # ``handle`` sees nothing unless faust resumes it some way we missed (still correct:
         # the runners skip what they applied and read gaps themselves).
         self.app.pumped_topics.add(topic)
-        self.batch_agent(topic, partitions, name, handle)
+
+        async def in_batches(stream: Any) -> None:
+            async for events in stream.take_events(INPUT_BATCH_MAX, INPUT_BATCH_WITHIN):
+                await handle([_event_record(e.message) for e in events])
+
+        self.app.agent(self._raw_topic(topic, partitions), name=name)(in_batches)
 
     def task(self, fun: Callable[[], Awaitable[None]]) -> None:
         self.app.task(fun)

@@ -44,11 +44,6 @@ class Wiring:
     ) -> None:
         self.agents.append(name)
 
-    def batch_agent(
-        self, topic: str, partitions: int, name: str, handle: Callable[[list[RawRecord]], Any]
-    ) -> None:
-        self.agents.append(name)
-
     def pumped_agent(
         self, topic: str, partitions: int, name: str, handle: Callable[[list[RawRecord]], Any]
     ) -> None:

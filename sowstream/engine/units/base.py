@@ -68,15 +68,6 @@ class Wiring(Protocol):
     ) -> None:
         """Hand the records of control topic ``topic`` to ``handle`` one at a time."""
 
-    def batch_agent(
-        self,
-        topic: str,
-        partitions: int,
-        name: str,
-        handle: Callable[[list[RawRecord]], Awaitable[None]],
-    ) -> None:
-        """Hand the records of input topic ``topic`` to ``handle`` in batches."""
-
     def pumped_agent(
         self,
         topic: str,
