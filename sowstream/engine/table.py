@@ -458,16 +458,8 @@ class PartitionTable:
     def _stored(
         self, ps: PartitionState, how: Plan, scope: NameScope | None = None
     ) -> Iterator[SowRecord]:
-        if isinstance(how, FullScan):
-            prefix = scope.prefix if scope is not None else b""
-            for key, raw in ps.store.scan(prefix=prefix) if prefix else ps.store.scan():
-                if is_record_key(key) and (scope is None or scope.admits_stored(key)):
-                    yield SowRecord.from_bytes(raw)
-            return
-        for key in self.candidate_keys(ps, how, scope):
-            value = ps.store.get(key)
-            if value is not None:
-                yield SowRecord.from_bytes(value)
+        """The records ``how`` reads, decoded (:meth:`_stored_raw` as records)."""
+        return map(SowRecord.from_bytes, self._stored_raw(ps, how, scope))
 
     # -- writing records -------------------------------------------------------------------------
 
