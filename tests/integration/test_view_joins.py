@@ -20,9 +20,9 @@ from sowstream.client import Client
 from sowstream.views.maintainer import ViewChange, ViewMaintainer
 from sowstream.views.routing import decode_event, source_mark
 from sowstream.wire.topics import TopicNames
-from tests.integration.test_views import recomputed, view_config
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.messages import by_sow_key, eventually
+from tests.support.views import recomputed, view_config
 
 pytestmark = pytest.mark.integration
 

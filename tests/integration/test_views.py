@@ -15,9 +15,7 @@ import pytest
 from confluent_kafka import Producer
 
 from sowstream.client import Client
-from sowstream.config.views import ViewConfig
 from sowstream.errors import InvalidCommandError
-from sowstream.views.maintainer import ViewMaintainer
 from sowstream.wire.kafka import producer_config
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.messages import by_sow_key, eventually, take
@@ -255,33 +253,3 @@ def test_publish_to_a_view_is_refused(engine: EngineProcesses, client: Client) -
     eventually(lambda: regions(client).get(marker), {"region": marker, "total": 3, "n": 1})
     assert marker.encode() not in {k.encode() for k in by_sow_key(client, "BY_REGION")}
     client.sow_delete("orders", filter="/orderId = 999999")
-
-
-# -- recomputation, the reference ------------------------------------------------------------
-
-
-def view_config(view: dict[str, Any]) -> ViewConfig:
-    """A view of this file's YAML-shaped definitions as the engine reads it."""
-    underlying = view["UnderlyingTopic"]
-    return ViewConfig(
-        name=view["Name"],
-        underlying_topic=underlying if isinstance(underlying, str) else None,
-        joins=tuple(underlying["Join"]) if isinstance(underlying, dict) else (),
-        projection=tuple(view["Projection"]),
-        grouping=tuple(view["Grouping"]),
-        filter=view.get("Filter"),
-    )
-
-
-def recomputed(client: Client, view: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The view computed from scratch (ViewMaintainer.recompute) from the underlying SOW.
-
-    Each record's position is its log time: fields shown from a group's last processed row
-    then agree with the engine wherever that row is not a tie within one millisecond.
-    """
-    config = view_config(view)
-    state = {
-        topic: {m.sow_key: (m.json(), m.timestamp) for m in client.sow(topic) if m.command == "sow"}
-        for topic in config.underlying_names
-    }
-    return ViewMaintainer(config).recompute(state)

@@ -41,12 +41,11 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sowstream.broker.local import LocalBroker
 from sowstream.client import Client
-from sowstream.config.views import ViewConfig
 from sowstream.errors import SowstreamError
 from sowstream.filters import compile_filter
-from sowstream.views.maintainer import ViewMaintainer
 from tests.support.engine import EngineProcesses
 from tests.support.subscriber import Cache, without_nulls
+from tests.support.views import recomputed
 
 PARTITIONS = 8
 KEYS = 300  # ids 0..299 take publishes, deltas and deletes
@@ -381,26 +380,6 @@ def history(records: list[LogRecord], key: str) -> str:
         if k is not None and k.decode() == key
     ]
     return "\n".join(lines[-8:]) or "    (not in the log)"
-
-
-def view_config(view: dict[str, Any]) -> ViewConfig:
-    underlying = view["UnderlyingTopic"]
-    return ViewConfig(
-        name=view["Name"],
-        underlying_topic=underlying if isinstance(underlying, str) else None,
-        joins=tuple(underlying["Join"]) if isinstance(underlying, dict) else (),
-        projection=tuple(view["Projection"]),
-        grouping=tuple(view["Grouping"]),
-    )
-
-
-def recomputed(client: Client, view: dict[str, Any]) -> dict[str, Any]:
-    config = view_config(view)
-    state = {
-        topic: {m.sow_key: (m.json(), m.timestamp) for m in client.sow(topic) if m.command == "sow"}
-        for topic in config.underlying_names
-    }
-    return ViewMaintainer(config).recompute(state)
 
 
 def snapshot(client: Client, topic: str) -> dict[str, Any]:
