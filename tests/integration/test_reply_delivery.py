@@ -181,6 +181,20 @@ def test_a_reply_topic_that_never_appears_ends_its_subscription(
     assert _registry_removed(engine, spec.key)
 
 
+def start_client(script: str, engine: EngineProcesses, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A client process running ``script``, its output in ``client.out``; returns once it
+    printed that it is ready."""
+    out = (tmp_path / "client.out").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, engine.bootstrap, engine.prefix], stdout=out, cwd=REPO
+    )
+    deadline = time.monotonic() + 60
+    while '"ready"' not in (tmp_path / "client.out").read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "client did not start"
+        time.sleep(0.2)
+    return proc
+
+
 PAUSED_CLIENT = """
 import json, sys
 from sowstream.client import Client
@@ -215,17 +229,8 @@ def test_a_paused_client_is_told_and_resumes_with_every_message_once(
         publisher.flush()
 
     publish(0, 10)  # before: the SOW part
-    out = (tmp_path / "client.out").open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_CLIENT, engine.bootstrap, engine.prefix],
-        stdout=out,
-        cwd=REPO,
-    )
+    proc = start_client(PAUSED_CLIENT, engine, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while '"ready"' not in (tmp_path / "client.out").read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, "client did not start"
-            time.sleep(0.2)
         publish(10, 20)  # live
         time.sleep(1.0)
         proc.send_signal(signal.SIGSTOP)
@@ -280,17 +285,8 @@ with Client(sys.argv[1], prefix=sys.argv[2], resume=False) as client:
 def test_a_paused_client_that_does_not_resume_is_told_by_an_exception(
     engine: EngineProcesses, tmp_path: Path
 ) -> None:
-    out = (tmp_path / "client.out").open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", UNRESUMED_CLIENT, engine.bootstrap, engine.prefix],
-        stdout=out,
-        cwd=REPO,
-    )
+    proc = start_client(UNRESUMED_CLIENT, engine, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while '"ready"' not in (tmp_path / "client.out").read_text():
-            assert time.monotonic() < deadline and proc.poll() is None, "client did not start"
-            time.sleep(0.2)
         proc.send_signal(signal.SIGSTOP)
         time.sleep(8.0)  # client_timeout is 4 s
         proc.send_signal(signal.SIGCONT)
