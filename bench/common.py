@@ -105,6 +105,22 @@ def wait_queryable(
     return None
 
 
+def paced(send: Callable[[int], object], rate: float, seconds: float) -> float:
+    """Call ``send(i)`` for i = 0, 1, ... at ``rate`` per second for ``seconds`` (on a schedule,
+    so a slow call is caught up on); returns the rate achieved."""
+    gap = 1.0 / rate
+    start = time.perf_counter()
+    end = start + seconds
+    next_at = start
+    sent = 0
+    while time.perf_counter() < end:
+        send(sent)
+        sent += 1
+        next_at += gap
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+    return sent / (time.perf_counter() - start)
+
+
 def pct(values: list[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank; NaN when there are none)."""
     if not values:

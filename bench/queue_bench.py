@@ -35,6 +35,7 @@ from rich.table import Table
 
 from bench.common import (
     bench_bootstrap,
+    paced,
     pct,
     stop_process,
     wait_queryable,
@@ -243,20 +244,15 @@ def queue_latency(
             on_message=lambda msg: latencies.append((time.time() - msg.json()["sent"]) * 1000),
         )
         time.sleep(1.0)
-        gap = 1.0 / rate
-        start = time.perf_counter()
-        end = start + seconds
-        next_at = start
-        n = 10**9
-        while time.perf_counter() < end:
-            pub.publish("jobs", {"n": n, "sent": time.time(), "pad": "x" * 64})
-            n += 1
-            next_at += gap
-            time.sleep(max(0.0, next_at - time.perf_counter()))
-        achieved = (n - 10**9) / (time.perf_counter() - start)
+        achieved = paced(
+            lambda i: pub.publish("jobs", {"n": 10**9 + i, "sent": time.time(), "pad": "x" * 64}),
+            rate,
+            seconds,
+        )
         pub.flush()
         time.sleep(2.0)
         timed.close()
+        n = 2 * 10**9  # numbers the paced run did not use
         # The ack round trip on its own: one message at a time, each ack waiting for its answer.
         sub = sub_client.subscribe("BQ")
         for _ in range(200):
@@ -300,18 +296,12 @@ def kafka_latency(
 
     reader = threading.Thread(target=consume)
     reader.start()
-    gap = 1.0 / rate
-    start = time.perf_counter()
-    end = start + seconds
-    next_at = start
-    sent = 0
-    while time.perf_counter() < end:
+
+    def send(_: int) -> None:
         producer.produce(topic, orjson.dumps({"sent": time.time(), "pad": "x" * 64}))
         producer.poll(0)
-        sent += 1
-        next_at += gap
-        time.sleep(max(0.0, next_at - time.perf_counter()))
-    achieved = sent / (time.perf_counter() - start)
+
+    achieved = paced(send, rate, seconds)
     producer.flush()
     time.sleep(2.0)
     stop.set()

@@ -24,6 +24,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from bench.common import paced
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
 WARM_TIMEOUT = 60.0
@@ -199,17 +200,13 @@ def share_group_latency(
             for p in range(partitions):
                 producer.produce(topic, b"{}", partition=p)
             producer.flush()
-        gap = 1.0 / rate
-        start = time.perf_counter()
-        end = start + seconds
-        next_at = start
-        sent = 0
-        while time.perf_counter() < end:
-            _produce(producer, topic, orjson.dumps({"sent": time.time(), "pad": "x" * 64}))
-            sent += 1
-            next_at += gap
-            time.sleep(max(0.0, next_at - time.perf_counter()))
-        achieved = sent / (time.perf_counter() - start)
+        achieved = paced(
+            lambda _: _produce(
+                producer, topic, orjson.dumps({"sent": time.time(), "pad": "x" * 64})
+            ),
+            rate,
+            seconds,
+        )
         producer.flush()
         time.sleep(2.0)
     finally:

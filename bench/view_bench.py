@@ -43,6 +43,7 @@ from rich.table import Table
 
 from bench.common import (
     bench_bootstrap,
+    paced,
     pct,
     stop_process,
     wait_queryable,
@@ -295,17 +296,11 @@ def view_latency(
     ):
         sub = sub_client.subscribe("lat_v", on_message=handle)
         time.sleep(1.0)  # registered on the worker before the updates come
-        gap = 1.0 / rate
-        start = time.perf_counter()
-        end = start + seconds
-        next_at = start
-        n = 0
-        while time.perf_counter() < end:
-            pub.publish("lat", {"id": n, "grp": f"g{n % groups}", "sent": time.time()})
-            n += 1
-            next_at += gap
-            time.sleep(max(0.0, next_at - time.perf_counter()))
-        achieved = n / (time.perf_counter() - start)
+        achieved = paced(
+            lambda n: pub.publish("lat", {"id": n, "grp": f"g{n % groups}", "sent": time.time()}),
+            rate,
+            seconds,
+        )
         pub.flush()
         time.sleep(3.0)
         sub.close()
