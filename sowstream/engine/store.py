@@ -177,19 +177,21 @@ class RocksPartition:
 
     def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
         # Bounded in RocksDB itself: no value is read and iteration ends at ``stop``.
-        options = ReadOptions()
-        if stop is not None:
-            options.set_iterate_upper_bound(stop)
-        keys: Iterator[bytes] = self._db().keys(from_key=start, read_opt=options)
+        keys: Iterator[bytes] = self._db().keys(from_key=start, read_opt=_bounded(stop))
         return keys
 
     def values(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
         # Bounded in RocksDB itself, and no key is handed to Python (a raw scan needs none).
-        options = ReadOptions()
-        if stop is not None:
-            options.set_iterate_upper_bound(stop)
-        values: Iterator[bytes] = self._db().values(from_key=start, read_opt=options)
+        values: Iterator[bytes] = self._db().values(from_key=start, read_opt=_bounded(stop))
         return values
+
+
+def _bounded(stop: bytes | None) -> ReadOptions:
+    """Read options ending iteration before ``stop`` (None: at the end)."""
+    options = ReadOptions()
+    if stop is not None:
+        options.set_iterate_upper_bound(stop)
+    return options
 
 
 class MemoryPartition:
