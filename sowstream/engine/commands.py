@@ -18,6 +18,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Generic, NamedTuple, TypeVar
 
+from sowstream.wire import headers as h
+
 COMMAND_BATCH = 500  # records handled in one go at most
 INBOX_SIZE = 2_000  # records forwarded but not yet handled; a full inbox holds the agent back
 
@@ -43,7 +45,7 @@ class ControlRecord(NamedTuple):
     @property
     def credential(self) -> str | None:
         """Its ``sow.credential`` header (sowstream.auth)."""
-        return self.headers.get("sow.credential") if self.headers else None
+        return self.headers.get(h.CREDENTIAL) if self.headers else None
 
 
 class CommandInbox(Generic[A, R]):

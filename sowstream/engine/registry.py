@@ -84,9 +84,10 @@ class SubscriptionRegistry:
         if value is None:
             self._apply(key, None)
             return
+        headers = h.header_map(msg.headers())
         problem: SchemaVersionError | None = None
         try:
-            version = version_of(h.header_map(msg.headers()))
+            version = version_of(headers)
             check(version, "the registration")
         except SchemaVersionError as exc:
             problem, version = exc, exc.written or 1
@@ -109,7 +110,6 @@ class SubscriptionRegistry:
         if auth is not None and auth.enabled:
             # Checked against the time the registration was written, so a worker reading the
             # registry again after a restart decides as the first one did.
-            headers = h.header_map(msg.headers())
             try:
                 identity = auth.identify(
                     headers.get(h.CREDENTIAL),

@@ -242,15 +242,21 @@ def authenticated(
     for rec in recs:
         headers = rec.headers
         claimed = headers.get(h.IDENTITY) or ""
-        changed = dict(headers)
-        changed.pop(h.REFUSED, None)
         try:
-            changed[h.IDENTITY] = authenticator.identify(
+            identity = authenticator.identify(
                 headers.get(h.CREDENTIAL), claimed, log_topic, rec.key, rec.value, rec.timestamp
             )
+            refused = None
         except AuthenticationError as exc:
-            changed[h.REFUSED] = f"{exc.reason} {exc}"
-        out.append(replace(rec, headers=changed) if changed != headers else rec)
+            identity, refused = claimed, f"{exc.reason} {exc}"
+        if identity == claimed and refused is None and h.REFUSED not in headers:
+            out.append(rec)  # the common case: the record stays as it is, no copy
+            continue
+        changed = {k: v for k, v in headers.items() if k != h.REFUSED}
+        changed[h.IDENTITY] = identity
+        if refused is not None:
+            changed[h.REFUSED] = refused
+        out.append(replace(rec, headers=changed))
     return out
 
 
