@@ -166,17 +166,7 @@ class Querying:
             answer = (*part, reply.answer_id)
             if reply.command == "oof":  # a replace moved these records out of scope
                 partial[answer].oofs.extend(
-                    Message(
-                        "oof",
-                        topic=rec.topic or reply.topic,
-                        sow_key=rec.sow_key,
-                        query_id=query_id,
-                        data=rec.data,
-                        timestamp=rec.timestamp,
-                        reason=reply.reason,
-                        bookmark=message_bookmark(rec.timestamp, reply.partition, rec.log_offset),
-                        codec=codec,
-                    )
+                    record_message("oof", reply, rec, query_id, codec, reason=reply.reason)
                     for rec in reply.records
                 )
                 continue
@@ -187,21 +177,10 @@ class Querying:
                 partial[answer].batches.append(RawMessages(reply, query_id, codec))
                 continue
             if reply.command == protocol.SOW:
+                size = len(reply.records)
                 partial[answer].batches.append(
                     [
-                        Message(
-                            "sow",
-                            topic=rec.topic or reply.topic,
-                            sow_key=rec.sow_key,
-                            query_id=query_id,
-                            data=rec.data,
-                            timestamp=rec.timestamp,
-                            batch_size=len(reply.records),
-                            bookmark=message_bookmark(
-                                rec.timestamp, reply.partition, rec.log_offset
-                            ),
-                            codec=codec,
-                        )
+                        record_message("sow", reply, rec, query_id, codec, batch_size=size)
                         for rec in reply.records
                     ]
                 )
@@ -307,3 +286,25 @@ class Querying:
                 yield replace(msg, bookmark=msg.sow_key, topic=queue)
             else:
                 yield msg
+
+
+def record_message(
+    kind: str,
+    reply: protocol.Reply,
+    rec: protocol.ReplyRecord,
+    query_id: str,
+    codec: MessageType | None,
+    **fields: Any,
+) -> Message:
+    """The application's message for one record of a ``sow`` or ``oof`` reply."""
+    return Message(
+        kind,
+        topic=rec.topic or reply.topic,
+        sow_key=rec.sow_key,
+        query_id=query_id,
+        data=rec.data,
+        timestamp=rec.timestamp,
+        bookmark=message_bookmark(rec.timestamp, reply.partition, rec.log_offset),
+        codec=codec,
+        **fields,
+    )
