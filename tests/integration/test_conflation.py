@@ -203,11 +203,15 @@ def test_random_workload(engine: EngineProcesses, failover: bool) -> None:
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     stop = threading.Event()
+    # A command whose partition owner was just SIGKILLed is answered by the next owner: after the
+    # session timeout (10 s), the rebalance and its table recovery, which on a loaded machine can
+    # pass the client's default 30 s.
+    timeout = 90.0 if failover else 30.0
     with (
-        engine.client() as reader,
-        engine.client() as p1,
-        engine.client() as p2,
-        engine.client() as p3,
+        engine.client(timeout=timeout) as reader,
+        engine.client(timeout=timeout) as p1,
+        engine.client(timeout=timeout) as p2,
+        engine.client(timeout=timeout) as p3,
     ):
         reader.sow_delete("mix", filter="1=1")
         publishers = [
