@@ -40,7 +40,7 @@ MAX_BUFFERED = 10_000
 MessageHandler = Callable[[Message], None]
 
 # The snapshot covers every operation up to its watermark, including all records one delete by
-# filter removed there (seq 1..n); expiry sequences (time-based, far larger) come after it.
+# filter removed there (seq 1..n).
 CUT_SEQ = 10**9
 
 

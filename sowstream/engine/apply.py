@@ -60,7 +60,7 @@ from sowstream.sow.patterns import name_regex
 from sowstream.sow.planner import plan
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.matcher import TopicSubscriptions
-from sowstream.subscriptions.model import OOF_DELETED, Change
+from sowstream.subscriptions.model import OOF_DELETED, OOF_EXPIRED, Change
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.protocol import ACK, FAILURE, SUCCESS, Reply
@@ -464,7 +464,11 @@ class Applier:
             last = max(last, rec.offset)
             outcome.last_record = rec
             try:
-                if self.view_name is not None and rec.headers.get(h.VIEW) != self.view_name:
+                if (
+                    self.view_name is not None
+                    and rec.headers.get(h.VIEW) != self.view_name
+                    and rec.headers.get(h.COMMAND) != h.SOW_EXPIRE  # the engine's own sweep
+                ):
                     raise InvalidMessageError(
                         f"topic {topic.name!r} is computed by the engine (a view or a "
                         "conflated topic): only the engine writes it; "
@@ -505,13 +509,14 @@ class Applier:
                     bodies[key] = op.body  # type: ignore[assignment]
                 else:
                     bodies.pop(key, None)
-                if self._queues and new is not None and op.command != h.SOW_DELETE:
+                if self._queues and new is not None and op.command in h.PUBLISHES:
                     outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
-                count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
+                count = 1 if (op.command in h.PUBLISHES or new is not stored) else 0
                 if events is not None:
-                    _note(events, op.sow_key, stored, new, rec, body=bodies.get(key))
+                    reason = OOF_EXPIRED if op.command == h.SOW_EXPIRE else OOF_DELETED
+                    _note(events, op.sow_key, stored, new, rec, body=bodies.get(key), reason=reason)
             applied += 1
             if not replay and op.reply_to:
                 outcome.acks.append(Ack(rec, count, SUCCESS))
@@ -540,7 +545,7 @@ class Applier:
             try:
                 check_refused(topic, rec.headers)
                 sow_key = plain_key(compiled, rec, command)
-                if topic.publish_filters and command != h.SOW_DELETE:
+                if topic.publish_filters and command in h.PUBLISHES:
                     delta = command == h.DELTA_PUBLISH
                     body = parse_body(compiled, rec.value, delta=delta)
                     check_publish_entitlement(topic, rec.headers, body)
@@ -549,7 +554,7 @@ class Applier:
                     outcome.dead.append(Rejected(rec, exc))
                     outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
                 continue
-            if self._queues and command != h.SOW_DELETE and rec.value is not None:
+            if self._queues and command in h.PUBLISHES and rec.value is not None:
                 body = parse_body(compiled, rec.value)
                 outcome.enqueued.append(queued(rec, rec.value, body))
             if sow_key is not None and events is not None:
@@ -688,7 +693,7 @@ def plain_key(compiled: CompiledTopic[TopicConfig], rec: RawRecord, command: str
             topic=topic.name,
             reason="unknown_command",
         )
-    if command == h.SOW_DELETE:
+    if command not in h.PUBLISHES:
         return None
     body = parse_body(compiled, rec.value, delta=command == h.DELTA_PUBLISH)
     if not topic.user_supplied_keys:
@@ -704,6 +709,7 @@ def _note(
     rec: RawRecord,
     seq: int = 0,
     body: dict[str, Any] | None = None,
+    reason: str = OOF_DELETED,
 ) -> None:
     """Record an op's effect for subscribers (``body``: ``new`` parsed, if known)."""
     if new is stored:
@@ -722,7 +728,7 @@ def _note(
             rec.partition,
             rec.offset,
             rec.timestamp,
-            OOF_DELETED,
+            reason,
             seq=seq,
             _after_body=body,
         )

@@ -2,40 +2,48 @@
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
 import time
+from typing import Any
 
 from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
-from sowstream.engine.derived import delivered
-from sowstream.engine.outbox import Outbox
 from sowstream.engine.partition import HISTORY_PRUNE_SECONDS
 from sowstream.engine.ports import Sender, wall_clock_ms
 from sowstream.engine.table import PartitionTable
 from sowstream.sow.history import HISTORY_PREFIX, expired_versions
+from sowstream.sow.patterns import split_key
 from sowstream.sow.record import SowRecord
-from sowstream.subscriptions.matcher import TopicSubscriptions
-from sowstream.subscriptions.model import OOF_EXPIRED, Change
+from sowstream.wire import headers as h
 
 log = logging.getLogger("sowstream.engine")
+
+EXPIRE = h.SOW_EXPIRE.encode()
+# How long a written removal has to come back through the log before it is written again.
+RECHECK_MS = 30_000
+SEND_TIMEOUT_S = 30.0
 
 
 class Maintenance:
     """The maintenance stage, run by the worker's timers."""
 
-    def __init__(
-        self, table: PartitionTable, sender: Sender, subs: TopicSubscriptions, outbox: Outbox
-    ) -> None:
+    def __init__(self, table: PartitionTable, sender: Sender, log_topic: str) -> None:
         self.topic: TopicConfig = table.topic
         self._table = table
         self._sender = sender
-        self._subs = subs
-        self._outbox = outbox
+        self._log_topic = log_topic
         self._pruned_at = 0.0  # when History was last pruned (time.monotonic)
 
     async def expire_due(self, now_ms: int | None = None) -> int:
-        """Delete every record whose expiration has passed; returns how many were deleted."""
+        """Ask for the removal of every record whose expiration has passed; returns how many
+        removals were written to the log.
+
+        An expiry is written to the topic's log as a ``sow_expire`` record and applied when the
+        pump reads it back, like any other operation: its messages then have a log position of
+        their own, so a new owner that meets it again after a crash sends the same position
+        (which subscribers drop as a repeat) instead of a second ``oof`` at a later one."""
         table = self._table
         if not table.expires:
             return 0
@@ -46,53 +54,51 @@ class Maintenance:
                 continue
             async with ps.lock:
                 await table.settle(ps)
-                overlay: dict[bytes, SowRecord | None] = {}
-                before: dict[bytes, SowRecord | None] = {}
+                due_now: dict[bytes, SowRecord] = {}
                 while ps.expiry and ps.expiry[0][0] <= now:
-                    due, key = heapq.heappop(ps.expiry)
-                    stored = table.load_record(ps, overlay, key)
-                    # Entries go stale when an update moves the expiration; only the current one
-                    # counts.
-                    if stored is None or stored.expiration != due:
-                        continue
-                    before[key] = stored
-                    overlay[key] = None
-                if overlay and (self._subs or self._outbox.views):
-                    # Not a log operation: placed after everything the partition has applied,
-                    # ordered by expiry time (so the same on a replay).
-                    gone = sorted((r.expiration or 0, r.sow_key, r) for r in before.values() if r)
-                    expired = [
-                        Change(
-                            r.sow_key,
-                            r,
-                            None,
-                            p,
-                            ps.watermark,
-                            now,
-                            OOF_EXPIRED,
-                            seq=due * 1000 + i + 1,
-                        )
-                        for i, (due, _, r) in enumerate(gone)
-                    ]
-                    await self._outbox.deliver(self._subs.dispatch(expired, now), wait=True)
-                    try:
-                        await delivered(await self._outbox.feed_views(expired), "change events")
-                    except RuntimeError as exc:
-                        # Stored, the expiry would never reach the views: retried next pass.
-                        log.error(
-                            "topic %s partition %d: expiry postponed: %s", self.topic.name, p, exc
-                        )
-                        for due, key in ((r.expiration or 0, k) for k, r in before.items() if r):
-                            heapq.heappush(ps.expiry, (due, key))
-                        continue
-                if overlay:
-                    journal = self._subs.take_journal(p)
-                    changes = table.write(ps, overlay, before, journal=journal)
-                    await ps.store.replicate(changes, self._sender)
-                    total += len(overlay)
+                    when, key = heapq.heappop(ps.expiry)
+                    stored = table.load_record(ps, {}, key)
+                    # Entries go stale when an update moves the expiration later (the new one
+                    # has an entry of its own) or the record goes.
+                    if stored is not None and (stored.expiration or now + 1) <= when:
+                        due_now[key] = stored
+            if not due_now:
+                continue
+            sent = [await self._request(p, stored) for stored in due_now.values()]
+            failed = await self._failed([f for f in sent if f is not None])
+            if failed is not None:
+                log.error("topic %s partition %d: expiry postponed: %s", self.topic.name, p, failed)
+            else:
+                total += len(due_now)
+            for key, stored in due_now.items():
+                # A failed request is tried again next pass. A written one is looked at again
+                # later: by then the pump has applied it and the record is gone, unless the
+                # request was lost with a worker (repeating it is harmless: a no-op if applied).
+                when = (stored.expiration or now) if failed is not None else now + RECHECK_MS
+                heapq.heappush(ps.expiry, (when, key))
         if total:
             metrics.EXPIRED.labels(self.topic.name).inc(total)
         return total
+
+    async def _request(self, partition: int, stored: SowRecord) -> Any:
+        """Write the removal of ``stored`` to its log partition, keyed as its publishes are."""
+        name, sow_key = split_key(stored.sow_key) if self.topic.pattern else ("", stored.sow_key)
+        headers = [(h.COMMAND, EXPIRE), (h.DUE, str(stored.expiration).encode())]
+        if name:
+            headers.append((h.TOPIC, name.encode()))
+        return await self._sender.send(
+            self._log_topic, None, key=sow_key.encode(), partition=partition, headers=headers
+        )
+
+    @staticmethod
+    async def _failed(sent: list[asyncio.Future[Any]]) -> BaseException | None:
+        """The first delivery error among ``sent`` (None when Kafka took them all)."""
+        if not sent:
+            return None
+        _, late = await asyncio.wait(sent, timeout=SEND_TIMEOUT_S)
+        if late:
+            return TimeoutError(f"{len(late)} removals not acknowledged in {SEND_TIMEOUT_S:.0f}s")
+        return next((f.exception() for f in sent if f.exception() is not None), None)
 
     async def prune_history(self, now_ms: int | None = None) -> int:
         """Drop versions that left the History Window (at most once a minute)."""

@@ -174,7 +174,7 @@ class Ownership:
         message as published (the log does not keep merged or enriched records); None for
         deletes and records that do not decode (they were dead-lettered when applied)."""
         command = rec.headers.get(h.COMMAND) or h.PUBLISH
-        if rec.value is None or command == h.SOW_DELETE:
+        if rec.value is None or command not in h.PUBLISHES:
             return None
         try:
             body = parse_body(self.compiled, rec.value, delta=command == h.DELTA_PUBLISH)

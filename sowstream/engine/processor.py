@@ -109,8 +109,8 @@ class TopicProcessor:
             self.ownership,
             self.queries,
         )
-        self.maintenance = Maintenance(self.table, sender, self.subs, self.outbox)
         self.log_topic = self.applier.log_topic
+        self.maintenance = Maintenance(self.table, sender, self.log_topic)
         # What the worker calls, by stage.
         self.state = self.table.get
         self.process = self.applier.process

@@ -190,6 +190,19 @@ def decode_log_record(
         command_id=headers.get(h.COMMAND_ID) or None,
         name=published_name(topic, headers),
     )
+    if command == h.SOW_EXPIRE:
+        raw_due = headers.get(h.DUE) or ""
+        if not raw_due.isdigit() or len(raw_due) > 18:
+            raise InvalidMessageError(
+                f"topic {topic.name!r}: sow_expire needs the expiration it removes, in ms, in "
+                f"header {h.DUE} (got {raw_due[:40]!r})",
+                topic=topic.name,
+                reason="bad_header",
+            )
+        op.expiration_ms = int(raw_due)
+        supplied = kafka_key or headers.get(h.SOW_KEY)
+        _keyed(op, resolve_sow_key(topic, None, supplied, op.name), False)
+        return op
     if command == h.SOW_DELETE:
         filter_text = headers.get(h.FILTER)
         if filter_text is not None:
@@ -241,6 +254,11 @@ def authenticated(
     out: list[RawRecord] = []
     for rec in recs:
         headers = rec.headers
+        if headers.get(h.COMMAND) == h.SOW_EXPIRE and h.REFUSED not in headers:
+            # The engine's own expiry sweep, unsigned: it can only remove a record whose own
+            # expiration has passed, which the worker would remove anyway.
+            out.append(rec)
+            continue
         claimed = headers.get(h.IDENTITY) or ""
         try:
             identity = authenticator.identify(
@@ -334,6 +352,10 @@ def apply_keyed(
         return stored
     if op.command == h.SOW_DELETE:
         return None
+    if op.command == h.SOW_EXPIRE:
+        # Only the expiration it names: a record published again meanwhile stays.
+        expired = stored is not None and stored.expiration == op.expiration_ms
+        return None if expired else stored
     assert op.sow_key is not None and op.body is not None and op.data is not None
     data = op.data
     enrichment = compiled.stages.enrichment

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-COMMAND = "sow.cmd"  # publish (default) | delta_publish | sow_delete; on replies: publish | oof
+# publish (default) | delta_publish | sow_delete | sow_expire; on replies: publish | oof
+COMMAND = "sow.cmd"
 SOW_KEY = "sow.key"  # SowKey for topics whose publishers supply keys, when the record has no key
 EXPIRATION = "sow.expiration"  # per-message expiration in seconds; 0 = never
 FILTER = "sow.filter"  # sow_delete by content filter (partition-scoped: send one per partition)
@@ -43,7 +44,13 @@ LEASE = "sow.lease"  # when the lease ends (epoch ms); absent for a lease that n
 PUBLISH = "publish"
 DELTA_PUBLISH = "delta_publish"
 SOW_DELETE = "sow_delete"
-LOG_COMMANDS = frozenset({PUBLISH, DELTA_PUBLISH, SOW_DELETE})
+# Written by the engine's expiry sweep: remove the record if its expiration is still ``sow.due``
+# (epoch ms). Logged rather than applied on the spot, so every owner of the partition meets the
+# expiry at the same log position.
+SOW_EXPIRE = "sow_expire"
+DUE = "sow.due"
+LOG_COMMANDS = frozenset({PUBLISH, DELTA_PUBLISH, SOW_DELETE, SOW_EXPIRE})
+PUBLISHES = frozenset({PUBLISH, DELTA_PUBLISH})  # the commands that carry a message
 # On <prefix>.ctl-auto: a client asks for a topic in no configuration (created on first use).
 DECLARE_TOPIC = "declare_topic"
 

@@ -361,7 +361,7 @@ def fold(
         if key is None:
             continue
         cmd = (headers.get("sow.cmd") or b"publish").decode()
-        if cmd == "sow_delete":
+        if cmd in ("sow_delete", "sow_expire"):  # only expiring ids are ever removed on expiry
             state.pop(key, None)
         elif cmd == "delta_publish":
             if key in state:

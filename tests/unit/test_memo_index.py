@@ -38,6 +38,7 @@ from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
 from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames
+from tests.support.expiry import expire_through_log
 from tests.support.sender import RecordingSender
 
 
@@ -340,7 +341,7 @@ def test_expired_records_take_their_entries_with_them() -> None:
         await proc.process(records)
         await proc.drain()
         assert len(stored_memo_entries(ps)) == 20  # /a: text and number per record
-        assert await proc.expire_due(now_ms=10_000) == 10
+        assert await expire_through_log(proc, sender, 10_000) == 10
         assert stored_memo_entries(ps) == set()
         assert await query(proc, sender, "/a >= 0") == []
 

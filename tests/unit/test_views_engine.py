@@ -30,6 +30,7 @@ from sowstream.views.maintainer import ViewMaintainer
 from sowstream.views.routing import ViewFeed, input_partitions, join_route_paths
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
+from tests.support.expiry import expire_through_log
 from tests.support.sender import RecordingSender
 from tests.unit.test_processor_model import TOPIC, key_of, op, to_records
 
@@ -380,16 +381,16 @@ def test_a_batch_whose_change_events_kafka_refused_is_not_stored() -> None:
     asyncio.run(go())
 
 
-def test_an_expiry_whose_change_events_kafka_refused_is_postponed() -> None:
-    """Expired records are deleted only once Kafka has the views' change events; during an
-    outage they stay (and expire at the next pass), so the view loses them too."""
+def test_an_expiry_kafka_refused_is_postponed_and_reaches_the_view_through_the_log() -> None:
+    """The sweep writes its removals to the log; while Kafka refuses them the records stay (and
+    are swept again at the next pass); once applied from the log they leave the view too."""
 
     async def go() -> None:
         topic = load_config_text(
             "sow:\n  - Name: t\n    Key: /id\n    Expiration: enabled\n    Durability: transient\n"
         ).topics[0]
-        outage = InputOutage(accepted=1_000)
-        sender = outage.sender
+        log_down = True
+        sender = RecordingSender(refuse=lambda name: log_down and name == source.log_topic)
         source = TopicProcessor(compile_topic(topic), TopicNames("p"), sender)
         source.views.append(ViewFeed(VIEW, "t", "in"))
         ps = await source.ready(0)
@@ -408,11 +409,11 @@ def test_an_expiry_whose_change_events_kafka_refused_is_postponed() -> None:
             ]
         )
         await source.drain()
-        outage.accepted = 0
-        assert await source.expire_due(now_ms=10_000) == 0
+        assert await expire_through_log(source, sender, 10_000) == 0
         assert sum(1 for k, _ in ps.store.scan() if is_record_key(k)) == 6
-        outage.down = False
-        assert await source.expire_due(now_ms=10_000) == 6
+        log_down = False
+        assert await expire_through_log(source, sender, 10_000) == 6
+        assert sum(1 for k, _ in ps.store.scan() if is_record_key(k)) == 0
 
         runner = new_runner(sender)
         for (name, _), recs in list(partitions(sender).items()):
