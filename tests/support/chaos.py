@@ -304,18 +304,25 @@ def consume(client: Client, ledger: Ledger, rng: random.Random, stop: threading.
         roll = rng.random()
         if roll < 0.08:
             continue  # ignored: its lease ends and it comes back
-        try:
-            if roll < 0.16:
+        if roll < 0.16:
+            with contextlib.suppress(SowstreamError):
                 client.ack("JQ", msg.bookmark, action="cancel", wait=False)
+            continue
+        for attempt in range(2):
+            try:
+                removed = client.ack("JQ", msg.bookmark)
+            except SowstreamError as exc:
+                # Its partition is changing hands: the ack may still be applied (so the message
+                # is gone) or not (it comes again); an application asks again to know which.
+                with ledger.lock:
+                    ledger.events[n].append(f"ack #{attempt + 1} failed: {exc}")
                 continue
-            removed = client.ack("JQ", msg.bookmark)
-        except SowstreamError:
-            continue  # its partition is changing hands: the message comes again
-        with ledger.lock:
-            ledger.events[n].append(f"ack answered {removed}")
-            if removed:
-                ledger.confirmed[n] += 1
-                ledger.first_confirmed.setdefault(n, int(time.time() * 1000))
+            with ledger.lock:
+                ledger.events[n].append(f"ack #{attempt + 1} answered {removed}")
+                if removed:
+                    ledger.confirmed[n] += 1
+                    ledger.first_confirmed.setdefault(n, int(time.time() * 1000))
+            break
     sub.close()
 
 
@@ -622,7 +629,8 @@ def check(
         def all_acked() -> tuple[bool, str]:
             with ledger.lock:
                 missing = sorted(set(range(jobs)) - set(ledger.confirmed))
-            return not missing, f"never acknowledged: {missing[:10]} of {len(missing)}"
+                stories = "; ".join(f"{n}: {ledger.events.get(n)}" for n in missing[:3])
+            return not missing, f"never acknowledged: {missing[:10]} of {len(missing)} ({stories})"
 
         if (detail := settled(all_acked, 120)) is not None:
             problems.append(f"queue JQ: {detail}")
