@@ -218,10 +218,12 @@ class Placement:
                     then = [r for r in past.values() if view.covers(r.sow_key)]
                     if want_raw:
                         raw, _ = await table.matching_raw(
-                            ps, FullScan(), scope, view.entitled, then
+                            ps, FullScan(), scope, view.entitled, then, unswept=True
                         )
                     else:
-                        matched = await table.matching(ps, FullScan(), scope, view.entitled, then)
+                        matched = await table.matching(
+                            ps, FullScan(), scope, view.entitled, then, unswept=True
+                        )
                 start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
                 await self._outbox.deliver(self._subs.replay(spec.key, replayed), wait=True)
                 watermark = start - 1  # the client keeps messages after this: the replay on
@@ -233,16 +235,16 @@ class Placement:
                     how = await table.query_plan(partition, ps, view.filter, keys, view.scope)
                     if want_raw:
                         raw, _ = await table.matching_raw(
-                            ps, how, scope, view.entitled, scope=view.scope
+                            ps, how, scope, view.entitled, scope=view.scope, unswept=True
                         )
                     else:
                         matched = await table.matching(
-                            ps, how, scope, view.entitled, scope=view.scope
+                            ps, how, scope, view.entitled, scope=view.scope, unswept=True
                         )
                 else:
                     # Entering scope: the new SOW part; leaving scope: out of focus.
                     for rec, body in await table.matching(
-                        ps, FullScan(), everything, view.entitled, scope=view.scope
+                        ps, FullScan(), everything, view.entitled, scope=view.scope, unswept=True
                     ):
                         assert body is None
                         parsed = table.parse(rec.data)

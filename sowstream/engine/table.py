@@ -355,6 +355,8 @@ class PartitionTable:
         visible: Filter | None = None,
         records: Iterable[SowRecord] | None = None,
         scope: NameScope | None = None,
+        *,
+        unswept: bool = False,
     ) -> list[tuple[SowRecord, dict[str, Any] | None]]:
         """Records of the partition that match (and ``visible`` allows), read under its lock.
 
@@ -367,8 +369,10 @@ class PartitionTable:
         flt = opts.filter
         parse = self.parse
         need_parsed = flt is not None or visible is not None or bool(opts.order_by)
-        # An expired record may still wait for the next expiry sweep; never show it.
-        now = wall_clock_ms() if self.expires else None
+        # An expired record may still wait for its removal to come through the log: a query
+        # never shows it, a subscription's SOW part (``unswept``) does, since the removal's oof
+        # follows in the subscription's stream.
+        now = wall_clock_ms() if self.expires and not unswept else None
         seen = 0
         for rec in records if records is not None else self._stored(ps, how, scope):
             seen += 1
@@ -392,6 +396,8 @@ class PartitionTable:
         visible: Filter | None = None,
         records: Iterable[SowRecord] | None = None,
         scope: NameScope | None = None,
+        *,
+        unswept: bool = False,
     ) -> tuple[list[bytes], list[dict[str, Any]] | None]:
         """:meth:`matching` as stored values (format 1), for raw scans: the values that match,
         and their parsed bodies when a filter, an entitlement or OrderBy needed them (None
@@ -404,8 +410,10 @@ class PartitionTable:
             source = self._stored_raw(ps, how, scope)
         flt = opts.filter
         need_parsed = flt is not None or visible is not None or bool(opts.order_by)
-        # An expired record may still wait for the next expiry sweep; never show it.
-        now = wall_clock_ms() if self.expires else None
+        # An expired record may still wait for its removal to come through the log: a query
+        # never shows it, a subscription's SOW part (``unswept``) does, since the removal's oof
+        # follows in the subscription's stream.
+        now = wall_clock_ms() if self.expires and not unswept else None
         values: list[bytes] = []
         bodies: list[dict[str, Any]] | None = [] if need_parsed else None
         parse = self.parse

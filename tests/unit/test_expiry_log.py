@@ -189,3 +189,32 @@ def test_a_new_owner_replaying_a_removal_sends_the_oof_at_the_same_position() ->
     position = (h.PARTITION, h.OFFSET, h.SEQ)
     assert [first.get(p) for p in position] == [second.get(p) for p in position]
     assert first[h.REASON] == "expired"
+
+
+def test_a_subscription_placed_before_the_removal_comes_through_gets_the_record_then_its_oof() -> (
+    None
+):
+    """A query hides a record past its expiration at once; a subscription's SOW part still
+    carries it while its removal is on the way, so the oof that follows is for a held record."""
+
+    async def go() -> None:
+        sender = RecordingSender()
+        proc = TopicProcessor(COMPILED, TopicNames("p"), sender)
+        await proc.ready(0)
+        await proc.process([publish(0, 1, 1)])  # expired long ago by the wall clock
+        await proc.drain()
+        query = subscribed().with_(command="sow", sub_id="", sub_options="")
+        await proc.query(query, 0)
+        assert [r.command for r in sender.replies()] == ["part_end"]
+        sender.take()
+        await proc.subscribe(subscribed().with_(batch_size=10), 0)
+        (snapshot, end) = sender.replies()
+        assert (snapshot.command, end.command) == ("sow", "part_end")
+        assert [orjson.loads(r.data) for r in snapshot.records] == [{"id": 1, "v": 1}]
+        sender.take()
+        await proc.process([expire(1, 1)])
+        await proc.drain()
+        (oof,) = [headers for _, headers in sender.live()]
+        assert (oof[h.COMMAND], oof[h.REASON], oof[h.OFFSET]) == ("oof", "expired", "1")
+
+    asyncio.run(go())
