@@ -65,7 +65,10 @@ class Cache:
         if msg.command == "oof":
             held = self.records.get(key)
             if self.held_only:
-                assert held is not None, f"an oof for record {key}, which the subscriber lacks"
+                assert held is not None, (
+                    f"an oof ({msg.reason}, at {msg.bookmark}) for record {key}, "
+                    "which the subscriber lacks"
+                )
             if (
                 held is not None
                 and key not in self.partial
