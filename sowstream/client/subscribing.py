@@ -394,7 +394,7 @@ class Subscribing:
             sub_id,
             specs,
             user,
-            key_fields={info.name: info.keys for info in infos},
+            key_fields={info.name: info.delta_keys for info in infos},
             patterns={info.name: info.pattern for info in infos if info.pattern},
             codec=codec_of(infos),
             window=window,

@@ -42,6 +42,9 @@ class TopicInfo:
     # Preprocessing Fields, applied before computing a SowKey (and AMPS_INSTANCE_NAME() there).
     preprocessing: tuple[str, ...] = ()
     instance_name: str = ""
+    # A view's or conflated topic's fields that name a record though it has no Key fields: its
+    # Grouping fields, or the underlying record's key fields (see delta_keys).
+    record_keys: tuple[str, ...] = ()
     # How a command addresses a Pattern topic: the regex its records' topic names must match
     # (one name escaped); None: every name. Not part of the definition on the meta topic.
     topic_regex: str | None = None
@@ -50,6 +53,12 @@ class TopicInfo:
     def queue(self) -> bool:
         """Whether this name is a queue (subscribe leases, sow browses)."""
         return bool(self.queue_of)
+
+    @property
+    def delta_keys(self) -> tuple[str, ...]:
+        """The fields a delta carries to name its record (send_keys): the Key fields, else a
+        view's Grouping fields or a conflated topic's underlying key fields."""
+        return self.keys or self.record_keys
 
     @property
     def ident(self) -> str:
@@ -91,6 +100,7 @@ class TopicInfo:
             pattern=d.get("pattern") or "",
             preprocessing=tuple(d.get("preprocessing") or ()),
             instance_name=d.get("instance_name") or "",
+            record_keys=tuple(d.get("delta_keys") or ()),
         )
 
     def refuse_writes(self) -> None:

@@ -214,7 +214,8 @@ class ConflatedTopicConfig(Frozen):
         no Key fields (records keep the underlying SowKeys), its own partitions, and its hash
         indexes after the one on the underlying records' key fields (``key_fields``, by default
         the underlying Key fields), as AMPS creates it. Over a Pattern topic it is a Pattern
-        topic too, holding the names TopicFormat makes (:func:`conflated_pattern`)."""
+        topic too, holding the names TopicFormat makes (:func:`conflated_pattern`). Its deltas
+        name a record by the fields the underlying topic's deltas do (``delta_keys``)."""
         automatic = tuple(underlying.keys) if key_fields is None else key_fields
         extra = tuple(k for k in self.hash_indexes if k != automatic)
         pattern = None
@@ -226,6 +227,7 @@ class ConflatedTopicConfig(Frozen):
             "partitions": self.partitions,
             "hash_indexes": ((automatic,) if automatic else ()) + extra,
             "pattern": pattern,
+            "record_keys": underlying.delta_keys,
         }
         if self.enrichment:  # an empty one is refused, so it is only given when there is one
             fields["enrichment"] = self.enrichment

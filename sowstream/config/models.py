@@ -201,6 +201,11 @@ class TopicConfig(Frozen):
     # entitlements as (identity, filter) pairs.
     instance_name: str = DEFAULT_INSTANCE_NAME
     publish_filters: tuple[tuple[str, str], ...] = ()
+    # Set by the configuration for a view's or conflated topic's SOW topic, which has no Key
+    # fields (its records carry SowKeys made elsewhere): the fields that still name a record,
+    # so deltas carry them (send_keys). A view's Grouping fields as it shows them; a conflated
+    # topic's underlying record key fields. No configuration element sets it.
+    record_keys: tuple[str, ...] = ()
 
     @field_validator("name", mode="before")
     @classmethod
@@ -451,6 +456,12 @@ class TopicConfig(Frozen):
         return (
             self.pattern is not None and compile_pattern(self.pattern).fullmatch(name) is not None
         )
+
+    @property
+    def delta_keys(self) -> tuple[str, ...]:
+        """The fields a delta message carries to name its record (send_keys): the Key fields,
+        else the record keys of a view or conflated topic (:attr:`record_keys`)."""
+        return self.keys or self.record_keys
 
     @property
     def user_supplied_keys(self) -> bool:

@@ -255,12 +255,14 @@ class ViewConfig(Frozen):
     def topic_config(self) -> TopicConfig:
         """The view as a SOW topic for readers: no Key fields (the maintainer supplies each
         record's SowKey, made from the Grouping values with the KeyDomain), its own partitions,
-        and the hash indexes of the view (the Grouping one first)."""
+        the hash indexes of the view (the Grouping one first), and the view fields showing the
+        Grouping fields as the fields that name a record in a delta (send_keys)."""
         return TopicConfig(
             name=self.name,
             message_type=self.message_type,
             partitions=self.partitions,
             hash_indexes=self.all_hash_indexes,
+            record_keys=self.compile().projection.shown_grouping,
         )
 
     def compile(self, preserve: Side = PRESERVE) -> CompiledView:

@@ -89,6 +89,7 @@ def topic_info(
         "pattern": topic.pattern or "",
         "preprocessing": list(topic.preprocessing),
         "instance_name": topic.instance_name,
+        "delta_keys": list(topic.delta_keys),
     }
 
 

@@ -4,7 +4,7 @@ A stage is a list of fields, each ``expression AS /target [HINT hint[, hint]]`` 
 language (plus ``IF``, ``CRC32``, ``UNIX_TIMESTAMP()``, ``AMPS_INSTANCE_NAME()`` and, in
 Enrichment, ``/path OF PREVIOUS``). *Preprocessing* runs on the message as published, before
 its SowKey is computed, so it may build key fields. *Enrichment* runs once the key is known, on
-the message that will be stored (for a delta_publish, the merged record), and reads the record
+the incoming message (for a delta_publish, the delta, merged afterwards), and reads the record
 stored under the key with ``OF PREVIOUS``. docs/enrichment.md has the rules for users.
 
 Every function here is pure, and a stage gives the same result for the same log record wherever

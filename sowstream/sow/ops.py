@@ -7,9 +7,11 @@ once), the others only its definition.
 
 One publish goes through, in this order (docs/enrichment.md): the publish entitlement check on
 the message as received, the topic's Preprocessing, the SowKey, and when it is applied the
-delta merge, then the Enrichment (on the merged record, reading the stored one as OF PREVIOUS).
-The log keeps what was published; the stored record is the enriched one, and an operation is
-applied once (see ``apply_keyed``), so a replay never enriches a record again.
+Enrichment (on the incoming message, a delta_publish's delta included, reading the stored record
+as OF PREVIOUS), then for a delta_publish the merge of the enriched delta into the stored
+record: AMPS preprocesses and enriches the incoming message first and merges after (the delta
+messaging chapter). The log keeps what was published; the stored record is the enriched one, and
+an operation is applied once (see ``apply_keyed``), so a replay never enriches a record again.
 """
 
 from __future__ import annotations
@@ -382,32 +384,41 @@ def apply_keyed(
 def _enriched(
     compiled: CompiledTopic[TopicDefinition], stage: Stage, stored: SowRecord | None, op: LogOp
 ) -> bytes:
-    """The record ``op`` stores on a topic with Enrichment: the message (a delta_publish merged
-    into the stored record first) after the Enrichment, which reads the stored record as
-    ``OF PREVIOUS`` and the log time as ``UNIX_TIMESTAMP()``."""
+    """The record ``op`` stores on a topic with Enrichment: the incoming message after the
+    Enrichment, which reads the stored record as ``OF PREVIOUS`` and the log time as
+    ``UNIX_TIMESTAMP()``; a delta_publish's enriched delta is then merged into the stored record.
+
+    The Enrichment of a delta_publish sees the delta as ``OF CURRENT``: a field the delta lacks
+    is NULL there (``COALESCE(/f OF CURRENT, /f OF PREVIOUS)`` reads the stored value), and a
+    Field whose result is NULL writes null over the stored value unless ``HINT OPTIONAL`` leaves
+    it out of the delta.
+    """
     assert op.body is not None
     topic = compiled.definition
     codec = compiled.codec
     delta = op.command == h.DELTA_PUBLISH
     needed = stored is not None and (delta or stage.reads_previous)
     previous = stored.parsed(codec) if needed and stored is not None else None
-    message = merge_delta(previous, op.body) if delta and previous is not None else op.body
     try:
-        enriched = stage.apply(message, previous, op.timestamp)
+        enriched = stage.apply(op.body, previous, op.timestamp)
     except StageFailure as exc:
         raise InvalidMessageError(
             f"{_label(topic)}: {exc}", topic=topic.name, reason="enrichment_failed"
         ) from exc
+    record = merge_delta(previous, enriched) if delta and previous is not None else enriched
     try:
-        return _written(compiled, enriched, "Enrichment")
+        return _written(compiled, record, "Enrichment")
     except InvalidMessageError:
-        problem = _unwritable(codec, message) if delta else None
-        if problem is not None:  # the merge itself, not the Enrichment, is what failed
-            raise InvalidMessageError(
-                f"{_label(topic)}: the delta_publish cannot be merged into the record: {problem}",
-                topic=topic.name,
-                reason="bad_merge",
-            ) from None
+        if delta:  # the merge itself, not the Enrichment, may be what cannot be written
+            merged = merge_delta(previous, op.body) if previous is not None else op.body
+            problem = _unwritable(codec, merged)
+            if problem is not None:
+                raise InvalidMessageError(
+                    f"{_label(topic)}: the delta_publish cannot be merged into the record: "
+                    f"{problem}",
+                    topic=topic.name,
+                    reason="bad_merge",
+                ) from None
         raise
 
 

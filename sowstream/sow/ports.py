@@ -61,6 +61,12 @@ class TopicDefinition(Protocol):
     def keys(self) -> tuple[str, ...]: ...
 
     @property
+    def delta_keys(self) -> tuple[str, ...]:
+        """The fields a delta carries to name its record: the Key fields, or a view's Grouping
+        fields and a conflated topic's underlying key fields."""
+        ...
+
+    @property
     def hash_indexes(self) -> tuple[tuple[str, ...], ...]: ...
 
     @property

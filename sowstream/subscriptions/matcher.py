@@ -401,10 +401,10 @@ class TopicSubscriptions:
         options = spec.options
         if options.select is not None:
             delta = project_delta(delta, options.select)
-        if options.no_empties and not has_changes(delta, self.topic.keys):
+        if options.no_empties and not has_changes(delta, self.topic.delta_keys):
             return None
         if options.send_keys:
-            delta = with_fields(delta, body, self.topic.keys)
+            delta = with_fields(delta, body, self.topic.delta_keys)
         data = codec.serialise_delta(delta)
         return self._delivery(spec, PUBLISH, after, change, data=data, is_delta=True)
 

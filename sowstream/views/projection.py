@@ -284,12 +284,13 @@ class ViewProjection:
         self.loose: tuple[str, ...] = layout.loose
         self._loose_steps = tuple(path_steps(p) for p in layout.loose)
         self.outputs: tuple[str, ...] = tuple(o.path for o in layout.outputs)
-        # The view fields that show the grouping fields (the automatic hash index), if all do.
+        # The view fields that show grouping fields, in Grouping order: what names a view
+        # record in a delta (send_keys).
         shown = {o.index: o.path for o in layout.outputs if o.kind == "group"}
+        self.shown_grouping: tuple[str, ...] = tuple(shown[i] for i in sorted(shown))
+        # The same when every grouping field is shown (the automatic hash index), else None.
         self.grouping_outputs: tuple[str, ...] | None = (
-            tuple(shown[i] for i in range(len(self.grouping)))
-            if len(shown) == len(self.grouping)
-            else None
+            self.shown_grouping if len(shown) == len(self.grouping) else None
         )
 
     def __repr__(self) -> str:

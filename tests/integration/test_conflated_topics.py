@@ -217,3 +217,51 @@ def test_c5_delete_and_reinsert_within_an_interval_is_one_update_and_no_oof(
 def test_c7_publish_to_the_conflated_topic_is_refused(client: Client) -> None:
     with pytest.raises(InvalidCommandError, match="'px-C' is computed by the engine from px"):
         client.publish("px-C", {"sym": "Z", "p": 1})
+
+
+def test_c10_a_delta_of_the_conflated_topic_carries_the_key_field(
+    client: Client, publisher: Client
+) -> None:
+    reset_px(publisher)
+    publisher.publish("px", {"sym": "A", "p": 1, "v": 10})
+    eventually(lambda: len(by_sow_key(publisher, "px-C")), 1)
+    sub = client.delta_subscribe("px-C")
+    publisher.publish("px", {"sym": "A", "p": 2, "v": 10})
+    # Just after a flush (its message arrived): the next two changes fall in one interval.
+    assert [(m.delta, m.json()) for m in take(sub, 1, timeout=10)] == [(True, {"sym": "A", "p": 2})]
+    publisher.publish("px", {"sym": "A", "p": 3, "v": 10})
+    publisher.publish("px", {"sym": "A", "p": 4, "v": 10})
+    got = drain(sub, 2.5)
+    assert [(m.command, m.delta, m.json()) for m in got] == [
+        ("publish", True, {"sym": "A", "p": 4})
+    ]
+    sub.close()
+
+
+def test_c10_sow_and_delta_subscribe_with_oof_names_each_record_by_its_key(
+    client: Client, publisher: Client
+) -> None:
+    reset_px(publisher)
+    publisher.publish("px", {"sym": "A", "p": 1, "v": 10})
+    publisher.publish("px", {"sym": "B", "p": 1, "v": 20})
+    eventually(lambda: len(by_sow_key(publisher, "px-C")), 2)
+    sub = client.sow_and_delta_subscribe("px-C", options="oof")
+    snapshot = take(sub, 4)
+    assert sorted(m.json()["sym"] for m in snapshot if m.command == "sow") == ["A", "B"]
+    publisher.publish("px", {"sym": "A", "p": 2, "v": 10})
+    publisher.publish("px", {"sym": "B", "p": 1, "v": 21})
+    publisher.publish("px", {"sym": "C", "p": 5, "v": 1})
+    got = take(sub, 3, timeout=10)
+    assert sorted((m.delta, m.json()["sym"], m.json()) for m in got) == [
+        (False, "C", {"sym": "C", "p": 5, "v": 1}),  # new to the subscriber: whole
+        (True, "A", {"sym": "A", "p": 2}),
+        (True, "B", {"sym": "B", "v": 21}),
+    ]
+    publisher.sow_delete("px", filter="/sym = 'B'")
+    (gone,) = take(sub, 1, timeout=10)
+    assert (gone.command, gone.reason, gone.json()) == (
+        "oof",
+        "deleted",
+        {"sym": "B", "p": 1, "v": 21},
+    )
+    sub.close()

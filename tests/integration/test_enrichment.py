@@ -309,16 +309,23 @@ def test_e6_set_current(client: Client) -> None:
     assert one(client, "Chained", "/k = 1") == {"k": 1, "a": 3, "b": 6, "c": 7, "d": 9, "e": None}
 
 
-def test_e10_delta_publish_and_the_order_decision(client: Client) -> None:
+def test_e10_delta_publish_is_enriched_before_the_merge(client: Client) -> None:
     client.publish("Statuses", {"id": 1, "status": "open", "qty": 5}, ack=True)
     client.delta_publish("Statuses", {"id": 1, "qty": 6}, ack=True)
     after = one(client, "Statuses", "/id = 1")
     assert (after["status"], after["qty"]) == ("open", 6)
-    # The open decision of chapter 08 B4 (steps 5-6), settled: Enrichment runs on the MERGED
-    # record, so /qty OF CURRENT is the stored 6 here; enrichment-before-merge gives 'missing'.
+    # Chapter 08 B4's open order of steps 5-6, settled by chapter 03 (Understanding Delta
+    # Publish): AMPS enriches the incoming message, then merges. /qty OF CURRENT reads the delta,
+    # which has none: 'missing', and /qty * 2 is NULL, merged over the stored 12.
     client.delta_publish("Statuses", {"id": 1, "status": "x"}, ack=True)
     after = one(client, "Statuses", "/id = 1")
-    assert after == {"id": 1, "status": "x", "qty": 6, "seen": "present", "totals": {"double": 12}}
+    assert after == {
+        "id": 1,
+        "status": "x",
+        "qty": 6,
+        "seen": "missing",
+        "totals": {"double": None},
+    }
 
 
 def test_a_failing_enrichment_is_dead_lettered_and_the_topic_goes_on(

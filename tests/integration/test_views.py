@@ -14,11 +14,12 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from sowstream.client import Client
+from sowstream.client import Client, Message
 from sowstream.errors import InvalidCommandError
+from sowstream.messagetypes.changes import merge_delta
 from sowstream.wire.kafka import producer_config
 from tests.support.engine import EngineProcesses, running_engine
-from tests.support.messages import by_sow_key, eventually, take
+from tests.support.messages import by_sow_key, drain, eventually, take
 
 pytestmark = pytest.mark.integration
 
@@ -66,6 +67,20 @@ VIEWS.append(
     }
 )
 # /big is not a field of BY_REGION: every row of BIG_REGIONS falls in the one NULL group.
+VIEWS.append(
+    {
+        # Two Grouping fields, one shown under another name: deltas carry /area and /desk.
+        "Name": "DESKS",
+        "UnderlyingTopic": "orders",
+        "Projection": ["/region AS /area", "/desk", "SUM(/qty) AS /total"],
+        "Grouping": ["/region", "/desk"],
+        "Partitions": 2,
+    }
+)
+# A conflated topic over a view: its deltas carry the view's Grouping fields.
+CONFLATED: list[dict[str, Any]] = [
+    {"Name": "BY_REGION-C", "UnderlyingTopic": "BY_REGION", "Interval": "500ms", "Partitions": 2}
+]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +88,12 @@ def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
     with running_engine(
-        kafka_bootstrap, tmp_path_factory.mktemp("views"), TOPICS, workers=("w1",), views=VIEWS
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("views"),
+        TOPICS,
+        workers=("w1",),
+        views=VIEWS,
+        conflated_topics=CONFLATED,
     ) as procs:
         yield procs
 
@@ -159,6 +179,126 @@ def test_v1_seen_by_sow_and_subscribe_with_oof(client: Client, publisher: Client
     assert gone.json() == {"region": "EU", "total": 7, "n": 1}
     assert gone.sow_key == m1.sow_key
     sub.close()
+
+
+def test_v1_seen_by_sow_and_delta_subscribe_with_oof(client: Client, publisher: Client) -> None:
+    # A view's SowKey is made from its Grouping values, so the Grouping fields are its key
+    # fields: every delta carries /region besides what changed (send_keys).
+    reset(publisher, "orders")
+    eventually(lambda: regions(publisher), {})
+    sub = client.sow_and_delta_subscribe("BY_REGION", options="oof")
+    assert [m.command for m in take(sub, 2)] == ["group_begin", "group_end"]
+    got = []
+    for record in (
+        {"orderId": 1, "region": "EU", "qty": 10},
+        {"orderId": 2, "region": "EU", "qty": 5},
+        {"orderId": 1, "region": "EU", "qty": 7},
+    ):
+        publisher.publish("orders", record)
+        got.extend(take(sub, 1))
+    assert [(m.command, m.json()) for m in got] == [
+        ("publish", {"region": "EU", "total": 10, "n": 1}),  # a new record comes whole
+        ("publish", {"region": "EU", "total": 15, "n": 2}),
+        ("publish", {"region": "EU", "total": 12}),  # n did not change
+    ]
+    assert [m.delta for m in got] == [False, True, True]
+    publisher.publish("orders", {"orderId": 2, "region": "US", "qty": 5})
+    step4 = sorted((m.json()["region"], m.json(), m.delta) for m in take(sub, 2))
+    assert [(body, delta) for _, body, delta in step4] == [
+        ({"region": "EU", "total": 7, "n": 1}, True),
+        ({"region": "US", "total": 5, "n": 1}, False),
+    ]
+    publisher.sow_delete("orders", filter="/orderId = 1")
+    (gone,) = take(sub, 1)
+    assert (gone.command, gone.reason, gone.json()) == (
+        "oof",
+        "deleted",
+        {"region": "EU", "total": 7, "n": 1},
+    )
+    sub.close()
+
+
+def test_view_deltas_in_a_page_window_carry_the_grouping_fields(
+    client: Client, publisher: Client
+) -> None:
+    # With top_n the client computes the deltas itself, from the keys the meta topic gives.
+    reset(publisher, "orders")
+    eventually(lambda: regions(publisher), {})
+    publisher.publish("orders", {"orderId": 1, "region": "EU", "qty": 1})
+    eventually(lambda: len(regions(publisher)), 1)
+    sub = client.sow_and_delta_subscribe("BY_REGION", options="oof", order_by="/region", top_n=5)
+    assert [m.command for m in take(sub, 3)] == ["group_begin", "sow", "group_end"]
+    publisher.publish("orders", {"orderId": 1, "region": "EU", "qty": 4})
+    (update,) = take(sub, 1)
+    assert (update.delta, update.json()) == (True, {"region": "EU", "total": 4})
+    sub.close()
+
+
+def test_deltas_of_a_view_carry_each_grouping_field_as_the_view_names_it(
+    client: Client, publisher: Client
+) -> None:
+    reset(publisher, "orders")
+    eventually(lambda: by_sow_key(publisher, "DESKS"), {})
+    publisher.publish("orders", {"orderId": 1, "region": "EU", "desk": "fx", "qty": 2})
+    eventually(lambda: len(by_sow_key(publisher, "DESKS")), 1)
+    sub = client.delta_subscribe("DESKS")
+    publisher.publish("orders", {"orderId": 2, "region": "EU", "desk": "fx", "qty": 3})
+    (update,) = take(sub, 1)
+    assert (update.delta, update.json()) == (True, {"area": "EU", "desk": "fx", "total": 5})
+    sub.close()
+
+
+def held_by_keys(messages: list[Message], keys: tuple[str, ...]) -> dict[Any, dict[str, Any]]:
+    """What an application holds that names records by their key fields in the body (never by
+    SowKey): a publish replaces or (a delta) merges into the record those fields name, an oof
+    removes it."""
+    held: dict[Any, dict[str, Any]] = {}
+    for m in messages:
+        if m.command not in ("sow", "publish", "oof"):
+            continue
+        body = m.json()
+        assert all(k in body for k in keys), f"{m.command} {body} lacks a key field of {keys}"
+        name = tuple(body[k] for k in keys)
+        if m.command == "oof":
+            held.pop(name, None)
+        elif m.delta:
+            assert name in held, f"a delta {body} for a record never received"
+            held[name] = merge_delta(held[name], body)
+        else:
+            held[name] = body
+    return held
+
+
+def test_a_delta_subscriber_of_views_holds_what_their_sow_holds(
+    client: Client, publisher: Client
+) -> None:
+    reset(publisher, "orders")
+    eventually(lambda: by_sow_key(publisher, "DESKS"), {})
+    for i in range(20):
+        publisher.publish("orders", {"orderId": i, "region": f"R{i % 3}", "desk": "a", "qty": i})
+    subs = {
+        ("DESKS", ("area", "desk")): client.sow_and_delta_subscribe("DESKS", options="oof"),
+        ("BY_REGION-C", ("region",)): client.sow_and_delta_subscribe("BY_REGION-C", options="oof"),
+    }
+    messages: dict[str, list[Message]] = {name: [] for name, _ in subs}
+    for i in range(0, 60, 2):  # updates, group moves, and groups emptied by deletes
+        n = i % 20
+        desk = "b" if i % 4 else "a"
+        publisher.publish("orders", {"orderId": n, "region": f"R{i % 4}", "desk": desk, "qty": i})
+    for i in range(0, 20, 3):
+        publisher.sow_delete("orders", filter=f"/orderId = {i}")
+    publisher.publish("orders", {"orderId": 3, "region": "R9", "desk": "z", "qty": 1})
+    publisher.flush()
+
+    def caught_up(name: str, keys: tuple[str, ...]) -> bool:
+        messages[name].extend(drain(subs[(name, keys)], 0.5))
+        want = {tuple(r[k] for k in keys): r for r in by_sow_key(publisher, name).values()}
+        return held_by_keys(messages[name], keys) == want
+
+    for name, keys in subs:
+        eventually(lambda: caught_up(name, keys), True)  # noqa: B023
+        assert any(m.delta for m in messages[name])
+        subs[(name, keys)].close()
 
 
 def test_v2_filtered_view(client: Client) -> None:

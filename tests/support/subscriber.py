@@ -8,6 +8,7 @@ reply reader does. ``Cache`` is what an application builds from the messages it 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -48,12 +49,20 @@ class Cache:
     """
 
     def __init__(
-        self, *, partial_ok: bool = False, held_only: bool = False, oof_last: bool = False
+        self,
+        *,
+        partial_ok: bool = False,
+        held_only: bool = False,
+        oof_last: bool = False,
+        key_of: Callable[[Message], str] | None = None,
     ) -> None:
         """``held_only``: an ``oof`` must name a record the cache holds (true when the
         subscriber saw the whole picture: a SOW part on every partition); ``oof_last``: every
         ``oof`` body must be the state held (conflation: the last state the subscriber received;
-        without it, reason ``match`` carries the new state instead)."""
+        without it, reason ``match`` carries the new state instead); ``key_of``: how the
+        application names the record a message is about (by default its SowKey; an application
+        may read the key fields in the body instead)."""
+        self.key_of = key_of or (lambda msg: msg.sow_key)
         self.records: dict[str, Any] = {}
         self.partial: set[str] = set()
         self.partial_ok = partial_ok
@@ -61,7 +70,9 @@ class Cache:
         self.oof_last = oof_last
 
     def apply(self, msg: Message) -> None:
-        key = msg.sow_key
+        if msg.command not in ("oof", "sow", "publish"):
+            return  # group_begin, group_end: about no record
+        key = self.key_of(msg)
         if msg.command == "oof":
             held = self.records.get(key)
             if self.held_only:
@@ -121,7 +132,9 @@ class Harness:
         user: SubscriptionOptions,
         *,
         order_by: str | None = None,
+        key_of: Callable[[Message], str] | None = None,
     ) -> None:
+        """``key_of``: how the subscriber's cache names records (see :class:`Cache`)."""
         self.topic = topic
         self.sender = RecordingSender()
         self.stores: dict[int, MemoryPartition] = {}
@@ -141,12 +154,13 @@ class Harness:
             results = ResultSet(parse_order_by(order_by) if order_by else ())
             window = PageWindow(results, user.top_n, user.skip_n or 0)
         self.sub = Subscription(
-            "s", [self.spec], user, key_fields={topic.name: topic.keys}, window=window
+            "s", [self.spec], user, key_fields={topic.name: topic.delta_keys}, window=window
         )
         self.cache = Cache(
             partial_ok=command == DELTA_SUBSCRIBE,
             held_only=command in WITH_SOW,
             oof_last=user.conflation_ms is not None and not paginated,
+            key_of=key_of,
         )
         self._group: list[Message] = []
         self._placed: set[int] = set()

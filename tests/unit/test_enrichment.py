@@ -408,7 +408,7 @@ def test_a_record_keyed_by_the_raw_message_is_rekeyed_not_applied() -> None:
     assert op.rekey and op.kafka_key == key_of(ORDERS, "A-1").decode()
 
 
-def test_e10_delta_publish_enrichment_runs_on_the_merged_record() -> None:
+def test_e10_delta_publish_enrichment_runs_on_the_incoming_delta_before_the_merge() -> None:
     record = {"customer_id": "C", "order_id": 1, "status": "open", "qty": 5}
     first = apply_keyed(COMPILED, None, decode(record, 1))
     merged = apply_keyed(
@@ -417,9 +417,10 @@ def test_e10_delta_publish_enrichment_runs_on_the_merged_record() -> None:
         decode({"customer_id": "C", "order_id": 1, "qty": 6}, 2, **{h.COMMAND: h.DELTA_PUBLISH}),
     )
     assert stored(merged)["status"] == "open" and stored(merged)["qty"] == 6
-    # The open decision of chapter 08 B4 steps 5-6, settled for sowstream: Enrichment runs
-    # AFTER the delta merge, so OF CURRENT reads the merged record (qty present, from the
-    # stored record); enrichment-before-merge would have given "missing".
+    assert stored(merged)["seen"] == "present"
+    # Chapter 03 (Understanding Delta Publish): AMPS enriches the incoming message, then merges.
+    # OF CURRENT reads the delta, which has no /qty: the delta is enriched to seen 'missing'
+    # and qty NULL (IF(/qty < 0, ...) of a NULL /qty), and both are merged over the stored ones.
     status_only = apply_keyed(
         COMPILED,
         merged,
@@ -427,8 +428,45 @@ def test_e10_delta_publish_enrichment_runs_on_the_merged_record() -> None:
             {"customer_id": "C", "order_id": 1, "status": "x"}, 3, **{h.COMMAND: h.DELTA_PUBLISH}
         ),
     )
-    assert stored(status_only)["seen"] == "present"
-    assert stored(status_only)["qty"] == 6 and stored(status_only)["status"] == "x"
+    assert stored(status_only)["seen"] == "missing"
+    assert stored(status_only)["qty"] is None and stored(status_only)["status"] == "x"
+    assert stored(status_only)["order_key"] == "C-1" and stored(status_only)["at"] == 5.003
+
+
+def test_a_delta_enriched_before_the_merge_keeps_stored_fields_it_leaves_out() -> None:
+    topic = load_config_text(
+        """
+sow:
+  - Name: D
+    Key: /id
+    Enrichment:
+      - COALESCE(/qty OF CURRENT, /qty OF PREVIOUS) AS /qty
+      - IF(/px OF CURRENT IS NULL, NULL, /px * 2) AS /px2 HINT OPTIONAL
+      - COALESCE(/n OF PREVIOUS, 0) + 1 AS /n
+"""
+    ).topics[0]
+    compiled = compile_topic(topic)
+    key = generated_sow_key("D", "D", ("/id",), {"id": 1}).encode()
+
+    def op(body: dict[str, Any], offset: int, **headers: str) -> LogOp:
+        return decode_log_record(compiled, key, orjson.dumps(body), headers, offset, offset)
+
+    first = apply_keyed(compiled, None, op({"id": 1, "qty": 3, "px": 4}, 1))
+    assert stored(first) == {"id": 1, "qty": 3, "px": 4, "px2": 8, "n": 1}
+    delta = apply_keyed(
+        compiled, first, op({"id": 1, "note": "n"}, 2, **{h.COMMAND: h.DELTA_PUBLISH})
+    )
+    # /qty: COALESCE kept the stored value; /px2: HINT OPTIONAL left it out of the delta, so the
+    # stored one stays; /n counts the delta too.
+    assert stored(delta) == {"id": 1, "qty": 3, "px": 4, "px2": 8, "n": 2, "note": "n"}
+    repriced = apply_keyed(
+        compiled, delta, op({"id": 1, "px": 5}, 3, **{h.COMMAND: h.DELTA_PUBLISH})
+    )
+    assert stored(repriced) == {"id": 1, "qty": 3, "px": 5, "px2": 10, "n": 3, "note": "n"}
+    inserted = apply_keyed(
+        compiled, None, op({"id": 1, "note": "x"}, 4, **{h.COMMAND: h.DELTA_PUBLISH})
+    )
+    assert stored(inserted) == {"id": 1, "note": "x", "qty": None, "n": 1}
 
 
 def test_e7_publish_entitlement_sees_the_message_as_received() -> None:

@@ -39,6 +39,7 @@ sow:
       - COALESCE(/first OF PREVIOUS, UNIX_TIMESTAMP()) AS /first
       - UNIX_TIMESTAMP() AS /at
       - AMPS_INSTANCE_NAME() AS /by
+      - IF(/p IS NULL, 'delta', 'whole') AS /came
 """
 ).topics[0]
 COMPILED = compile_topic(TOPIC)
@@ -97,8 +98,7 @@ def model(sequence: list[tuple[str, int, int, int]]) -> dict[bytes, Any]:
             message: dict[str, Any] = {"id": i, "g": g, "v": v, "p": offset, "key": f"k{i}"}
             if kind == "delta":
                 message = {"id": i, "g": g, "v": v, "key": f"k{i}"}
-                if previous is not None:
-                    message = {**previous, **message}  # Enrichment runs on the merged record
+            # Enrichment runs on the incoming message (a delta as it came), then a delta merges.
             now = ts(offset) / 1000
             prev = previous or {}
             message["n"] = prev.get("n", 0) + 1
@@ -106,6 +106,9 @@ def model(sequence: list[tuple[str, int, int, int]]) -> dict[bytes, Any]:
             message["first"] = prev.get("first", now)
             message["at"] = now
             message["by"] = "prop"
+            message["came"] = "whole" if "p" in message else "delta"
+            if kind == "delta" and previous is not None:
+                message = {**previous, **message}
             state[key] = message
         elif kind == "delete":
             state.pop(key, None)
@@ -148,7 +151,7 @@ def stepped(records: list[RawRecord]) -> dict[bytes, Any]:
 @settings(max_examples=300, deadline=None)
 # A counter: replaying the first publish must not count it twice.
 @example([("publish", 1, 0, 5), ("publish", 1, 0, -1)], [1], 0)
-# Delta then a refused value: the delta merges before the Enrichment reads /v.
+# Delta then a refused value: the Enrichment reads the delta's /v, then the delta merges.
 @example([("publish", 1, 0, 5), ("delta", 1, 1, -1), ("filter", 0, 0, 0)], [], 1)
 @given(ops, st.lists(st.integers(0, 40), max_size=4), st.none() | st.integers(0, 40))
 def test_engine_fold_and_model_agree(

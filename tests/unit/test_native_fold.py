@@ -365,3 +365,15 @@ def _negative_zero(value: Any) -> bool:
     if isinstance(value, list):
         return any(_negative_zero(v) for v in value)
     return False
+
+
+@pytest.mark.parametrize(
+    "stage",
+    ["    Preprocessing: ['/a * 2 AS /b']\n", "    Enrichment: ['/a * 2 AS /b']\n"],
+)
+def test_topics_with_preprocessing_or_enrichment_fold_in_python_only(stage: str) -> None:
+    # Their order around a delta_publish's merge (sow.ops) is the Python fold's alone.
+    topic = compile_topic(load_config_text(TOPICS["keyed"] + stage).topics[0])
+    assert not native.covers(topic)
+    assert native_fold(topic, "on") is None and native_fold(topic, "shadow") is None
+    assert native_fold(compiled("keyed"), "on") is not None  # the extension is there
