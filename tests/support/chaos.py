@@ -300,7 +300,9 @@ def consume(client: Client, ledger: Ledger, rng: random.Random, stop: threading.
         with ledger.lock:
             assert msg.lease_expires is not None
             ledger.leased_at.setdefault(n, []).append(msg.lease_expires - LEASE_MS)
-            ledger.events.setdefault(n, []).append(f"leased #{msg.deliveries}")
+            ledger.events.setdefault(n, []).append(
+                f"{time.strftime('%H:%M:%S')} leased #{msg.deliveries} ({msg.bookmark})"
+            )
         roll = rng.random()
         if roll < 0.08:
             continue  # ignored: its lease ends and it comes back
@@ -315,10 +317,14 @@ def consume(client: Client, ledger: Ledger, rng: random.Random, stop: threading.
                 # Its partition is changing hands: the ack may still be applied (so the message
                 # is gone) or not (it comes again); an application asks again to know which.
                 with ledger.lock:
-                    ledger.events[n].append(f"ack #{attempt + 1} failed: {exc}")
+                    ledger.events[n].append(
+                        f"{time.strftime('%H:%M:%S')} ack #{attempt + 1} failed: {exc}"
+                    )
                 continue
             with ledger.lock:
-                ledger.events[n].append(f"ack #{attempt + 1} answered {removed}")
+                ledger.events[n].append(
+                    f"{time.strftime('%H:%M:%S')} ack #{attempt + 1} answered {removed}"
+                )
                 if removed:
                     ledger.confirmed[n] += 1
                     ledger.first_confirmed.setdefault(n, int(time.time() * 1000))
