@@ -408,6 +408,33 @@ class PumpedConsumer(AIOKafkaConsumer):
         super().resume_partitions(self._fetched(tps))
 
 
+# How long a step of the worker's start waits for a broker that went away meanwhile.
+UNREACHABLE_WAIT_SECONDS = 300.0
+
+
+async def while_unreachable(
+    attempt: Callable[[], Awaitable[None]],
+    what: str,
+    *,
+    wait: float = UNREACHABLE_WAIT_SECONDS,
+    first_pause: float = 0.5,
+) -> None:
+    """Run ``attempt`` again, with growing pauses, while it fails because Kafka cannot be
+    reached (a retriable error), for up to ``wait`` seconds; other errors pass through."""
+    deadline = time.monotonic() + wait
+    pause = first_pause
+    while True:
+        try:
+            await attempt()
+            return
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() + pause > deadline:
+                raise
+            log.warning("%s: Kafka is not reachable (%r): retrying in %.1fs", what, exc, pause)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 5.0)
+
+
 class EngineProducer(faust_aiokafka.Producer):
     """faust's producer with a second aiokafka producer beside it, for clients' replies.
 
@@ -440,6 +467,14 @@ class EngineProducer(faust_aiokafka.Producer):
         if self._replies is not None:
             await self._replies.flush()
         await super().flush()
+
+    async def create_topic(self, topic: str, partitions: int, replication: int, **kw: Any) -> None:
+        # faust declares the changelog topics while the worker starts: a broker that goes away
+        # just then (a restart) must not stop the worker.
+        await while_unreachable(
+            lambda: super(EngineProducer, self).create_topic(topic, partitions, replication, **kw),
+            f"creating topic {topic}",
+        )
 
 
 class EngineApp(faust.App):
