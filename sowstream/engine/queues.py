@@ -264,7 +264,7 @@ class QueueRuntime:
         touched: list[set[tuple[str, int]]] = []  # per command, the partitions it removed from
         for cmd, partition in commands:
             try:
-                outcome = self._ack(cmd, topic, partition, now)
+                outcome = self._ack(cmd, topic, partition, now, acked_by)
             except InvalidCommandError as exc:
                 outcomes.append(exc)
                 touched.append(set())
@@ -285,8 +285,16 @@ class QueueRuntime:
             for outcome, where in zip(outcomes, touched, strict=True)
         ]
 
-    def _ack(self, cmd: Command, topic: str, partition: int, now: int) -> AckOutcome:
-        """One ``queue_ack`` applied to the machine (nothing stored yet)."""
+    def _ack(
+        self,
+        cmd: Command,
+        topic: str,
+        partition: int,
+        now: int,
+        acked_by: Mapping[Bookmark, str] | None = None,
+    ) -> AckOutcome:
+        """One ``queue_ack`` applied to the machine (nothing stored yet); ``acked_by``: who
+        acknowledged what earlier in the same batch (its markers are not stored yet)."""
         action = (cmd.option("action") or "").strip().lower()
         client = cmd.reply_to
         try:
@@ -310,19 +318,24 @@ class QueueRuntime:
         except (ValueError, FilterError) as exc:
             raise InvalidCommandError(f"queue {self.name!r}: {exc}") from exc
         if action == "":
-            self._repeats(outcome, client)
+            self._repeats(outcome, client, acked_by or {})
         return outcome
 
-    def _repeats(self, outcome: AckOutcome, client: str) -> None:
-        """Mark GONE bookmarks that this client acknowledged before (their ack marker says so)
-        as ACKED: the answer to the first acknowledgement may have been lost with its worker."""
+    def _repeats(self, outcome: AckOutcome, client: str, acked_by: Mapping[Bookmark, str]) -> None:
+        """Mark GONE bookmarks that this client acknowledged before (their ack marker says so,
+        or an ack earlier in the same batch) as ACKED: the answer to the first acknowledgement
+        may have been lost with its worker, and a worker taking over reads the first and its
+        repeat together."""
         for bookmark, result in outcome.results.items():
             if result is not AckResult.GONE:
                 continue
-            key = entry_key(self.name, bookmark.offset)
-            value = self._read(bookmark.topic, bookmark.partition, key)
-            marker = read_ack_marker(value) if value is not None else None
-            if marker is not None and (self.config.leasing != "strict" or marker[0] == client):
+            earlier = acked_by.get(bookmark)
+            if earlier is None:
+                key = entry_key(self.name, bookmark.offset)
+                value = self._read(bookmark.topic, bookmark.partition, key)
+                marker = read_ack_marker(value) if value is not None else None
+                earlier = marker[0] if marker is not None else None
+            if earlier is not None and (self.config.leasing != "strict" or earlier == client):
                 outcome.results[bookmark] = AckResult.ACKED
 
     # -- delivery ---------------------------------------------------------------------------------
