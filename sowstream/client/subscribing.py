@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -19,6 +20,7 @@ from sowstream.client.subscription import (
 )
 from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.errors import (
+    CommandTimeoutError,
     InvalidCommandError,
     SowstreamError,
     SubscriptionDroppedError,
@@ -47,6 +49,9 @@ log = logging.getLogger("sowstream.client")
 # consumer's subscriptions are not: it would resume behind the backlog it was dropped for, so
 # the application hears of it (SubscriptionDroppedError) and decides.
 RESUMABLE = frozenset({"client_timeout", "reply_topic_gone"})
+# How long a subscription the engine ended is placed again while its commands go unanswered
+# (a worker taking over a partition answers once its session timeout and restore are over).
+RESUME_WAIT_SECONDS = 300.0
 
 
 class Subscribing:
@@ -98,22 +103,25 @@ class Subscribing:
         return True
 
     def _resume_loop(self, sub: Subscription | QueueSubscription, reason: str, text: str) -> None:
+        deadline = time.monotonic() + RESUME_WAIT_SECONDS
+        pause = 1.0
         while True:
             try:
                 if not sub.closed:
                     self._place_again(sub)
                     sub.interruptions.append(reason)
+            except CommandTimeoutError as exc:
+                # No answer yet: a partition's owner is changing (a worker died just now). The
+                # placement is idempotent, so it is simply asked again, for a while.
+                if time.monotonic() + pause < deadline and not sub.closed:
+                    log.warning("placing subscription %s again: %s; retrying", sub.sub_id, exc)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 10.0)
+                    continue
+                self._give_up(sub, reason, text, exc)
+                return
             except (SowstreamError, OSError) as exc:
-                with self._resume_lock:
-                    self._resuming.discard(sub.sub_id)
-                    self._again.discard(sub.sub_id)
-                self._conn.end_subscription(
-                    sub,
-                    SubscriptionDroppedError(
-                        f"subscription {sub.sub_id}: {reason}: {text}; placing it again failed: "
-                        f"{exc}"
-                    ),
-                )
+                self._give_up(sub, reason, text, exc)
                 return
             with self._resume_lock:
                 if sub.sub_id not in self._again:
@@ -122,6 +130,20 @@ class Subscribing:
                 self._again.discard(sub.sub_id)
             if isinstance(sub, Subscription):
                 sub.hold()
+
+    def _give_up(
+        self, sub: Subscription | QueueSubscription, reason: str, text: str, exc: Exception
+    ) -> None:
+        """End ``sub`` for the application: it could not be placed again."""
+        with self._resume_lock:
+            self._resuming.discard(sub.sub_id)
+            self._again.discard(sub.sub_id)
+        self._conn.end_subscription(
+            sub,
+            SubscriptionDroppedError(
+                f"subscription {sub.sub_id}: {reason}: {text}; placing it again failed: {exc}"
+            ),
+        )
 
     def _place_again(self, sub: Subscription | QueueSubscription) -> None:
         """Register ``sub`` again and place it on every partition from where it was: a replay
