@@ -36,13 +36,22 @@ def flatten(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def cell(value: Any) -> str:
-    """A value as its cell shows it: text as it is (SOH, the fix separator, as ``|``),
-    everything else as compact JSON."""
+    """A value as its cell shows it: text as it is (SOH, the fix separator, as ``|``, other
+    control characters escaped so that a binary body cannot move the cursor), everything else as
+    compact JSON."""
     if isinstance(value, bytes):
         value = value.decode("utf-8", "backslashreplace")
     if isinstance(value, str):
-        return value.replace("\x01", "|")
+        return "".join(_visible(c) for c in value)
     return orjson.dumps(value, default=str).decode()
+
+
+def _visible(char: str) -> str:
+    if char.isprintable() or char in "\n\t":
+        return char
+    if char == "\x01":
+        return "|"
+    return char.encode("unicode_escape").decode()  # \x00, \u200b
 
 
 def columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:

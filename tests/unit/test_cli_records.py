@@ -42,6 +42,7 @@ def test_nested_fields_become_paths_and_other_values_json() -> None:
         "2.5",
     ]
     assert cell("8=FIX.4.2\x0135=D\x01") == "8=FIX.4.2|35=D|"
+    assert cell(b"\x00\x1b[2Jraw\xff") == "\\x00\\x1b[2Jraw\\xff"
 
 
 def test_columns_are_the_union_in_order_of_first_appearance() -> None:
