@@ -62,10 +62,13 @@ def columns(rows: Iterable[Mapping[str, Any]]) -> list[str]:
     return list(seen)
 
 
-def fitting(paths: Sequence[str], cells: Sequence[Mapping[str, str]], width: int) -> int:
-    """How many of ``paths`` (in order) fit ``width`` next to the SowKey column, at least one:
-    each column takes its widest text, but no more than COLUMN_MIN when it must share."""
-    used = 1 + KEY_WIDTH + BORDER
+def fitting(
+    paths: Sequence[str], cells: Sequence[Mapping[str, str]], width: int, keyed: bool = True
+) -> int:
+    """How many of ``paths`` (in order) fit ``width`` (next to the SowKey column when
+    ``keyed``), at least one: each column takes its widest text, but no more than COLUMN_MIN
+    when it must share."""
+    used = 1 + (KEY_WIDTH + BORDER if keyed else 0)
     for count, path in enumerate(paths):
         widest = max([len(path), *(len(row.get(path, "")) for row in cells)])
         used += min(widest, COLUMN_MIN) + BORDER
@@ -76,11 +79,13 @@ def fitting(paths: Sequence[str], cells: Sequence[Mapping[str, str]], width: int
 
 def record_table(title: str, records: Sequence[tuple[str, Any]], width: int) -> Table:
     """``(sow_key, body)`` pairs as a table of ``width`` characters at most; a body that is not
-    an object (a binary message's text) is one ``data`` column."""
+    an object (a binary message's text) is one ``data`` column. Records without SowKeys (an
+    aggregated query's) get no SowKey column."""
+    keyed = any(sow_key for sow_key, _ in records)
     flat = [flatten(body) if isinstance(body, Mapping) else {"data": body} for _, body in records]
     cells = [{path: cell(value) for path, value in row.items()} for row in flat]
     paths = columns(flat)
-    shown = paths[: fitting(paths, cells, width)]
+    shown = paths[: fitting(paths, cells, width, keyed)]
     hidden = paths[len(shown) :]
     caption: Text | None = None
     if hidden:
@@ -88,9 +93,11 @@ def record_table(title: str, records: Sequence[tuple[str, Any]], width: int) -> 
         caption = Text(f"{len(hidden)} more field(s) not shown: {names} (--json shows every field)")
     # Text, not str: a value or a topic regex such as [a-z] is not rich markup.
     table = Table(title=Text(f"{title}: {len(records)} record(s)"), caption=caption)
-    table.add_column(KEY_TITLE, style="dim", no_wrap=True)
+    if keyed:
+        table.add_column(KEY_TITLE, style="dim", no_wrap=True)
     for path in shown:
         table.add_column(Text(path), overflow="fold")
     for (sow_key, _), row in zip(records, cells, strict=True):
-        table.add_row(Text(sow_key), *(Text(row.get(path, "")) for path in shown))
+        values = [Text(row.get(path, "")) for path in shown]
+        table.add_row(*([Text(sow_key)] if keyed else []), *values)
     return table

@@ -96,3 +96,11 @@ def test_a_body_without_fields_is_one_data_column() -> None:
     header = cells_of(next(line for line in lines if "SowKey" in line))
     assert header == ["SowKey", "data", "/a"]
     assert ["K1", "raw bytes", ""] in [cells_of(line) for line in lines]
+
+
+def test_records_without_sow_keys_get_no_sow_key_column() -> None:
+    """An aggregated sow's records have no SowKey."""
+    lines = rendered([("", {"region": "EU", "qty": 12}), ("", {"region": "US", "qty": 3})])
+    header = next(line for line in lines if "/region" in line)
+    assert cells_of(header) == ["/region", "/qty"]
+    assert ["EU", "12"] in [cells_of(line) for line in lines]
