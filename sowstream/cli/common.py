@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -11,9 +12,9 @@ from typing import Annotated, Any, TypeVar
 import orjson
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from sowstream.auth import Auth, BearerAuth, HmacAuth
+from sowstream.cli.records import record_table
 from sowstream.config import ConfigError
 from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError
@@ -44,6 +45,15 @@ Bootstrap = Annotated[
 ]
 
 
+def show_logs() -> None:
+    """``sowstream -v``: log lines on stderr, sowstream's and librdkafka's (the logger
+    ``sowstream.kafka``, DEBUG records) included; without it a user sees neither."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("sowstream").setLevel(logging.DEBUG)
+
+
 def friendly_errors(fn: F) -> F:
     """Turn our errors into one red line and exit status 1 instead of a traceback."""
 
@@ -72,13 +82,11 @@ def print_records(
             line = {"topic": topic, "sow_key": sow_key, "data": body_value(raw, codec)}
             sys.stdout.write(orjson.dumps(line, default=str).decode() + "\n")
         return
-    table = Table(title=f"{title}: {len(rows)} record(s)")
-    table.add_column("SowKey", style="dim")
-    table.add_column("data")
+    records = []
     for _, sow_key, data in rows:
         raw = data.encode() if isinstance(data, str) else data
-        table.add_row(sow_key, body_text(raw, codec))
-    out.print(table)
+        records.append((sow_key, body_value(raw, codec)))
+    out.print(record_table(title, records, out.width))
 
 
 def body_value(data: bytes, codec: MessageType | None, *, delta: bool = False) -> Any:
@@ -91,17 +99,6 @@ def body_value(data: bytes, codec: MessageType | None, *, delta: bool = False) -
         return codec.parse_delta(data) if delta else codec.parse(data)
     except MessageParseError:
         return data.decode("utf-8", "backslashreplace")
-
-
-def body_text(data: bytes, codec: MessageType | None, *, delta: bool = False) -> str:
-    """A body as a terminal shows it: text with SOH shown as ``|``; binary-encoded types (avro)
-    as JSON of their fields."""
-    text = data.decode("utf-8", "backslashreplace")
-    if codec is None or all(c.isprintable() or c in "\x01\n\t" for c in text):
-        return text.replace("\x01", "|")
-    if codec.has_fields:
-        return orjson.dumps(body_value(data, codec, delta=delta), default=str).decode()
-    return text
 
 
 def payload_for(text: str, codec: MessageType, soh: str | None) -> str | dict[str, Any]:

@@ -30,11 +30,13 @@ from sowstream.cli.common import (
     out,
     payload_for,
     print_records,
+    show_logs,
 )
 from sowstream.cli.console import register as register_console
 from sowstream.cli.pipeline import pipeline_app
 from sowstream.cli.processes import Supervisor, child_commands
 from sowstream.cli.queue import queue_app
+from sowstream.cli.records import record_table
 from sowstream.client import Client, Message, QueueSubscription, Subscription
 from sowstream.config import load_config
 from sowstream.messagetypes.changes import merge_delta
@@ -48,6 +50,24 @@ app.add_typer(broker_app, name="broker", help="Run the embedded local Kafka brok
 app.add_typer(pipeline_app, name="pipeline", help="Spark jobs over the transaction log.")
 app.add_typer(queue_app, name="queue", help="Lease, acknowledge and inspect queue messages.")
 register_console(app)
+
+
+@app.callback()
+def verbosity(
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "--verbose",
+            "-v",
+            help="Log to stderr, librdkafka's own lines included (before the command: "
+            "sowstream -v sow TOPIC).",
+        ),
+    ] = False,
+) -> None:
+    """Options before the command; without -v no log line reaches the terminal."""
+    if verbose:
+        show_logs()
+
 
 Prefix = Annotated[str, typer.Option(help="Topic prefix of the engine.")]
 
@@ -407,12 +427,7 @@ class LiveView:
             self.records[msg.sow_key] = body
 
     def table(self) -> Table:
-        table = Table(title=f"{self.topic}: {len(self.records)} record(s)")
-        table.add_column("SowKey", style="dim")
-        table.add_column("data")
-        for key, body in self.records.items():
-            table.add_row(key, orjson.dumps(body, default=str).decode())
-        return table
+        return record_table(self.topic, list(self.records.items()), out.width)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from sowstream.errors import CommandTimeoutError, SowstreamError
 from sowstream.queues.machine import EXPIRY_REASONS
 from sowstream.wire import protocol
 from sowstream.wire.avro import decode
+from sowstream.wire.kafka import quiet
 
 WORKER_STALE_SECONDS = 10.0  # five announcements missed (engine.status.ANNOUNCE_SECONDS)
 WORKER_FORGET_SECONDS = 3600.0  # workers silent for longer are left out (gone for good)
@@ -238,7 +239,9 @@ def _log_ends(
     """Each log partition's end offset (the next offset to be written)."""
     if not topics:
         return {}
-    admin = AdminClient({"bootstrap.servers": connection.bootstrap, **connection.kafka_config})
+    admin = AdminClient(
+        quiet({"bootstrap.servers": connection.bootstrap, **connection.kafka_config})
+    )
     latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
     request = {TopicPartition(t, p): latest for t, n in topics for p in range(n)}
     ends: dict[tuple[str, int], int | None] = {}

@@ -53,6 +53,7 @@ from sowstream.wire.kafka import (
     delete_topics,
     ensure_topics,
     producer_config,
+    quiet,
 )
 from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames, topic_ident
 from sowstream.wire.versions import PRODUCE_HEADERS, version_of
@@ -136,7 +137,7 @@ class Connection:
             # An unreachable cluster fails here, before any other Kafka client of ours exists.
             timeout=min(self.timeout, CONNECT_SECONDS),
         )
-        self._producer = Producer(producer_config(self.bootstrap, self.kafka_config))
+        self._producer = Producer(quiet(producer_config(self.bootstrap, self.kafka_config)))
         # The group id is the reply topic: the engine reads this group's committed offset to see
         # how far behind the client is (slow-consumer policy).
         self._replies = self.consumer(group=self.reply_topic)
@@ -173,15 +174,17 @@ class Connection:
     def consumer(self, group: str | None = None) -> Consumer:
         """A new Kafka consumer with this client's settings (the caller closes it)."""
         return Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": group or f"{self.name}-{uuid.uuid4().hex[:6]}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "fetch.wait.max.ms": 10,
-                "log_level": 4,
-                **self.kafka_config,
-            }
+            quiet(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "group.id": group or f"{self.name}-{uuid.uuid4().hex[:6]}",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "fetch.wait.max.ms": 10,
+                    "log_level": 4,
+                    **self.kafka_config,
+                }
+            )
         )
 
     def _require(self) -> Producer:
@@ -466,7 +469,7 @@ class Connection:
         with self._acks_lock:
             if self._acks is None:
                 config = {**producer_config(self.bootstrap, self.kafka_config), "linger.ms": 0}
-                self._acks = Producer(config)
+                self._acks = Producer(quiet(config))
             return self._acks
 
     def next_reply(self, command_id: str, deadline: float) -> protocol.Reply:

@@ -53,6 +53,7 @@ from sowstream.config.views import (
     check_view_sources,
     check_views,
     view_from_xml,
+    warn_unprojected_indexes,
 )
 from sowstream.messagetypes import registry
 from sowstream.units import parse_size
@@ -239,6 +240,8 @@ def load_amps_xml(
         view_path = views[exc.index][1]
         tag = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)
         raise ConfigError(source=source, element=f"{view_path}/{tag}", problem=str(exc)) from None
+    for view, view_path in views:
+        warn_unprojected_indexes(view, f"{view_path}/HashIndex", source)
     instance = _child_text(root, "Name") if root.tag == "AMPSConfig" else None
     try:
         return SowstreamConfig(

@@ -60,6 +60,7 @@ from sowstream.config.views import (
     check_view_sources,
     check_views,
     view_from_yaml,
+    warn_unprojected_indexes,
 )
 
 # YAML key -> TopicConfig field.
@@ -438,6 +439,8 @@ def _views(
         raise ConfigError(
             source=source, element=f"views[{exc.index}].{key}", problem=str(exc)
         ) from None
+    for number, view in enumerate(views):
+        warn_unprojected_indexes(view, f"views[{number}].HashIndex", source)
     return tuple(views)
 
 

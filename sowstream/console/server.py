@@ -31,6 +31,7 @@ from sowstream.console.auth import COOKIE, Auth
 from sowstream.console.rows import KEY, LiveGrid, body, cells
 from sowstream.errors import SowstreamError
 from sowstream.filters import FilterError
+from sowstream.wire.kafka import quiet
 
 log = logging.getLogger(__name__)
 
@@ -232,12 +233,14 @@ class Fleet:
     def _log_end(self, log_topic: str, partition: int) -> int | None:
         if self._consumer is None:
             self._consumer = Consumer(
-                {
-                    "bootstrap.servers": self.settings.bootstrap,
-                    "group.id": "sowstream-console-watermarks",  # never joins: offsets only
-                    "log_level": 4,
-                    **self.settings.kafka,
-                }
+                quiet(
+                    {
+                        "bootstrap.servers": self.settings.bootstrap,
+                        "group.id": "sowstream-console-watermarks",  # never joins: offsets only
+                        "log_level": 4,
+                        **self.settings.kafka,
+                    }
+                )
             )
         try:
             _, high = self._consumer.get_watermark_offsets(

@@ -3,13 +3,45 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from sowstream.errors import KafkaUnreachableError, SowstreamError
+
+
+class KafkaLog:
+    """Where librdkafka's own log lines go (confluent-kafka's ``logger`` setting): DEBUG records
+    of the ``sowstream.kafka`` logger, their syslog severity in the text.
+
+    Without a ``logger`` librdkafka writes to stderr itself, so a command-line user saw lines
+    such as ``%6|…|BGQUEUE|… Purging 1 unserved events``; our own errors already say what went
+    wrong. confluent-kafka forwards the lines when the client is polled or flushed, and drops
+    those of a client being destroyed.
+    """
+
+    SEVERITY = ("emerg", "alert", "crit", "error", "warning", "notice", "info", "debug")
+
+    def __init__(self, name: str = "sowstream.kafka") -> None:
+        self.logger = logging.getLogger(name)
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """confluent-kafka's call: ``level`` is a Python level mapped from the syslog one."""
+        self.logger.debug("librdkafka %s: " + msg, logging.getLevelName(level).lower(), *args)
+
+
+KAFKA_LOG = KafkaLog()
+
+
+def quiet(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """``conf`` with librdkafka's log lines routed to :data:`KAFKA_LOG` (a setting in ``conf``
+    wins). Any: confluent-kafka's stubs type settings as scalars, though ``logger`` is an
+    object."""
+    return {"logger": KAFKA_LOG, **conf}
 
 
 def producer_config(bootstrap: str, extra: Mapping[str, str] | None = None) -> dict[str, object]:
@@ -51,8 +83,21 @@ def ensure_topics(
 
     A changed partition count would silently re-route keys, so it is an error, not a fix-up.
     """
-    # librdkafka's own connection errors (log level 3, one line per retry) would bury ours.
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2, **(extra or {})})
+    admin = AdminClient(quiet({"bootstrap.servers": bootstrap, **(extra or {})}))
+    try:
+        _ensure(admin, bootstrap, specs, replication_factor, timeout)
+    finally:
+        admin.poll(0)  # its log lines (e.g. why a broker did not answer) to KAFKA_LOG
+
+
+def _ensure(
+    admin: AdminClient,
+    bootstrap: str,
+    specs: list[TopicSpec],
+    replication_factor: int,
+    timeout: float,
+) -> None:
+    """ensure_topics' work, on its admin client."""
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
@@ -94,7 +139,8 @@ def delete_topics(
     """Delete topics, ignoring ones that are already gone."""
     if not names:
         return
-    admin = AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+    admin = AdminClient(quiet({"bootstrap.servers": bootstrap, **(extra or {})}))
     for future in admin.delete_topics(names, operation_timeout=timeout).values():
         with contextlib.suppress(KafkaException):  # already gone
             future.result(timeout)
+    admin.poll(0)  # hand its log lines to KAFKA_LOG before it goes

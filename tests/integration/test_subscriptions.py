@@ -771,6 +771,49 @@ def test_cli_subscribe_prints_json_lines(engine: EngineProcesses, publisher: Cli
     assert lines[1]["delta"] and lines[2]["reason"] == "match"
 
 
+def test_cli_subscribe_table_shows_the_merged_records_as_columns(
+    engine: EngineProcesses, publisher: Client
+) -> None:
+    """Without --json the subscriber's picture: deltas merged into their record, oofs removed,
+    a field per column (nested ones as /a/b paths)."""
+    reset(publisher, "buyer")
+    publisher.publish("buyer", {"buyer": {"id": 1, "name": "Ann"}, "qty": 5, "status": "new"})
+    publisher.publish("buyer", {"buyer": {"id": 2, "name": "Bob"}, "qty": 1, "status": "new"})
+    settle(publisher, "buyer")
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def run() -> None:
+        result["cli"] = _cli(
+            engine,
+            *("subscribe", "buyer", "--sow", "--delta", "--oof"),
+            *("--filter", "/status <> 'gone'", "--count", "4", "--idle", "30"),
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(6)  # the CLI connects and places the subscription
+    publisher.delta_publish("buyer", {"buyer": {"id": 1}, "qty": 7})
+    publisher.delta_publish("buyer", {"buyer": {"id": 2}, "status": "gone"})
+    thread.join(120)
+    done = result["cli"]
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", done.stderr  # no librdkafka line either
+    lines = done.stdout.splitlines()
+    assert "buyer: 1 record(s)" in done.stdout
+    header = next(line for line in lines if line.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")] == [
+        "SowKey",
+        "/buyer/id",
+        "/buyer/name",
+        "/qty",
+        "/status",
+    ]
+    rows = [
+        [c.strip() for c in line.strip("│").split("│")][1:] for line in lines if line[:1] == "│"
+    ]
+    assert rows == [["1", "Ann", "7", "new"]]
+
+
 def test_cli_subscribe_errors_are_one_line(engine: EngineProcesses) -> None:
     bad = _cli(engine, "subscribe", "orders", "--options", "conflation=10ms", "--idle", "1")
     assert bad.returncode == 1 and "100ms" in bad.stderr and "Traceback" not in bad.stderr
