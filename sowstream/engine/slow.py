@@ -41,6 +41,16 @@ CLIENT_TIMEOUT = "client_timeout"
 Gone = Callable[[str, str, str], None]
 
 
+def taken_for_gone(beat: int, ended: int | None, now: int, grace_until: int, timeout: int) -> bool:
+    """Whether a client whose last heartbeat was at ``beat`` (ms) is gone at ``now``: silent for
+    over ``timeout``, outside a grace period (after a broker restart, when nobody could
+    heartbeat), and not within ``timeout`` of ``ended``, when its subscriptions were last ended
+    (it places them again before its next heartbeat lands)."""
+    if now <= grace_until:
+        return False
+    return now - max(beat, ended or 0) > timeout
+
+
 class SlowConsumerWatch:
     """Measures each subscribed client's backlog and applies the policy."""
 
@@ -67,6 +77,7 @@ class SlowConsumerWatch:
         self.conflated: set[str] = set()
         self._blind = False  # the last check could not read the cluster
         self._grace_until = 0  # no client is taken for gone before this (epoch ms)
+        self._ended: dict[str, int] = {}  # reply topic -> when its subscriptions were ended (ms)
 
     def _backlogs(self, clients: list[str]) -> dict[str, int]:
         """Unread messages per reply topic (clients that never committed count from 0)."""
@@ -121,12 +132,12 @@ class SlowConsumerWatch:
             # whole client_timeout from now before they are taken for gone.
             self._blind = False
             self._grace_until = now + self.policy.client_timeout
+        timeout = self.policy.client_timeout
+        self._ended = {r: at for r, at in self._ended.items() if now - at <= timeout}
         for reply, backlog in backlogs.items():
             seen = self.last_seen.get(reply)
-            if (
-                seen is not None
-                and now > self._grace_until
-                and now - seen > self.policy.client_timeout
+            if seen is not None and taken_for_gone(
+                seen, self._ended.get(reply), now, self._grace_until, timeout
             ):
                 text = (
                     f"client {reply} sent no heartbeat for {(now - seen) / 1000:.0f}s (limit "
@@ -134,6 +145,7 @@ class SlowConsumerWatch:
                 )
                 log.warning("%s", text)
                 self.last_seen.pop(reply, None)
+                self._ended[reply] = now
                 self._gone(reply, CLIENT_TIMEOUT, text)
             elif backlog >= self.policy.drop_after:
                 await self._drop(reply, backlog, procs)
