@@ -42,6 +42,7 @@ from sowstream.engine.store import APPLIED_RECORD_KEY, WATERMARK_KEY
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidMessageError
 from sowstream.sow.compiled import CompiledTopic
+from sowstream.sow.expiration import parse_expiration_header
 from sowstream.sow.history import Version
 from sowstream.sow.logcheck import fingerprint
 from sowstream.sow.ops import (
@@ -417,7 +418,7 @@ class Applier:
                     new, count = SowRecord(op[3], op[4], op[6], op[7], op[8]), 1
             overlay[key] = new
             if queues and new is not None and rec.headers.get(h.COMMAND) != h.SOW_DELETE:
-                outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
+                outcome.enqueued.append(queued(rec, new.data, parse(new.data), self.topic.name))
             if events is not None:
                 _note(events, op[3], stored, new, rec)
             applied += 1
@@ -506,7 +507,7 @@ class Applier:
                 else:
                     bodies.pop(key, None)
                 if self._queues and new is not None and op.command != h.SOW_DELETE:
-                    outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
+                    outcome.enqueued.append(queued(rec, new.data, parse(new.data), topic.name))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command != h.SOW_DELETE or stored is not None) else 0
@@ -537,6 +538,7 @@ class Applier:
             last = max(last, rec.offset)
             outcome.last_record = rec
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
+            enqueue: AppliedPublish | None = None
             try:
                 check_refused(topic, rec.headers)
                 sow_key = plain_key(compiled, rec, command)
@@ -544,14 +546,17 @@ class Applier:
                     delta = command == h.DELTA_PUBLISH
                     body = parse_body(compiled, rec.value, delta=delta)
                     check_publish_entitlement(topic, rec.headers, body)
+                if self._queues and command != h.SOW_DELETE and rec.value is not None:
+                    # Read here, so a body or expiration a queue cannot take is a dead letter.
+                    body = parse_body(compiled, rec.value)
+                    enqueue = queued(rec, rec.value, body, topic.name)
             except InvalidMessageError as exc:
                 if not replay:
                     outcome.dead.append(Rejected(rec, exc))
                     outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
                 continue
-            if self._queues and command != h.SOW_DELETE and rec.value is not None:
-                body = parse_body(compiled, rec.value)
-                outcome.enqueued.append(queued(rec, rec.value, body))
+            if enqueue is not None:
+                outcome.enqueued.append(enqueue)
             if sow_key is not None and events is not None:
                 assert rec.value is not None
                 after = SowRecord(sow_key, rec.value, rec.offset, rec.timestamp)
@@ -672,10 +677,11 @@ class Applier:
             await self._sender.send_replies(reply_to, replies)
 
 
-def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:
-    """An applied publish as a queue takes it (a delta_publish as the merged record)."""
-    raw = rec.headers.get(h.EXPIRATION)
-    expiration = int(float(raw) * 1000) if raw else None
+def queued(rec: RawRecord, data: bytes, body: dict[str, Any], topic: str) -> AppliedPublish:
+    """An applied publish as a queue takes it (a delta_publish as the merged record); an
+    expiration header it cannot hold is an InvalidMessageError (checked already on a SOW
+    topic, by the fold)."""
+    expiration = parse_expiration_header(topic, rec.headers.get(h.EXPIRATION))
     return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration)
 
 

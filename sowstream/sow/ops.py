@@ -353,7 +353,8 @@ def apply_keyed(
                 topic=topic.name,
                 reason="bad_merge",
             ) from exc
-    expires = expiration_time(compiled.definition.expiration, op.expiration_ms, op.timestamp)
+    topic = compiled.definition
+    expires = expiration_time(topic.expiration, op.expiration_ms, op.timestamp, topic.name)
     return SowRecord(op.sow_key, data, op.offset, op.timestamp, expires)
 
 
