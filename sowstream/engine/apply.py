@@ -653,7 +653,10 @@ class Applier:
                 "error": str(exc),
             }
             await self._sender.send(
-                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
+                self.names.dead_letter,
+                encode("DeadLetter", letter),
+                key=self.topic.ident.encode(),
+                headers=VERSION_HEADER,
             )
         acks: dict[str, list[tuple[bytes, list[tuple[str, bytes]]]]] = {}
         for ack in outcome.acks:
