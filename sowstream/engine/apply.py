@@ -46,15 +46,18 @@ from sowstream.sow.expiration import parse_expiration_header
 from sowstream.sow.history import Version
 from sowstream.sow.logcheck import fingerprint
 from sowstream.sow.ops import (
+    TOO_LARGE,
     LogOp,
     RawRecord,
     apply_keyed,
     authenticated,
     check_publish_entitlement,
     check_refused,
+    check_size,
     decode_log_record,
     deleted_by_filter,
     parse_body,
+    record_size,
     resolve_sow_key,
 )
 from sowstream.sow.patterns import name_regex
@@ -64,6 +67,7 @@ from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import OOF_DELETED, Change
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
+from sowstream.wire.kafka import LARGEST_LOG_RECORD
 from sowstream.wire.protocol import ACK, FAILURE, SUCCESS, Reply
 from sowstream.wire.topics import TopicNames
 from sowstream.wire.versions import VERSION_HEADER
@@ -309,8 +313,13 @@ class Applier:
         """The compiled fold up to its first decline, the Python fold from there; the outcome
         and how many ops were applied."""
         outcome = Outcome(last=ps.folded)
+        # A record too large to take is the Python fold's (a dead letter): the compiled fold
+        # stops before it.
+        cut = next((i for i, r in enumerate(recs) if record_size(r) > LARGEST_LOG_RECORD), None)
         try:
-            start, applied = self._fold_native(ps, recs, outcome, native, replay=replay)
+            start, applied = self._fold_native(
+                ps, recs if cut is None else recs[:cut], outcome, native, replay=replay
+            )
         except BaseException as exc:
             # A panic, or anything it refused (a header it cannot read): the Python fold redoes
             # the chunk, and raises itself whatever is really wrong (a store that fails).
@@ -473,6 +482,7 @@ class Applier:
                         topic=topic.name,
                         reason="view",
                     )
+                check_size(topic, rec)
                 op = decode_log_record(
                     compiled, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
                 )
@@ -540,6 +550,7 @@ class Applier:
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
             enqueue: AppliedPublish | None = None
             try:
+                check_size(topic, rec)
                 check_refused(topic, rec.headers)
                 sow_key = plain_key(compiled, rec, command)
                 if topic.publish_filters and command != h.SOW_DELETE:
@@ -639,6 +650,7 @@ class Applier:
             log.warning(
                 "rejected record %s[%d]@%d: %s", self.log_topic, rec.partition, rec.offset, exc
             )
+            whole = exc.reason != TOO_LARGE
             letter = {
                 "topic": self.topic.name,
                 "message_type": self.topic.message_type,
@@ -646,11 +658,16 @@ class Applier:
                 "source_partition": rec.partition,
                 "source_offset": rec.offset,
                 "timestamp": rec.timestamp,
-                "key": rec.key,
-                "value": rec.value,
-                "headers": rec.headers,
+                "key": rec.key if whole else None,
+                "value": rec.value if whole else None,
+                "headers": rec.headers if whole else {},
                 "reason": exc.reason,
-                "error": str(exc),
+                # A record too large to copy is left where it is, on the log.
+                "error": str(exc)
+                if whole
+                else f"{exc} (key, value and headers are left out "
+                f"of this dead letter: the record is {self.log_topic}[{rec.partition}]"
+                f"@{rec.offset})",
             }
             await self._sender.send(
                 self.names.dead_letter,

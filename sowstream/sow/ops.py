@@ -32,6 +32,7 @@ from sowstream.sow.patterns import record_key, split_key
 from sowstream.sow.ports import TopicDefinition
 from sowstream.sow.record import SowRecord
 from sowstream.wire import headers as h
+from sowstream.wire.kafka import LARGEST_LOG_RECORD, MAX_RECORD_BYTES
 
 
 @dataclass(slots=True)
@@ -222,6 +223,33 @@ def decode_log_record(
     if command != h.SOW_DELETE:
         op.expiration_ms = parse_expiration_header(topic.name, headers.get(h.EXPIRATION))
     return op
+
+
+# The dead-letter reason of a log record too large for the engine to take.
+TOO_LARGE = "too_large"
+
+
+def record_size(rec: RawRecord) -> int:
+    """The bytes of a log record that the engine may have to write again: value, key, headers."""
+    size = len(rec.value or b"") + len(rec.key or b"")
+    for name, text in rec.headers.items():
+        size += len(name) + len(text)
+    return size
+
+
+def check_size(topic: TopicDefinition, rec: RawRecord) -> None:
+    """Refuse a log record too large for the engine to write again (see LARGEST_LOG_RECORD):
+    Kafka took it, but its changelog record or its dead letter would not fit, and the batch
+    could never be stored."""
+    size = record_size(rec)
+    if size > LARGEST_LOG_RECORD:
+        raise InvalidMessageError(
+            f"{_label(topic)}: the record is {size} bytes (value, key and headers), more than "
+            f"the {LARGEST_LOG_RECORD} the engine takes (what it writes for a record must fit "
+            f"Kafka's {MAX_RECORD_BYTES}-byte messages): publish smaller records",
+            topic=topic.name,
+            reason=TOO_LARGE,
+        )
 
 
 def check_refused(topic: TopicDefinition, headers: Mapping[str, str]) -> None:

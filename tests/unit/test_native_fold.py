@@ -35,6 +35,7 @@ from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
+from sowstream.wire.kafka import LARGEST_LOG_RECORD
 from sowstream.wire.topics import TopicNames
 from tests.support.sender import RecordingSender
 
@@ -281,6 +282,26 @@ def test_an_expiry_beyond_64_bits_is_a_dead_letter_on_both_folds(kind: str) -> N
     overlay = {k: r for result in results for k, r in result[3]}
     stored = sorted(r[1] for r in overlay.values() if r is not None)
     assert stored == sorted([recs[0].value, recs[3].value])
+
+
+def test_a_record_too_large_to_take_is_a_dead_letter_on_both_folds() -> None:
+    """The compiled fold stops before a record larger than the engine takes; the Python fold
+    dead-letters it (too_large) and goes on, and both folds agree."""
+    recs = log_of([("publish", {"id": i}) for i in ("a", "b", "a", "b")])
+    big = recs[1]
+    recs[1] = RawRecord(
+        big.partition,
+        big.offset,
+        big.timestamp,
+        big.key,
+        orjson.dumps({"id": "b", "big": "x" * LARGEST_LOG_RECORD}),
+        big.headers,
+    )
+    fold = native_fold(compiled("keyed"), "on")
+    assert fold is not None
+    results = both("keyed", recs, [])[:-1]
+    dead = [d for result in results for d in result[7]]
+    assert [(d[0], d[1]) for d in dead] == [(1, "too_large")]
 
 
 def _spelt_by_orjson(value: bytes | None) -> bool:
