@@ -206,3 +206,44 @@ def test_a_record_too_large_to_write_again_is_a_dead_letter_without_its_value() 
     for i in (0, 1, 4):
         assert proc.table.current_record(0, key(i).decode()) is not None, i
     assert all(len(r.value or b"") <= MAX_RECORD_BYTES for r in sender.records)
+
+
+@pytest.mark.parametrize(
+    ("key", "told"),
+    [(b"p.reply.x|s1|orders", True), (b"p.reply.x|s1", False), (b"\xff", False), (None, False)],
+)
+def test_an_unreadable_registration_is_refused_to_whom_its_key_names(
+    key: bytes | None, told: bool
+) -> None:
+    """Its value says nothing, but its key (``reply_to|sub_id|topic``) says whom to tell."""
+    refused: list[tuple[str, dict[str, str], str, str]] = []
+    registry = SubscriptionRegistry(
+        "127.0.0.1:1",
+        "p.subs",
+        {},
+        lambda k, s: pytest.fail("nothing is applied"),
+        refuse=lambda k, raw, reason, text: refused.append((k, dict(raw), reason, text)),
+    )
+
+    class Message:
+        def key(self) -> bytes | None:
+            return key
+
+        def value(self) -> bytes:
+            return GOOD_SUBSCRIPTION[:5]  # truncated Avro
+
+        def headers(self) -> list[tuple[str, bytes]]:
+            return []
+
+        def timestamp(self) -> tuple[int, int]:
+            return (1, 0)
+
+    registry._handle(Message())
+    if not told:
+        assert refused == []
+        return
+    ((k, raw, reason, text),) = refused
+    assert k == "p.reply.x|s1|orders"
+    assert raw == {"reply_to": "p.reply.x", "sub_id": "s1", "topic": "orders"}
+    assert reason == "bad_registration"
+    assert text.startswith("registration 'p.reply.x|s1|orders' is not a Subscription record")
