@@ -189,6 +189,8 @@ def test_a_record_too_large_to_write_again_is_a_dead_letter_without_its_value() 
         RawRecord(0, 2, 1_000, key(2), b'{"id": 2, "big": "' + b"x" * LARGEST_LOG_RECORD, {}),
         RawRecord(0, 3, 1_000, key(3), orjson.dumps({"id": 3}), {"junk": "y" * MAX_RECORD_BYTES}),
         RawRecord(0, 4, 1_000, key(4), orjson.dumps({"id": 4}), {}),
+        # fewer characters than the limit, more UTF-8 bytes
+        RawRecord(0, 5, 1_000, key(5), orjson.dumps({"id": 5}), {"j": "é" * 600_000}),
     ]
 
     async def go() -> None:
@@ -198,7 +200,11 @@ def test_a_record_too_large_to_write_again_is_a_dead_letter_without_its_value() 
 
     asyncio.run(go())
     dead = [decode("DeadLetter", r.value) for r in sender.records if r.topic == names.dead_letter]
-    assert [(d["source_offset"], d["reason"]) for d in dead] == [(2, "too_large"), (3, "too_large")]
+    assert [(d["source_offset"], d["reason"]) for d in dead] == [
+        (2, "too_large"),
+        (3, "too_large"),
+        (5, "too_large"),
+    ]
     for d in dead:
         assert d["value"] is None and d["key"] is None and d["headers"] == {}
         assert f"p.log.orders[0]@{d['source_offset']}" in d["error"]
