@@ -200,6 +200,17 @@ def make_plan(rng: random.Random, reply_to: str, missing_reply_to: str) -> Plan:
             "valid",
         )
     )
+    # Over the 1,000,000 bytes the engine's producers once sent at most: its changelog record
+    # could not be written, and the partition was loaded again and again.
+    log.append(
+        LogItem(
+            "large valid, over 1,000,000 bytes",
+            sow_key(501),
+            orjson.dumps({"id": 501, "big": "x" * (LARGEST_LOG_RECORD - 1_000)}),
+            {},
+            "valid",
+        )
+    )
 
     # -- the log: bad records ------------------------------------------------------------------
     def good_json(ident: Any) -> bytes:
