@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from sowstream.cli.common import Bootstrap, err, friendly_errors
+from sowstream.cli.common import Bootstrap, client_auth, err, friendly_errors
 
 
 @friendly_errors
@@ -28,7 +28,11 @@ def console(
         typer.Option(help="IDENTITY=TOKEN: a token that logs in as that identity (repeatable)."),
     ] = None,
     identity: Annotated[
-        str, typer.Option(help="Identity of the open console and of --token (entitlements).")
+        str,
+        typer.Option(
+            help="Identity of the open console and of --token (entitlements); with "
+            "SOWSTREAM_HMAC_SECRET, the identity the console's engine credential signs as."
+        ),
     ] = "",
     config: Annotated[
         Path | None,
@@ -44,13 +48,17 @@ def console(
         ),
     ] = None,
 ) -> None:
-    """Serve the web console: topics, queries, live grids, views, the fleet and its rates."""
+    """Serve the web console: topics, queries, live grids, views, the fleet and its rates.
+
+    To an engine that requires credentials (engine.authentication) the console's client proves
+    itself as the CLI does: SOWSTREAM_TOKEN, or SOWSTREAM_HMAC_SECRET with SOWSTREAM_IDENTITY."""
     from aiohttp import web
 
     from sowstream.broker.bootstrap import resolve_bootstrap
     from sowstream.config import load_config
     from sowstream.console import Auth, Console, Settings
     from sowstream.console.auth import parse_users
+    from sowstream.console.server import describe_credential
 
     cfg = load_config(config) if config is not None else None
     settings = Settings(
@@ -59,12 +67,14 @@ def console(
         kafka=dict(cfg.engine.kafka) if cfg else {},
         poll=poll,
         metrics=tuple(metrics or ()),
+        credential=client_auth(identity),
     )
     auth = Auth.for_host(host, token=token, users=parse_users(user or []), identity=identity)
     shown = f"[{host}]" if ":" in host else host
     err.print(
         f"[bold green]sowstream console[/] at http://{shown}:{port}/ (Kafka {settings.bootstrap})"
     )
+    err.print(describe_credential(settings.credential), highlight=False)
     if auth.generated:
         err.print(f"login token (identity {identity!r}): {auth.generated}", highlight=False)
     elif auth.required:

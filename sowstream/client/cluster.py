@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from confluent_kafka import KafkaException, TopicPartition
@@ -30,9 +30,10 @@ from sowstream.client.querying import Querying
 from sowstream.client.topics import TopicInfo
 from sowstream.errors import CommandTimeoutError, SowstreamError
 from sowstream.queues.machine import EXPIRY_REASONS
+from sowstream.wire import headers as h
 from sowstream.wire import protocol
-from sowstream.wire.avro import decode
 from sowstream.wire.kafka import quiet
+from sowstream.wire.versions import decode_headed
 
 WORKER_STALE_SECONDS = 10.0  # five announcements missed (engine.status.ANNOUNCE_SECONDS)
 WORKER_FORGET_SECONDS = 3600.0  # workers silent for longer are left out (gone for good)
@@ -148,7 +149,7 @@ def cluster_status(
 def _read_workers(connection: Connection, now: float) -> list[dict[str, Any]]:
     """The last announcement of every worker on the workers topic, with its age."""
     latest: dict[bytes, dict[str, Any]] = {}
-    for key, value in _read_all(connection, connection.names.workers):
+    for key, value, _ in _read_all(connection, connection.names.workers):
         if value is None:
             latest.pop(key, None)
         else:
@@ -282,16 +283,19 @@ def _dead_letters(connection: Connection) -> dict[str, Any]:
         consumer.close()
     reasons: Counter[str] = Counter()
     topics: Counter[str] = Counter()
-    for _, value in _read_all(connection, connection.names.dead_letter):
+    for _, value, headers in _read_all(connection, connection.names.dead_letter):
         if value is not None:
-            letter = decode("DeadLetter", value)
+            letter = decode_headed("DeadLetter", value, headers)
             reasons[letter["reason"]] += 1
             topics[letter["topic"]] += 1
     return {"count": count, "by_reason": dict(reasons), "by_topic": dict(topics)}
 
 
-def _read_all(connection: Connection, topic: str) -> list[tuple[bytes, bytes | None]]:
-    """Every (key, value) of partition 0 of ``topic`` up to its end now; [] when it is missing."""
+def _read_all(
+    connection: Connection, topic: str
+) -> list[tuple[bytes, bytes | None, dict[str, str]]]:
+    """Every (key, value, headers) of partition 0 of ``topic`` up to its end now; [] when it is
+    missing."""
     consumer = connection.consumer()
     try:
         tp = TopicPartition(topic, 0)
@@ -302,7 +306,7 @@ def _read_all(connection: Connection, topic: str) -> list[tuple[bytes, bytes | N
         if high <= low:
             return []
         consumer.assign([TopicPartition(topic, 0, low)])
-        found: list[tuple[bytes, bytes | None]] = []
+        found: list[tuple[bytes, bytes | None, dict[str, str]]] = []
         deadline = time.monotonic() + connection.timeout
         position = low
         while position < high and time.monotonic() < deadline:
@@ -310,7 +314,8 @@ def _read_all(connection: Connection, topic: str) -> list[tuple[bytes, bytes | N
                 if msg.error():
                     continue
                 position = (msg.offset() or 0) + 1
-                found.append((msg.key() or b"", msg.value()))
+                headers = h.header_map(cast(h.RawHeaders, msg.headers()))
+                found.append((msg.key() or b"", msg.value(), headers))
         return found
     finally:
         consumer.close()

@@ -47,7 +47,7 @@ from sowstream.subscriptions.model import (
 )
 from sowstream.wire import headers as h
 from sowstream.wire import protocol, rawscan
-from sowstream.wire.avro import decode, encode
+from sowstream.wire.avro import encode
 from sowstream.wire.kafka import (
     TopicSpec,
     delete_topics,
@@ -56,7 +56,7 @@ from sowstream.wire.kafka import (
     quiet,
 )
 from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames, topic_ident
-from sowstream.wire.versions import PRODUCE_HEADERS, version_of
+from sowstream.wire.versions import PRODUCE_HEADERS, decode_headed, version_of
 
 REGEX_CHARS = re.compile(r"[\\^$.|?*+()\[\]{}]")
 # Characters that only a pattern has ('.' is common in topic names): a name with none of these
@@ -224,7 +224,13 @@ class Connection:
                         if value is None:
                             topics.pop((msg.key() or b"").decode(), None)
                         else:
-                            info = TopicInfo.from_wire(decode("TopicInfo", value))
+                            info = TopicInfo.from_wire(
+                                decode_headed(
+                                    "TopicInfo",
+                                    value,
+                                    h.header_map(cast(h.RawHeaders, msg.headers())),
+                                )
+                            )
                             topics[info.ident] = info
             self._topics = topics
             return topics

@@ -25,11 +25,13 @@ from aiohttp.typedefs import Handler
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from sowstream.auth import Auth as Credential
+from sowstream.auth import BearerAuth, HmacAuth
 from sowstream.client import Client, Subscription
 from sowstream.client.topics import TopicInfo
 from sowstream.console.auth import COOKIE, Auth
 from sowstream.console.rows import KEY, LiveGrid, body, cells
-from sowstream.errors import SowstreamError
+from sowstream.errors import CommandFailedError, SowstreamError
 from sowstream.filters import FilterError
 from sowstream.wire.kafka import quiet
 
@@ -49,6 +51,35 @@ class Settings:
     kafka: dict[str, str] = field(default_factory=dict)
     poll: float = 2.0  # seconds between fleet samples
     metrics: tuple[str, ...] = ()  # workers' Prometheus endpoints (http://host:port/metrics)
+    # What the console's client proves itself with to an engine that checks credentials
+    # (engine.authentication); None: it sends none, and such an engine refuses its commands.
+    credential: Credential | None = None
+
+
+# Environment variables that give the console (as the CLI) its engine credential.
+CREDENTIAL_VARIABLES = "SOWSTREAM_TOKEN, or SOWSTREAM_HMAC_SECRET with SOWSTREAM_IDENTITY"
+# Reasons the engine refuses a command for its credential (sowstream.auth).
+CREDENTIAL_REASONS = frozenset({"authentication_failed", "not_entitled"})
+
+
+def describe_credential(credential: Credential | None) -> str:
+    """What the console proves itself with, in a line for its start and its session answer."""
+    if credential is None:
+        return (
+            f"no engine credential ({CREDENTIAL_VARIABLES} unset): an engine that requires "
+            "authentication refuses the console's queries and subscriptions"
+        )
+    if isinstance(credential, HmacAuth):
+        return (
+            f"engine credential: HMAC for identity {credential.identity!r}; every console user "
+            "acts as it on the engine"
+        )
+    if isinstance(credential, BearerAuth):
+        return (
+            "engine credential: a JWT (SOWSTREAM_TOKEN); every console user acts as its "
+            "subject on the engine"
+        )
+    return f"engine credential: {type(credential).__name__}"
 
 
 # Worker counters the fleet charts, summed over topics and workers.
@@ -77,9 +108,21 @@ def scrape(url: str) -> dict[str, float]:
     return totals
 
 
-def error_body(exc: BaseException, **fields: str | None) -> dict[str, Any]:
-    """An error for the page; a filter error names the field and the position in it."""
+def error_body(
+    exc: BaseException, credential: Credential | None = None, **fields: str | None
+) -> dict[str, Any]:
+    """An error for the page; a filter error names the field and the position in it; a refusal
+    of the console's credential says what the console proves itself with (or that it has
+    nothing to prove itself with)."""
     out: dict[str, Any] = {"error": str(exc)}
+    if isinstance(exc, CommandFailedError) and exc.reason in CREDENTIAL_REASONS:
+        out["reason"] = exc.reason
+        out["credential"] = describe_credential(credential)
+        if credential is None:
+            out["error"] = (
+                f"{exc}; the console has no engine credential: set {CREDENTIAL_VARIABLES} "
+                "where it runs"
+            )
     if isinstance(exc, FilterError):
         # validate_query checks the filter and the OrderBy with one error type: say which.
         named = [name for name, text in fields.items() if text and text == exc.text]
@@ -120,7 +163,12 @@ class Clients:
         self._lock = threading.Lock()
 
     def get(self, identity: str) -> Client:
-        """The identity's client (blocking: call from a thread)."""
+        """The identity's client (blocking: call from a thread). With a credential there is one
+        client, acting as the identity the credential proves: the engine refuses a client that
+        claims another identity than its credential's."""
+        credential = self.settings.credential
+        if credential is not None:
+            identity = ""
         with self._lock:
             client = self._clients.get(identity)
             if client is None:
@@ -129,6 +177,7 @@ class Clients:
                     prefix=self.settings.prefix,
                     config=self.settings.kafka,
                     identity=identity,  # the identity may hold characters topic names cannot
+                    auth=credential,
                 ).connect()
                 self._clients[identity] = client
             return client
@@ -329,7 +378,13 @@ class Console:
         )
         if identity is None:
             return web.json_response({"error": "login required", "required": True}, status=401)
-        return web.json_response({"identity": identity, "required": self.auth.required})
+        return web.json_response(
+            {
+                "identity": identity,
+                "required": self.auth.required,
+                "engine_credential": describe_credential(self.settings.credential),
+            }
+        )
 
     # -- pages and queries ---------------------------------------------------------------------
 
@@ -367,7 +422,8 @@ class Console:
                 )
             )
         except (SowstreamError, FilterError) as exc:
-            return web.json_response(error_body(exc, filter=filter_, order_by=order_by), status=400)
+            body_ = error_body(exc, self.settings.credential, filter=filter_, order_by=order_by)
+            return web.json_response(body_, status=400)
         elapsed = (time.monotonic() - started) * 1000
         self.query_ms.append((time.time(), elapsed))
         rows = [{KEY: m.sow_key, **cells(body(m))} for m in messages if m.command == "sow"]
@@ -382,7 +438,10 @@ class Console:
     async def fleet_now(self, request: web.Request) -> web.Response:
         """The fleet's latest sample (taken now if there is none yet)."""
         if not self.fleet.samples:
-            await asyncio.to_thread(self.fleet.sample)
+            try:
+                await asyncio.to_thread(self.fleet.sample)
+            except SowstreamError as exc:  # the engine refused the status command, say why
+                return web.json_response(error_body(exc, self.settings.credential), status=503)
         return web.json_response(self._fleet_message(), dumps=_dumps)
 
     # -- the websocket: a live grid and the fleet ----------------------------------------------
@@ -441,7 +500,10 @@ class Console:
             )
         except (SowstreamError, FilterError, ValueError) as exc:
             await outbox.put(
-                {"type": "error", **error_body(exc, filter=filter_, order_by=order_by)}
+                {
+                    "type": "error",
+                    **error_body(exc, self.settings.credential, filter=filter_, order_by=order_by),
+                }
             )
             return None
         live = LiveSubscription(sub, asyncio.get_running_loop(), outbox)
@@ -485,7 +547,10 @@ class Console:
                 try:
                     await asyncio.to_thread(self.fleet.sample)
                 except (SowstreamError, KafkaException) as exc:
-                    log.warning("fleet sample failed: %s", exc)
+                    log.warning(
+                        "fleet sample failed: %s",
+                        error_body(exc, self.settings.credential)["error"],
+                    )
                 else:
                     text = _dumps(self._fleet_message())
                     for ws in list(self.pages):

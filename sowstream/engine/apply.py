@@ -42,18 +42,22 @@ from sowstream.engine.store import APPLIED_RECORD_KEY, WATERMARK_KEY
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidMessageError
 from sowstream.sow.compiled import CompiledTopic
+from sowstream.sow.expiration import parse_expiration_header
 from sowstream.sow.history import Version
 from sowstream.sow.logcheck import fingerprint
 from sowstream.sow.ops import (
+    TOO_LARGE,
     LogOp,
     RawRecord,
     apply_keyed,
     authenticated,
     check_publish_entitlement,
     check_refused,
+    check_size,
     decode_log_record,
     deleted_by_filter,
     parse_body,
+    record_size,
     resolve_sow_key,
 )
 from sowstream.sow.patterns import name_regex
@@ -63,6 +67,7 @@ from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import OOF_DELETED, OOF_EXPIRED, Change
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
+from sowstream.wire.kafka import LARGEST_LOG_RECORD
 from sowstream.wire.protocol import ACK, FAILURE, SUCCESS, Reply
 from sowstream.wire.topics import TopicNames
 from sowstream.wire.versions import VERSION_HEADER
@@ -308,8 +313,13 @@ class Applier:
         """The compiled fold up to its first decline, the Python fold from there; the outcome
         and how many ops were applied."""
         outcome = Outcome(last=ps.folded)
+        # A record too large to take is the Python fold's (a dead letter): the compiled fold
+        # stops before it.
+        cut = next((i for i, r in enumerate(recs) if record_size(r) > LARGEST_LOG_RECORD), None)
         try:
-            start, applied = self._fold_native(ps, recs, outcome, native, replay=replay)
+            start, applied = self._fold_native(
+                ps, recs if cut is None else recs[:cut], outcome, native, replay=replay
+            )
         except BaseException as exc:
             # A panic, or anything it refused (a header it cannot read): the Python fold redoes
             # the chunk, and raises itself whatever is really wrong (a store that fails).
@@ -417,7 +427,7 @@ class Applier:
                     new, count = SowRecord(op[3], op[4], op[6], op[7], op[8]), 1
             overlay[key] = new
             if queues and new is not None and rec.headers.get(h.COMMAND) != h.SOW_DELETE:
-                outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
+                outcome.enqueued.append(queued(rec, new.data, parse(new.data), self.topic.name))
             if events is not None:
                 _note(events, op[3], stored, new, rec)
             applied += 1
@@ -476,6 +486,7 @@ class Applier:
                         topic=topic.name,
                         reason="view",
                     )
+                check_size(topic, rec)
                 op = decode_log_record(
                     compiled, rec.key, rec.value, rec.headers, rec.offset, rec.timestamp
                 )
@@ -510,7 +521,7 @@ class Applier:
                 else:
                     bodies.pop(key, None)
                 if self._queues and new is not None and op.command in h.PUBLISHES:
-                    outcome.enqueued.append(queued(rec, new.data, parse(new.data)))
+                    outcome.enqueued.append(queued(rec, new.data, parse(new.data), topic.name))
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command in h.PUBLISHES or new is not stored) else 0
@@ -542,21 +553,26 @@ class Applier:
             last = max(last, rec.offset)
             outcome.last_record = rec
             command = rec.headers.get(h.COMMAND) or h.PUBLISH
+            enqueue: AppliedPublish | None = None
             try:
+                check_size(topic, rec)
                 check_refused(topic, rec.headers)
                 sow_key = plain_key(compiled, rec, command)
                 if topic.publish_filters and command in h.PUBLISHES:
                     delta = command == h.DELTA_PUBLISH
                     body = parse_body(compiled, rec.value, delta=delta)
                     check_publish_entitlement(topic, rec.headers, body)
+                if self._queues and command in h.PUBLISHES and rec.value is not None:
+                    # Read here, so a body or expiration a queue cannot take is a dead letter.
+                    body = parse_body(compiled, rec.value)
+                    enqueue = queued(rec, rec.value, body, topic.name)
             except InvalidMessageError as exc:
                 if not replay:
                     outcome.dead.append(Rejected(rec, exc))
                     outcome.acks.append(Ack(rec, 0, FAILURE, exc.reason, str(exc)))
                 continue
-            if self._queues and command in h.PUBLISHES and rec.value is not None:
-                body = parse_body(compiled, rec.value)
-                outcome.enqueued.append(queued(rec, rec.value, body))
+            if enqueue is not None:
+                outcome.enqueued.append(enqueue)
             if sow_key is not None and events is not None:
                 assert rec.value is not None
                 after = SowRecord(sow_key, rec.value, rec.offset, rec.timestamp)
@@ -639,6 +655,7 @@ class Applier:
             log.warning(
                 "rejected record %s[%d]@%d: %s", self.log_topic, rec.partition, rec.offset, exc
             )
+            whole = exc.reason != TOO_LARGE
             letter = {
                 "topic": self.topic.name,
                 "message_type": self.topic.message_type,
@@ -646,14 +663,22 @@ class Applier:
                 "source_partition": rec.partition,
                 "source_offset": rec.offset,
                 "timestamp": rec.timestamp,
-                "key": rec.key,
-                "value": rec.value,
-                "headers": rec.headers,
+                "key": rec.key if whole else None,
+                "value": rec.value if whole else None,
+                "headers": rec.headers if whole else {},
                 "reason": exc.reason,
-                "error": str(exc),
+                # A record too large to copy is left where it is, on the log.
+                "error": str(exc)
+                if whole
+                else f"{exc} (key, value and headers are left out "
+                f"of this dead letter: the record is {self.log_topic}[{rec.partition}]"
+                f"@{rec.offset})",
             }
             await self._sender.send(
-                self.names.dead_letter, encode("DeadLetter", letter), key=self.topic.ident.encode()
+                self.names.dead_letter,
+                encode("DeadLetter", letter),
+                key=self.topic.ident.encode(),
+                headers=VERSION_HEADER,
             )
         acks: dict[str, list[tuple[bytes, list[tuple[str, bytes]]]]] = {}
         for ack in outcome.acks:
@@ -677,10 +702,11 @@ class Applier:
             await self._sender.send_replies(reply_to, replies)
 
 
-def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:
-    """An applied publish as a queue takes it (a delta_publish as the merged record)."""
-    raw = rec.headers.get(h.EXPIRATION)
-    expiration = int(float(raw) * 1000) if raw else None
+def queued(rec: RawRecord, data: bytes, body: dict[str, Any], topic: str) -> AppliedPublish:
+    """An applied publish as a queue takes it (a delta_publish as the merged record); an
+    expiration header it cannot hold is an InvalidMessageError (checked already on a SOW
+    topic, by the fold)."""
+    expiration = parse_expiration_header(topic, rec.headers.get(h.EXPIRATION))
     return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration)
 
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from sowstream.engine.registry import poll_batch
-from sowstream.wire.avro import decode
+from sowstream.wire import headers as h
+from sowstream.wire.versions import decode_headed
 
 log = logging.getLogger("sowstream.engine")
 
@@ -67,7 +68,7 @@ class TopicDirectory:
                     if value is None:
                         continue
                     try:
-                        info = decode("TopicInfo", value)
+                        info = decode_headed("TopicInfo", value, h.header_map(msg.headers()))
                     except Exception as exc:  # anything a foreign producer may have written
                         log.warning(
                             "ignored unreadable topic definition on %s: %s", self.topic, exc

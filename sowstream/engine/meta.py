@@ -18,6 +18,7 @@ from sowstream.messagetypes import MessageType, registry
 from sowstream.wire.avro import encode
 from sowstream.wire.kafka import TopicSpec, producer_config
 from sowstream.wire.topics import TopicNames
+from sowstream.wire.versions import PRODUCE_HEADERS
 
 # A meta-topic record (schemas/TopicInfo.avsc) per topic identity (or queue name).
 Infos = dict[str, dict[str, Any]]
@@ -99,6 +100,11 @@ def write_meta(
     """Publish topic definitions to the meta topic and wait until Kafka has them (blocking)."""
     producer = Producer(producer_config(bootstrap, kafka))
     for name, info in infos.items():
-        producer.produce(names.meta, key=name.encode(), value=encode("TopicInfo", info))
+        producer.produce(
+            names.meta,
+            key=name.encode(),
+            value=encode("TopicInfo", info),
+            headers=PRODUCE_HEADERS,
+        )
     if producer.flush(30) != 0:
         raise SowstreamError("could not publish topic definitions to the meta topic")

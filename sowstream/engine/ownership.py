@@ -178,9 +178,9 @@ class Ownership:
             return None
         try:
             body = parse_body(self.compiled, rec.value, delta=command == h.DELTA_PUBLISH)
+            return queued(rec, rec.value, body, self.topic.name)
         except InvalidMessageError:
             return None
-        return queued(rec, rec.value, body)
 
     async def _load_state(self, partition: int, ps: PartitionState) -> None:
         if not self.topic.sow:

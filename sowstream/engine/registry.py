@@ -19,7 +19,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer
 from sowstream.auth import Authenticator
 from sowstream.errors import AuthenticationError, SchemaVersionError, SowstreamError
 from sowstream.filters import FilterError
-from sowstream.subscriptions.model import BAD_FILTER, BAD_OPTION, SubscriptionSpec
+from sowstream.subscriptions.model import (
+    BAD_FILTER,
+    BAD_OPTION,
+    BAD_REGISTRATION,
+    SubscriptionSpec,
+)
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.kafka import producer_config
@@ -93,8 +98,18 @@ class SubscriptionRegistry:
             problem, version = exc, exc.written or 1
         try:
             raw = decode_versioned("Subscription", value, version)
-        except Exception as exc:  # not a Subscription record: nobody to answer
+        except Exception as exc:  # not a Subscription record: its key may say whom to tell
             log.warning("ignored unreadable registration %r on %s: %s", key, self.topic, exc)
+            addressed = addressee(key)
+            if addressed is not None:
+                self._refused(
+                    key,
+                    addressed,
+                    BAD_REGISTRATION,
+                    f"registration {key!r} is not a Subscription record of protocol schema "
+                    f"version {version} ({type(exc).__name__}: {exc}); the engine keeps "
+                    "none of it: write the registration again",
+                )
             return
         if problem is not None:
             self._refused(key, raw, SCHEMA_VERSION, str(problem))
@@ -178,6 +193,15 @@ class SubscriptionRegistry:
         registration and end that too."""
         if self._producer is not None and self._producer.flush(timeout):
             log.warning("subscription registry writes not acknowledged within %.0fs", timeout)
+
+
+def addressee(key: str) -> dict[str, str] | None:
+    """Whom an unreadable registration's key names (``reply_to|sub_id|topic``, the fields a
+    refusal needs), or None when it names nobody."""
+    parts = key.split("|")
+    if len(parts) != 3 or not parts[0] or not parts[1]:
+        return None
+    return {"reply_to": parts[0], "sub_id": parts[1], "topic": parts[2]}
 
 
 def poll_batch(consumer: Consumer) -> list[Any]:

@@ -45,6 +45,7 @@ from sowstream.engine.security import kafka_security
 from sowstream.engine.units.base import ControlInbox, Partitions
 from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
+from sowstream.wire.kafka import MAX_RECORD_BYTES
 
 log = logging.getLogger("sowstream.engine")
 
@@ -585,6 +586,10 @@ class FaustRuntime:
             # partition: 16 KiB batches (faust's default) capped a partition's changelog at
             # about 100 records per round trip (docs/benchmarks.md, issue 13).
             producer_max_batch_size=PRODUCER_BATCH_BYTES,
+            # What the engine writes for a log record (its changelog form, a dead letter,
+            # replies) is a little larger than the record: allow what the broker takes
+            # (faust's default, 1,000,000, refused some of them; see LARGEST_LOG_RECORD).
+            producer_max_request_size=MAX_RECORD_BYTES,
             broker_credentials=faust_credentials(engine.kafka),
             # Static membership (KIP-345): the worker name is the group member, so a worker that
             # restarts within the session timeout takes its own partitions back without a

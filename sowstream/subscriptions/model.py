@@ -44,6 +44,8 @@ FAILURE = "failure"  # the engine ended the subscription; sow.reason says why
 # Reasons a command or registration is refused for: its filter, or another option.
 BAD_FILTER = "bad_filter"
 BAD_OPTION = "bad_option"
+# A registration whose value is no Subscription record (its key still says whom to tell).
+BAD_REGISTRATION = "bad_registration"
 # A partition's log was recreated: its offsets start over after sow.offset (sow.logcheck).
 LOG_RESET = "log_reset"
 

@@ -13,6 +13,14 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from sowstream.errors import KafkaUnreachableError, SowstreamError
 
+# The largest record the engine's producers send: Kafka's default message.max.bytes (1 MiB),
+# which is also the largest record batch a broker takes by default.
+MAX_RECORD_BYTES = 1_048_576
+# The largest log record (value, key and headers) the engine takes: what it writes again for a
+# record (its changelog form, a dead letter, a re-keyed copy, replies and subscription messages)
+# adds its own fields, and must still fit MAX_RECORD_BYTES. A larger one is a dead letter.
+LARGEST_LOG_RECORD = MAX_RECORD_BYTES - 16 * 1024
+
 
 class KafkaLog:
     """Where librdkafka's own log lines go (confluent-kafka's ``logger`` setting): DEBUG records

@@ -1,4 +1,5 @@
-"""Which version of the protocol's Avro schemas a Command, Reply or Subscription was written with.
+"""Which version of the protocol's Avro schemas a Command, Reply, Subscription, TopicInfo or
+DeadLetter record was written with.
 
 The value of these records is schemaless Avro: without knowing the writer's schema a reader cannot
 even find a field in it, so the version travels outside the value, in the Kafka header
@@ -35,9 +36,11 @@ FINGERPRINTS: Mapping[int, Mapping[str, str]] = {
         "Command": "fa067a63d4db3576",
         "Reply": "3acd99937a02480e",
         "Subscription": "0f653371d00e0cfb",
+        "TopicInfo": "c1c7470ce4faba03",
+        "DeadLetter": "7c6da5a49628814b",
     },
 }
-VERSIONED: tuple[SchemaName, ...] = ("Command", "Reply", "Subscription")
+VERSIONED: tuple[SchemaName, ...] = ("Command", "Reply", "Subscription", "TopicInfo", "DeadLetter")
 
 # The header every record of these schemas carries: as the engine's Sender takes headers, and
 # as confluent-kafka's produce() does.
@@ -101,6 +104,17 @@ def writer_schema(name: SchemaName, version: int) -> Any:
     if not path.exists():  # unchanged in that version
         return schema(name)
     return fastavro.parse_schema(fastavro.schema.load_schema(str(path)))
+
+
+def decode_headed(
+    name: SchemaName, payload: bytes, headers: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """Read a record the engine writes for readers of any release (a TopicInfo or a
+    DeadLetter) with the version its ``sow.schema`` header names (1 without one, as records
+    written before the header existed are): an older one with its own schema, a newer one as far
+    as this version goes. SchemaVersionError for a header that is no version; the Avro decoder's
+    own errors for a value that does not decode."""
+    return decode_versioned(name, payload, version_of(headers))
 
 
 def decode_versioned(name: SchemaName, payload: bytes, version: int) -> dict[str, Any]:

@@ -121,7 +121,14 @@ def http(
 class ConsoleProcess:
     """``sowstream console`` as a subprocess, as a user starts it."""
 
-    def __init__(self, engine: EngineProcesses, workdir: Path, *args: str) -> None:
+    def __init__(
+        self,
+        engine: EngineProcesses,
+        workdir: Path,
+        *args: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``env``: the console's environment (default: the test's own)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"console-{self.port}.log"
@@ -145,7 +152,7 @@ class ConsoleProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

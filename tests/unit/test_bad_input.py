@@ -25,6 +25,7 @@ from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
 from sowstream.wire.avro import decode, encode
+from sowstream.wire.kafka import LARGEST_LOG_RECORD, MAX_RECORD_BYTES
 from sowstream.wire.protocol import Command, Reply
 from sowstream.wire.topics import TopicNames
 from tests.support.sender import RecordingSender
@@ -153,7 +154,7 @@ def test_bad_log_records_go_to_the_dead_letters_and_good_ones_are_kept() -> None
     for i, (k, v, hd, _) in enumerate(BAD):
         records.append(RawRecord(0, 2 * i, 1_000, key(i), orjson.dumps({"id": i}), {}))
         records.append(RawRecord(0, 2 * i + 1, 1_000, k, v, hd))
-    big = orjson.dumps({"id": 50, "big": "x" * 2_000_000})
+    big = orjson.dumps({"id": 50, "big": "x" * 1_000_000})  # as large as Kafka takes by default
     records.append(RawRecord(0, 2 * len(BAD), 1_000, key(50), big, {}))
 
     async def go() -> None:
@@ -172,3 +173,83 @@ def test_bad_log_records_go_to_the_dead_letters_and_good_ones_are_kept() -> None
             assert got == reason, (i, got, error)
     for i in [*range(len(BAD)), 50]:
         assert proc.table.current_record(0, key(i).decode()) is not None, i
+
+
+def test_a_record_too_large_to_write_again_is_a_dead_letter_without_its_value() -> None:
+    """Kafka took it, but its changelog record or dead letter would not fit Kafka's messages
+    (the batch write failed and the partition reloaded for ever): a dead letter that says where
+    the record is instead of copying it, and the records around it are stored."""
+    sender = RecordingSender()
+    names = TopicNames("p")
+    proc = TopicProcessor(COMPILED, names, sender, native="off")
+    largest = orjson.dumps({"id": 1, "big": "x" * (LARGEST_LOG_RECORD - 40)})
+    records = [
+        RawRecord(0, 0, 1_000, key(0), orjson.dumps({"id": 0}), {}),
+        RawRecord(0, 1, 1_000, key(1), largest, {}),
+        RawRecord(0, 2, 1_000, key(2), b'{"id": 2, "big": "' + b"x" * LARGEST_LOG_RECORD, {}),
+        RawRecord(0, 3, 1_000, key(3), orjson.dumps({"id": 3}), {"junk": "y" * MAX_RECORD_BYTES}),
+        RawRecord(0, 4, 1_000, key(4), orjson.dumps({"id": 4}), {}),
+        # fewer characters than the limit, more UTF-8 bytes
+        RawRecord(0, 5, 1_000, key(5), orjson.dumps({"id": 5}), {"j": "é" * 600_000}),
+    ]
+
+    async def go() -> None:
+        await proc.ready(0)
+        await proc.process(records)
+        await proc.drain()
+
+    asyncio.run(go())
+    dead = [decode("DeadLetter", r.value) for r in sender.records if r.topic == names.dead_letter]
+    assert [(d["source_offset"], d["reason"]) for d in dead] == [
+        (2, "too_large"),
+        (3, "too_large"),
+        (5, "too_large"),
+    ]
+    for d in dead:
+        assert d["value"] is None and d["key"] is None and d["headers"] == {}
+        assert f"p.log.orders[0]@{d['source_offset']}" in d["error"]
+        assert str(LARGEST_LOG_RECORD) in d["error"]
+    for i in (0, 1, 4):
+        assert proc.table.current_record(0, key(i).decode()) is not None, i
+    assert all(len(r.value or b"") <= MAX_RECORD_BYTES for r in sender.records)
+
+
+@pytest.mark.parametrize(
+    ("key", "told"),
+    [(b"p.reply.x|s1|orders", True), (b"p.reply.x|s1", False), (b"\xff", False), (None, False)],
+)
+def test_an_unreadable_registration_is_refused_to_whom_its_key_names(
+    key: bytes | None, told: bool
+) -> None:
+    """Its value says nothing, but its key (``reply_to|sub_id|topic``) says whom to tell."""
+    refused: list[tuple[str, dict[str, str], str, str]] = []
+    registry = SubscriptionRegistry(
+        "127.0.0.1:1",
+        "p.subs",
+        {},
+        lambda k, s: pytest.fail("nothing is applied"),
+        refuse=lambda k, raw, reason, text: refused.append((k, dict(raw), reason, text)),
+    )
+
+    class Message:
+        def key(self) -> bytes | None:
+            return key
+
+        def value(self) -> bytes:
+            return GOOD_SUBSCRIPTION[:5]  # truncated Avro
+
+        def headers(self) -> list[tuple[str, bytes]]:
+            return []
+
+        def timestamp(self) -> tuple[int, int]:
+            return (1, 0)
+
+    registry._handle(Message())
+    if not told:
+        assert refused == []
+        return
+    ((k, raw, reason, text),) = refused
+    assert k == "p.reply.x|s1|orders"
+    assert raw == {"reply_to": "p.reply.x", "sub_id": "s1", "topic": "orders"}
+    assert reason == "bad_registration"
+    assert text.startswith("registration 'p.reply.x|s1|orders' is not a Subscription record")

@@ -35,6 +35,7 @@ from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
+from sowstream.wire.kafka import LARGEST_LOG_RECORD
 from sowstream.wire.topics import TopicNames
 from tests.support.sender import RecordingSender
 
@@ -127,7 +128,9 @@ def records(draw: st.DrawFn, kind: str) -> list[RawRecord]:
             value = None
         if draw(st.booleans()):
             headers[h.REPLY_TO] = "r"
-        expirations = [None, None, "", "0", "5", "007"] + (["30s", "x", "9" * 12] if wild else [])
+        expirations = [None, None, "", "0", "5", "007"] + (
+            ["30s", "x", "9" * 12, "9" * 20, "9223372036854775"] if wild else []
+        )
         expiration = draw(st.sampled_from(expirations))
         if expiration is not None:
             headers[h.EXPIRATION] = expiration
@@ -151,7 +154,8 @@ def records(draw: st.DrawFn, kind: str) -> list[RawRecord]:
         elif draw(st.booleans()):
             key = supplied.encode()
             headers[h.SOW_KEY] = supplied
-        timestamp = draw(st.sampled_from([1, 1_700_000_000_000]))
+        # A producer may set a log time near 2**63: any expiry from it ends beyond 64 bits.
+        timestamp = draw(st.sampled_from([1, 1_700_000_000_000] + ([2**63 - 5] if wild else [])))
         out.append(RawRecord(0, offset, timestamp, key, value, headers))
     return out
 
@@ -247,6 +251,57 @@ def test_the_compiled_fold_declines_nothing_it_covers(
     declined_at, _, _, _ = fold.run(recs, -1, lambda keys: [None] * len(keys), [])
     assert declined_at == len(recs)
     both("keyed", recs, [len(recs) // 2])
+
+
+@pytest.mark.parametrize("kind", ["keyed", "nested"])
+def test_an_expiry_beyond_64_bits_is_a_dead_letter_on_both_folds(kind: str) -> None:
+    """An expiration header beyond 64 bits, or a log time near 2**63 plus an expiration (the
+    topic's default on ``nested``): both folds dead-letter the record naming the header, and the
+    valid records around it are stored alike (the batch write once failed with struct.error)."""
+    late = 2**63 - 5
+    keys = ("/id", "/a/b") if kind == "nested" else ("/id",)
+
+    def rec(
+        offset: int, ident: str, timestamp: int = 1_000, expiration: str | None = None
+    ) -> RawRecord:
+        body = {"id": ident, "a": {"b": 1}}
+        headers = {h.COMMAND: "publish", h.REPLY_TO: "r"}
+        if expiration is not None:
+            headers[h.EXPIRATION] = expiration
+        key = generated_sow_key("t", "t", keys, body).encode()
+        return RawRecord(0, offset, timestamp, key, orjson.dumps(body), headers)
+
+    recs = [rec(0, "a"), rec(1, "b", expiration="9" * 20), rec(2, "a", late, "5"), rec(3, "b")]
+    if kind == "nested":  # the topic's Expiration: 10s from a late log time
+        recs.append(rec(4, "c", late))
+    results = both(kind, recs, [2])[:-1]  # the chunks (the replay sends no dead letters)
+    dead = [d for result in results for d in result[7]]
+    assert [d[0] for d in dead] == ([1, 2, 4] if kind == "nested" else [1, 2])
+    assert all(reason == "bad_expiration" for _, reason, _, _ in dead)
+    assert all(h.EXPIRATION in text for _, _, text, _ in dead[:2])
+    overlay = {k: r for result in results for k, r in result[3]}
+    stored = sorted(r[1] for r in overlay.values() if r is not None)
+    assert stored == sorted([recs[0].value, recs[3].value])
+
+
+def test_a_record_too_large_to_take_is_a_dead_letter_on_both_folds() -> None:
+    """The compiled fold stops before a record larger than the engine takes; the Python fold
+    dead-letters it (too_large) and goes on, and both folds agree."""
+    recs = log_of([("publish", {"id": i}) for i in ("a", "b", "a", "b")])
+    big = recs[1]
+    recs[1] = RawRecord(
+        big.partition,
+        big.offset,
+        big.timestamp,
+        big.key,
+        orjson.dumps({"id": "b", "big": "x" * LARGEST_LOG_RECORD}),
+        big.headers,
+    )
+    fold = native_fold(compiled("keyed"), "on")
+    assert fold is not None
+    results = both("keyed", recs, [])[:-1]
+    dead = [d for result in results for d in result[7]]
+    assert [(d[0], d[1]) for d in dead] == [(1, "too_large")]
 
 
 def _spelt_by_orjson(value: bytes | None) -> bool:

@@ -1,6 +1,7 @@
 """Protocol schema versions: each version's schemas are pinned, and readers tell versions apart.
 
-A change to ``schemas/Command.avsc``, ``Reply.avsc`` or ``Subscription.avsc`` is a new protocol
+A change to ``schemas/Command.avsc``, ``Reply.avsc``, ``Subscription.avsc``, ``TopicInfo.avsc``
+or ``DeadLetter.avsc`` is a new protocol
 version (docs/protocol.md, *Schema versions*): the first test fails until the version is raised,
 the released files are kept under ``schemas/versions/<old version>/`` and the new fingerprints
 are recorded in ``sowstream.wire.versions.FINGERPRINTS``.
@@ -8,6 +9,7 @@ are recorded in ``sowstream.wire.versions.FINGERPRINTS``.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from typing import Any
@@ -15,19 +17,27 @@ from typing import Any
 import fastavro
 import pytest
 
+from sowstream.config import load_config_text
+from sowstream.engine.meta import topic_info
+from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import SchemaVersionError
+from sowstream.sow.compiled import compile_topic
+from sowstream.sow.ops import RawRecord
 from sowstream.wire import versions
-from sowstream.wire.avro import SCHEMA_DIR, schema
+from sowstream.wire.avro import SCHEMA_DIR, encode, schema
 from sowstream.wire.protocol import Command, Reply, ReplyRecord
+from sowstream.wire.topics import TopicNames
 from sowstream.wire.versions import (
     FINGERPRINTS,
     OLDEST_ACCEPTED,
     PROTOCOL_VERSION,
     VERSIONED,
     check,
+    decode_headed,
     decode_versioned,
     version_of,
 )
+from tests.support.sender import RecordingSender
 
 
 def fingerprint(path: Any) -> str:
@@ -159,3 +169,49 @@ def _as_record(cmd: Command) -> dict[str, Any]:
     record = fastavro.schemaless_reader(io.BytesIO(cmd.encode()), schema("Command"), None)
     assert isinstance(record, dict)
     return record
+
+
+def test_topic_info_and_dead_letter_records_are_read_with_or_without_the_header() -> None:
+    """Records written before the header existed (none) are version 1; a newer version is read
+    as far as this version goes; a header that is no version is refused."""
+    letter = {
+        "topic": "orders",
+        "source_topic": "p.log.orders",
+        "source_partition": 0,
+        "source_offset": 3,
+        "timestamp": 1,
+        "reason": "malformed_json",
+        "error": "topic 'orders': ...",
+        "message_type": "json",
+    }
+    value = encode("DeadLetter", letter)
+    old = decode_headed("DeadLetter", value, None)
+    assert old == decode_headed("DeadLetter", value, {"sow.schema": "1"})
+    assert old["reason"] == "malformed_json" and old["message_type"] == "json"
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, newer_schema("DeadLetter"), {**old, "added_later": "x"})
+    newer = decode_headed("DeadLetter", buf.getvalue(), {"sow.schema": str(PROTOCOL_VERSION + 1)})
+    assert newer == old
+    topic = load_config_text("sow:\n  - {Name: orders, Key: /id}\n").topics[0]
+    info = encode("TopicInfo", topic_info(topic, TopicNames("p")))
+    assert decode_headed("TopicInfo", info, {})["log_topic"] == "p.log.orders"
+    with pytest.raises(SchemaVersionError):
+        decode_headed("TopicInfo", info, {"sow.schema": "x"})
+
+
+def test_the_engine_writes_its_dead_letters_with_the_version_header() -> None:
+    async def go() -> RecordingSender:
+        sender = RecordingSender()
+        topic = load_config_text("sow:\n  - {Name: t, Key: /id, Durability: transient}\n")
+        proc = TopicProcessor(compile_topic(topic.topics[0]), TopicNames("p"), sender)
+        await proc.ready(0)
+        await proc.process([RawRecord(0, 0, 1, None, b"{bad", {})])
+        await proc.drain()
+        return sender
+
+    sender = asyncio.run(go())
+    letters = [r for r in sender.records if r.topic == "p.deadletter"]
+    assert len(letters) == 1 and letters[0].headers == {"sow.schema": str(PROTOCOL_VERSION)}
+    assert decode_headed("DeadLetter", letters[0].value or b"", letters[0].headers)["reason"] == (
+        "malformed_json"
+    )
