@@ -115,6 +115,8 @@ class Subscribing:
                 # placement is idempotent, so it is simply asked again, for a while.
                 if time.monotonic() + pause < deadline and not sub.closed:
                     log.warning("placing subscription %s again: %s; retrying", sub.sub_id, exc)
+                    if isinstance(sub, Subscription):
+                        sub.hold()  # as for the first try: the replay goes before what is live
                     time.sleep(pause)
                     pause = min(pause * 2, 10.0)
                     continue
