@@ -116,7 +116,8 @@ class SowstreamConfig(Frozen):
         defined = definition_order(self.topics, self.queues, self.conflated_topics, self.views)
         try:
             check_views(self.views, defined)
-            check_view_sources(self.views, self.topics, [q.name for q in self.queues])
+            viewable = [q.name for q in self.queues if q.message_type in QUEUE_MESSAGE_TYPES]
+            check_view_sources(self.views, self.topics, viewable)
         except ViewProblem as exc:
             raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
         try:
@@ -147,6 +148,8 @@ class SowstreamConfig(Frozen):
         for queue in self.queues:
             if queue.name not in read or any(t.name == queue.name for t in self.topics):
                 continue  # a queue named like its topic: views read the topic
+            if queue.message_type not in QUEUE_MESSAGE_TYPES:
+                continue  # the view's check names the queue it cannot read
             partitions = [self.topic(n, "json").partitions for n in queue.underlying_topics(names)]
             out[queue.name] = TopicConfig(
                 name=available_topic_name(queue.name),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sowstream.config.models import TopicConfig
-from sowstream.config.queues import QUEUE_MESSAGE_TYPES, QueueConfig
+from sowstream.config.queues import QueueConfig
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.meta import Infos, topic_info
 from sowstream.engine.queue_views import QueueViewFeed
@@ -31,6 +31,9 @@ class QueueUnit:
         self._config = config
         self._ctx = ctx
         self._topics = topics
+        # The queue's messages are of its topics' type (an avro or protobuf one with their schema).
+        target = config.topic(queue.publish_target, queue.message_type)
+        unit = topics.get(target.ident)
         self.runtime = QueueRuntime(
             queue,
             ctx.names,
@@ -38,9 +41,10 @@ class QueueUnit:
             self._store_changes,
             self._read_store,
             config.entitlement_lookup(queue.name),
+            codec=unit.compiled.codec if unit is not None else None,
         )
         for unit in topics.values():
-            if unit.feeds_queues and self.runtime.feeds_on(unit.topic.name):
+            if unit.feeds_queues and queue.reads(unit.topic):
                 unit.proc.queues.append(self.runtime)
         # The topic the engine keeps of the queue's available messages, when a view reads it.
         self._available = config.queue_view_topics.get(queue.name)
@@ -111,7 +115,7 @@ class QueueUnit:
         queued = [
             t.name
             for t in config.topics
-            if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in kept
+            if t.message_type == queue.message_type and t.name not in kept
         ]
         target = config.topic(queue.publish_target, queue.message_type)
         codec = self._topics[target.ident].compiled.codec if target.ident in self._topics else None
