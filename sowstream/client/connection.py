@@ -33,7 +33,6 @@ from sowstream.client.subscription import (
 )
 from sowstream.client.topics import TopicInfo, type_name
 from sowstream.config.models import ambiguous_pattern, match_topic_names
-from sowstream.messagetypes import registry
 from sowstream.errors import (
     CommandFailedError,
     CommandTimeoutError,
@@ -41,6 +40,7 @@ from sowstream.errors import (
     SowstreamError,
     UnknownTopicError,
 )
+from sowstream.messagetypes import registry
 from sowstream.subscriptions.model import (
     FAILURE,
     LOG_RESET,
@@ -305,9 +305,7 @@ class Connection:
     def declare(self, topic: str, message_type: str = JSON) -> TopicInfo:
         """Ask the engine to create ``topic`` of ``message_type`` (CommandFailedError says why
         when it refuses)."""
-        command = self.command(
-            h.DECLARE_TOPIC, uuid.uuid4().hex, topic, message_type=message_type
-        )
+        command = self.command(h.DECLARE_TOPIC, uuid.uuid4().hex, topic, message_type=message_type)
         self.send([(self.names.auto_control, 0, command)])
         self.await_acks(command.command_id, 1)
         info = self.refresh_topics().get(topic_ident(topic, message_type))

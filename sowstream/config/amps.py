@@ -398,9 +398,9 @@ def _topic(
         fields["hash_indexes"] = tuple(tuple(i) for i in hash_indexes)
     if indexes:
         fields["indexes"] = tuple(indexes)
-    named = declared.get(fields.get("message_type", ""))
-    if named is not None:
-        for field, value in named.items():
+    declared_type = declared.get(fields.get("message_type", ""))
+    if declared_type is not None:
+        for field in declared_type:
             if field in fields and field != "message_type":
                 raise ConfigError(
                     source=source,
@@ -408,7 +408,7 @@ def _topic(
                     problem=f"message type {fields['message_type']!r} is declared in "
                     "<MessageTypes>, which sets this already",
                 )
-        fields.update(named)
+        fields.update(declared_type)
     elif "schema_file" in fields:
         fields["schema_file"] = schema_path(fields["schema_file"], source)
 
@@ -543,7 +543,10 @@ def _declared_types(root: ET.Element, source: str) -> dict[str, dict[str, Any]]:
                 file = schema_path(file, source) + (f"#{kind}" if kind else "")
                 declared[name] = {"message_type": module, "schema_file": file}
             else:
-                parts = child_texts(element, "MessageType", where, source)
+                parts = [
+                    element_text(part, f"{where}/MessageType[{number}]", source)
+                    for number, part in enumerate(element.findall("MessageType"), start=1)
+                ]
                 if not parts:
                     raise ConfigError(
                         source=source,

@@ -347,11 +347,13 @@ class TopicConfig(Frozen):
         kind = self.message_type
         if self.schema_file is not None and kind not in SCHEMA_TYPES:
             raise FieldProblem(
-                "schema_file", f"Schema only applies to avro and protobuf topics; this one is {kind}"
+                "schema_file",
+                f"Schema only applies to avro and protobuf topics; this one is {kind}",
             )
         if self.parts and kind not in registry.COMPOSITE:
             raise FieldProblem(
-                "parts", f"Parts only applies to composite-local and composite-global; this is {kind}"
+                "parts",
+                f"Parts only applies to composite-local and composite-global; this is {kind}",
             )
         if kind == "composite-global" and (self.enrichment or self.preprocessing):
             raise FieldProblem(

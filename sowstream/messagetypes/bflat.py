@@ -68,9 +68,9 @@ class _Reader:
     def take(self, count: int, what: str) -> bytes:
         end = self.pos + count
         if end > len(self.data):
+            left = len(self.data) - self.pos
             raise _problem(
-                f"{what} needs {count} bytes but the message ends after {len(self.data) - self.pos}",
-                self.pos,
+                f"{what} needs {count} bytes but the message ends after {left}", self.pos
             )
         out = self.data[self.pos : end]
         self.pos = end

@@ -34,6 +34,16 @@ from sowstream.messagetypes.changes import changed_fields, merge_delta
 _LENGTH = 4
 PAYLOAD = "payload"  # the field holding framed parts beyond the declared ones
 
+# Finds a part's message type by name; the registry sets it when it loads (it imports this
+# module, so this module cannot import it).
+PartTypes = Callable[[str, TypeOptions], MessageType]
+_part_types: list[PartTypes] = []
+
+
+def use_part_types(find: PartTypes) -> None:
+    """Where composite types find their parts' types (called once, by the registry)."""
+    _part_types[:] = [find]
+
 
 def frame(parts: list[bytes]) -> bytes:
     """A composite message of ``parts`` (each length-prefixed)."""
@@ -71,9 +81,7 @@ class _Composite(MessageType):
 
     def __init__(self, options: TypeOptions | None = None) -> None:
         super().__init__(options)
-        # Imported here: the registry imports this module to register it.
-        from sowstream.messagetypes import registry
-
+        (find,) = _part_types
         where = f"topic {self.options.topic!r}" if self.options.topic else self.name
         names = self.options.parts
         if not names and self.options.schema:  # as the engine published them on the meta topic
@@ -89,7 +97,7 @@ class _Composite(MessageType):
                 raise MessageTypeConfigError(
                     f"{where}: part {index} is {part}: a composite part cannot be composite"
                 )
-            kinds.append(registry.for_options(part, TypeOptions(topic=self.options.topic)))
+            kinds.append(find(part, TypeOptions(topic=self.options.topic)))
         self.parts: tuple[MessageType, ...] = tuple(kinds)
         self.schema_text = ",".join(names)  # how a client learns the parts
 

@@ -98,7 +98,9 @@ class ProtobufType(MessageType):
             # Partial: a delta (and a record from a partial delta) may leave required fields out.
             return bytes(message.SerializePartialToString())
         except EncodeError as exc:
-            raise MessageSerialiseError(f"cannot write {self.descriptor.full_name}: {exc}") from None
+            raise MessageSerialiseError(
+                f"cannot write {self.descriptor.full_name}: {exc}"
+            ) from None
 
     def changed(self, before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
         # A removed field has no protobuf form (no null): it is left out of the delta.

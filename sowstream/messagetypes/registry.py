@@ -13,7 +13,11 @@ from sowstream.messagetypes.base import MessageType, MessageTypeConfigError, Typ
 from sowstream.messagetypes.bflat import BFlatType
 from sowstream.messagetypes.binary import BinaryType
 from sowstream.messagetypes.bson import BsonType
-from sowstream.messagetypes.composite import CompositeGlobalType, CompositeLocalType
+from sowstream.messagetypes.composite import (
+    CompositeGlobalType,
+    CompositeLocalType,
+    use_part_types,
+)
 from sowstream.messagetypes.fix import FixType
 from sowstream.messagetypes.json import JsonType
 from sowstream.messagetypes.nvfix import NvfixType
@@ -104,3 +108,6 @@ def for_options(name: str, options: TypeOptions) -> MessageType:
 @cache
 def _instance(name: str, options: TypeOptions) -> MessageType:
     return type_class(name)(options)
+
+
+use_part_types(for_options)

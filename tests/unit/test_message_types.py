@@ -376,9 +376,9 @@ def test_json_and_nvfix_topics_may_share_a_name() -> None:
         ),
         (
             "topics: [{Name: w, MessageType: nvfix}]\nqueues: [{Name: Q, UnderlyingTopic: w, "
-            "MessageType: nvfix}]",
+            "MessageType: msgpack}]",
             "queues[0].MessageType",
-            "queues carry json",
+            "'msgpack' is not supported",
         ),
     ],
 )
