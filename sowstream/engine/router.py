@@ -242,7 +242,10 @@ class CommandRouter:
 
     def _is_queue_ack(self, item: Addressed) -> bool:
         cmd = item[0]
-        return cmd.command == QUEUE_ACK and cmd.topic in self._topology.queues
+        return (
+            cmd.command == QUEUE_ACK
+            and topic_ident(cmd.topic, cmd.message_type) in self._topology.queues
+        )
 
     # -- the shared control topic of topics created on first use: one by one --------------------
 
@@ -312,7 +315,11 @@ class CommandRouter:
             )
             return
         proc = unit.proc
-        queue = self._topology.queues.get(cmd.topic) if unit.feeds_queues else None
+        queue = (
+            self._topology.queues.get(topic_ident(cmd.topic, cmd.message_type))
+            if unit.feeds_queues
+            else None
+        )
         if cmd.command == STATUS:
             await self._status(unit, cmd, partition)
         elif queue is not None:
@@ -375,7 +382,9 @@ class CommandRouter:
         topic = unit.topic.name
         by_queue: dict[str, list[Addressed]] = {}
         for cmd, partition in await self._held_acks(unit, commands):
-            by_queue.setdefault(cmd.topic, []).append((cmd, partition))
+            by_queue.setdefault(topic_ident(cmd.topic, cmd.message_type), []).append(
+                (cmd, partition)
+            )
         for name, acks in by_queue.items():
             outcomes = await self._topology.queues[name].acknowledge_all(acks, topic)
             for (cmd, partition), outcome in zip(acks, outcomes, strict=True):

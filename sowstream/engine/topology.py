@@ -20,6 +20,7 @@ from sowstream.engine.units.queue import QueueUnit
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.engine.units.view import ViewUnit
 from sowstream.wire.kafka import TopicSpec
+from sowstream.wire.topics import topic_ident
 
 
 class DerivedKind(Protocol):
@@ -84,7 +85,12 @@ class Topology:
         self.derived: list[DerivedUnit] = [
             unit for kind in DERIVED for unit in kind.from_config(config, ctx, self.topics)
         ]
-        self.queues = {u.name: u.runtime for u in self.derived if isinstance(u, QueueUnit)}
+        # By identity, like topics: the name for a json queue, <type>:<name> for another type.
+        self.queues = {
+            topic_ident(u.name, u.runtime.config.message_type): u.runtime
+            for u in self.derived
+            if isinstance(u, QueueUnit)
+        }
         self.inputs = [u for u in self.derived if isinstance(u, InputUnit)]
 
     def add(self, unit: TopicUnit) -> None:

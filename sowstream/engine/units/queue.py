@@ -14,6 +14,7 @@ from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.units.base import Context, Partitions
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.wire.kafka import TopicSpec
+from sowstream.wire.topics import topic_ident
 
 
 class QueueUnit:
@@ -119,11 +120,12 @@ class QueueUnit:
         ]
         target = config.topic(queue.publish_target, queue.message_type)
         codec = self._topics[target.ident].compiled.codec if target.ident in self._topics else None
-        info = infos.get(queue.name) or {
+        ident = topic_ident(queue.name, queue.message_type)  # the meta record's key, as a topic's
+        info = infos.get(ident) or {
             **topic_info(target, self._ctx.names, codec=codec),
             "name": queue.name,
         }
-        infos[queue.name] = {**info, "queue_of": queue.underlying_topics(queued)}
+        infos[ident] = {**info, "queue_of": queue.underlying_topics(queued)}
         if self._available is not None and self._available.ident in infos:
             own = self._available.ident
             infos[own] = {**infos[own], "view_of": [queue.name]}
