@@ -571,3 +571,17 @@ queues:
             "sow:\n  - {Name: orders, MessageType: bflat, Key: /id}\n"
             "queues:\n  - {Name: q, UnderlyingTopic: orders}\n"
         )
+
+
+def test_the_compiled_fold_covers_json_topics_only(protos: Path) -> None:
+    from sowstream.engine.native import covers
+
+    assert covers(compile_topic(TopicConfig(name="t", keys=("/id",))))
+    for topic in (
+        TopicConfig(name="t", message_type="bson", keys=("/id",)),
+        TopicConfig(name="t", message_type="bflat", keys=("/id",)),
+        proto_topic(protos, keys=("/id",)),
+        local("json", "binary"),
+        TopicConfig(name="t", message_type="composite-global", parts=("json",), keys=("/id",)),
+    ):
+        assert not covers(compile_topic(topic)), topic.message_type
