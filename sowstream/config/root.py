@@ -114,6 +114,18 @@ class SowstreamConfig(Frozen):
         # Loaders check in document order first; here each kind keeps its own order, with
         # conflated topics placed right after what they read (definition_order).
         defined = definition_order(self.topics, self.queues, self.conflated_topics, self.views)
+        unviewable = {q.name: q.message_type for q in self.queues}
+        for index, view in enumerate(self.views):
+            for ref in view.topics:
+                kind = unviewable.get(ref.topic)
+                if kind not in (None, *QUEUE_MESSAGE_TYPES) and not any(
+                    t.name == ref.topic for t in self.topics
+                ):
+                    raise FieldProblem(
+                        "views",
+                        f"views[{index}]: view {view.name!r} reads queue {ref.topic!r}, a {kind} "
+                        "queue: views read json queues only",
+                    )
         try:
             check_views(self.views, defined)
             viewable = [q.name for q in self.queues if q.message_type in QUEUE_MESSAGE_TYPES]

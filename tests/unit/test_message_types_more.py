@@ -585,3 +585,30 @@ def test_the_compiled_fold_covers_json_topics_only(protos: Path) -> None:
         TopicConfig(name="t", message_type="composite-global", parts=("json",), keys=("/id",)),
     ):
         assert not covers(compile_topic(topic)), topic.message_type
+
+
+def test_amps_topic_lists_its_parts_in_parts() -> None:
+    xml = """<SOW><Topic><Name>c</Name><MessageType>composite-global</MessageType>
+    <Parts>json binary</Parts><Key>/id</Key></Topic></SOW>"""
+    (topic,) = load_config_text(xml, "amps.xml").topics
+    assert (topic.message_type, topic.parts) == ("composite-global", ("json", "binary"))
+
+
+def test_a_view_cannot_read_a_queue_of_another_type_than_json() -> None:
+    with pytest.raises(ConfigError, match="reads queue 'q', a bflat queue: views read json"):
+        load_config_text(
+            "sow:\n  - {Name: w, MessageType: bflat, Key: /id}\n"
+            "queues:\n  - {Name: q, UnderlyingTopic: w, MessageType: bflat}\n"
+            "views:\n  - {Name: v, UnderlyingTopic: q, Projection: [/id], Grouping: [/id]}\n"
+        )
+
+
+def test_command_line_payloads_of_binary_encoded_types_are_json_objects() -> None:
+    from sowstream.cli.common import payload_for
+    from sowstream.errors import SowstreamError
+
+    for name in ("bson", "bflat"):
+        assert payload_for('{"id": 1}', get(name), None) == {"id": 1}
+        with pytest.raises(SowstreamError, match=f"a {name} payload is given as a JSON object"):
+            payload_for("[1]", get(name), None)
+    assert payload_for("id=1|", get("nvfix"), "|") == "id=1\x01"
