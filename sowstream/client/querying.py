@@ -287,7 +287,9 @@ class Querying:
             for partition in range(conn.topic_info(topic, kind).partitions)
         ]
         conn.send(sends)
-        for msg in self.collect(command_id, query_id, len(sends), opts):
+        # Status rows are json; browsed messages are of the queue's type.
+        codec = codec_of([info]) if command == "sow" else None
+        for msg in self.collect(command_id, query_id, len(sends), opts, codec=codec):
             # A queue message is acknowledged by its bookmark, which the engine puts in sow_key;
             # answers name the underlying topic (one per topic and partition), users the queue.
             if msg.command == "sow":

@@ -11,7 +11,7 @@ from sowstream.client.queue import QueueSubscription
 from sowstream.client.subscription import (
     MessageHandler,
 )
-from sowstream.client.topics import TopicInfo
+from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.errors import (
     InvalidCommandError,
 )
@@ -72,6 +72,7 @@ class Queueing:
             ack_interval=ack_interval,
             on_message=on_message,
             unsubscribe=conn.drop_subscription,
+            codec=codec_of([info]),
         )
         conn.add_subscription(sub)
         conn.register([spec])

@@ -87,7 +87,14 @@ def engine(
         },
         {"Name": "bfwork", "MessageType": "bflat", "Key": ["/id"], "Partitions": 2},
     ]
-    queues = [{"Name": "BQ", "UnderlyingTopic": "bfwork", "MessageType": "bflat"}]
+    queues = [
+        {
+            "Name": "BQ",
+            "UnderlyingTopic": "bfwork",
+            "MessageType": "bflat",
+            "MaxPerSubscriptionBacklog": 10,
+        }
+    ]
     with running_engine(kafka_bootstrap, workdir, topics, queues=queues) as procs:
         yield procs
 

@@ -74,13 +74,17 @@ class QueueUnit:
     def name(self) -> str:
         return self.runtime.name
 
+    def _unit(self, topic: str) -> TopicUnit:
+        """The unit of ``topic``, one of the queue's (so of the queue's message type)."""
+        return self._topics[topic_ident(topic, self.runtime.config.message_type)]
+
     async def _store_changes(
         self, topic: str, partition: int, changes: Mapping[bytes, bytes | None]
     ) -> bool:
-        return await self._topics[topic].proc.store_changes(partition, changes)
+        return await self._unit(topic).proc.store_changes(partition, changes)
 
     def _read_store(self, topic: str, partition: int, key: bytes) -> bytes | None:
-        return self._topics[topic].proc.stored(partition, key)
+        return self._unit(topic).proc.stored(partition, key)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
