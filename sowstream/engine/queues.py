@@ -74,6 +74,13 @@ class AckAnswer(NamedTuple):
     results: dict[str, int]
 
 
+def expired_body(codec: MessageType, data: bytes) -> dict[str, Any]:
+    """The message in an expiry event: json as it is, any other type base64-encoded."""
+    if codec.name == registry.JSON:
+        return {"message": orjson.Fragment(data)}
+    return {"message": base64.b64encode(data).decode(), "encoding": "base64"}
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -170,12 +177,6 @@ class QueueRuntime:
         self.machine.mark_appended(topic, partition, watermark)
         self.kick()
         return changes
-
-    def _expired_body(self, data: bytes) -> dict[str, Any]:
-        """The message in an expiry event: json as it is, any other type base64-encoded."""
-        if self.codec.name == registry.JSON:
-            return {"message": orjson.Fragment(data)}
-        return {"message": base64.b64encode(data).decode(), "encoding": "base64"}
 
     def drop(self, topic: str, partition: int) -> None:
         """The partition moved away: its messages and leases are its next owner's."""
@@ -432,7 +433,7 @@ class QueueRuntime:
                     "reason": item.reason,
                     "deliveries": item.message.deliveries,
                     "cancels": item.message.cancels,
-                    **self._expired_body(item.message.data),
+                    **expired_body(self.codec, item.message.data),
                 }
                 await self._sender.send(
                     self.names.queue_expired(self.name),

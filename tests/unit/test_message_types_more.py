@@ -612,3 +612,18 @@ def test_command_line_payloads_of_binary_encoded_types_are_json_objects() -> Non
         with pytest.raises(SowstreamError, match=f"a {name} payload is given as a JSON object"):
             payload_for("[1]", get(name), None)
     assert payload_for("id=1|", get("nvfix"), "|") == "id=1\x01"
+
+
+def test_an_expired_queue_message_of_another_type_is_base64_in_its_event() -> None:
+    import base64
+
+    import orjson
+
+    from sowstream.engine.queues import expired_body
+
+    body = encode({"id": 1})
+    event = orjson.loads(orjson.dumps(expired_body(get("bflat"), body)))
+    assert event == {"message": base64.b64encode(body).decode(), "encoding": "base64"}
+    assert orjson.loads(orjson.dumps(expired_body(get("json"), b'{"a":1}'))) == {
+        "message": {"a": 1}
+    }
