@@ -627,3 +627,20 @@ def test_an_expired_queue_message_of_another_type_is_base64_in_its_event() -> No
     assert orjson.loads(orjson.dumps(expired_body(get("json"), b'{"a":1}'))) == {
         "message": {"a": 1}
     }
+
+
+def test_a_conflated_topic_takes_its_underlying_topics_settings(protos: Path) -> None:
+    config = load_config_text(
+        f"""
+sow:
+  - {{Name: p, MessageType: protobuf, Schema: "{protos}/order.proto#shop.Order", Key: /id}}
+  - {{Name: c, MessageType: composite-local, Parts: [json, binary], Key: /0/id}}
+conflated_topics:
+  - {{Name: p-C, UnderlyingTopic: p, MessageType: protobuf, Interval: 1s}}
+  - {{Name: c-C, UnderlyingTopic: c, MessageType: composite-local, Interval: 1s}}
+"""
+    )
+    pc, cc = config.conflated_topic_configs
+    assert pc.schema_file == f"{protos}/order.proto#shop.Order"
+    assert cc.parts == ("json", "binary")
+    assert get("composite-local", cc).parse(frame([b"{}", b"x"])) == {"0": {}, "1": b"x"}
