@@ -111,6 +111,8 @@ class _Composite(MessageType):
         kind = self.parts[index]
         if not kind.has_fields:
             return raw
+        if not raw:
+            return {}  # an empty part has no fields (a notice's body has only empty parts)
         try:
             return kind.parse(raw)
         except MessageParseError as exc:

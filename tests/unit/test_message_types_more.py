@@ -416,6 +416,7 @@ def test_composite_errors_name_the_part() -> None:
         codec.parse(frame([b"{}"]) + b"\x00")
     with pytest.raises(MessageParseError, match=r"part 0 \(json\)"):
         codec.parse(frame([b"nope", b""]))
+    assert codec.parse(codec.empty) == {"0": {}, "1": b""}
     with pytest.raises(MessageSerialiseError, match="keyed by part number"):
         codec.serialise({"id": 1})
     with pytest.raises(MessageSerialiseError, match=r"part 1 \(binary\) takes bytes"):
