@@ -120,6 +120,13 @@ def decode(data: bytes) -> dict[str, Any]:
             raise _problem(f"the tag {raw_tag!r} is not UTF-8", at + 1) from None
         if header & _ARRAY:
             count = reader.uleb128(f"the element count of {tag!r}")
+            # Every element but a null takes a byte at least; a count beyond what the message can
+            # hold is refused before anything is built for it.
+            left = len(data) - reader.pos
+            if count > (len(data) if kind == NULL else left):
+                raise _problem(
+                    f"array {tag!r} declares {count} elements but only {left} bytes follow", at
+                )
             value: Any = [_value(reader, kind, tag) for _ in range(count)]
         else:
             value = _value(reader, kind, tag)

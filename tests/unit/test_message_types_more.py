@@ -196,6 +196,8 @@ def test_bflat_writes_the_most_compact_types() -> None:
         (bytes([0x08, 0x00]), "empty tag", 0),
         (header(9, b"n") + b"\x80", "the LEB128 number is cut off", 2),
         (header(5, b"i") + b"\x01\x00", "needs 4 bytes", 2),
+        (header(5, b"i", array=True) + b"\x80\x80\x80\x80\x10", "declares 4294967296", 0),
+        (header(0, b"z", array=True) + b"\x80\x80\x04", "declares 65536 elements", 0),
     ],
 )
 def test_bflat_errors_name_the_byte(data: bytes, problem: str, position: int) -> None:
