@@ -101,18 +101,23 @@ def body_value(data: bytes, codec: MessageType | None, *, delta: bool = False) -
         return data.decode("utf-8", "backslashreplace")
 
 
+# The types whose messages are not text: a command-line payload is a JSON object of the fields.
+BINARY_ENCODED = ("avro", "bson", "bflat", "protobuf")
+
+
 def payload_for(text: str, codec: MessageType, soh: str | None) -> str | dict[str, Any]:
     """A command-line payload for a topic of ``codec``'s type: for a type whose messages are not
-    text (avro) a JSON object of the fields; otherwise the text, ``soh`` standing for SOH."""
-    if codec.name == "avro":
+    text (avro, bson, bflat, protobuf) a JSON object of the fields; otherwise the text, ``soh``
+    standing for SOH."""
+    if codec.name in BINARY_ENCODED:
         try:
             fields = orjson.loads(text)
         except orjson.JSONDecodeError as exc:
             raise SowstreamError(
-                f"an avro payload is given as a JSON object of its fields: {exc}"
+                f"a {codec.name} payload is given as a JSON object of its fields: {exc}"
             ) from None
         if not isinstance(fields, dict):
-            raise SowstreamError("an avro payload is given as a JSON object of its fields")
+            raise SowstreamError(f"a {codec.name} payload is given as a JSON object of its fields")
         return fields
     return text.replace(soh, "\x01") if soh else text
 

@@ -40,6 +40,7 @@ from sowstream.errors import (
     SowstreamError,
     UnknownTopicError,
 )
+from sowstream.messagetypes import registry
 from sowstream.subscriptions.model import (
     FAILURE,
     LOG_RESET,
@@ -299,21 +300,24 @@ class Connection:
         return found[0].addressed_as(name) if found else None
 
     def _topic_or_declare(self, topic: str, message_type: str | None = None) -> TopicInfo:
-        """The definition of ``topic``; a json topic in no configuration is created first, as a
-        plain topic, if the engine allows it (``engine.auto_create_topics``)."""
+        """The definition of ``topic``; a topic in no configuration is created first, as a
+        plain topic of the message type, if the engine allows it (``engine.auto_create_topics``)
+        and the type needs no Schema or Parts from a configuration."""
         info = self.known(topic, message_type)
         if info is not None:
             return info
-        if self.type_of(message_type) != JSON:
+        kind = self.type_of(message_type)
+        if kind in registry.CONFIGURED:
             return self.topic_info(topic, message_type)  # raises UnknownTopicError
-        return self.declare(topic)
+        return self.declare(topic, kind)
 
-    def declare(self, topic: str) -> TopicInfo:
-        """Ask the engine to create ``topic`` (CommandFailedError says why when it refuses)."""
-        command = self.command(h.DECLARE_TOPIC, uuid.uuid4().hex, topic)
+    def declare(self, topic: str, message_type: str = JSON) -> TopicInfo:
+        """Ask the engine to create ``topic`` of ``message_type`` (CommandFailedError says why
+        when it refuses)."""
+        command = self.command(h.DECLARE_TOPIC, uuid.uuid4().hex, topic, message_type=message_type)
         self.send([(self.names.auto_control, 0, command)])
         self.await_acks(command.command_id, 1)
-        info = self.refresh_topics().get(topic)
+        info = self.refresh_topics().get(topic_ident(topic, message_type))
         if info is None:
             raise SowstreamError(
                 f"topic {topic!r} was created but its definition is not on {self.names.meta!r}"
@@ -324,8 +328,8 @@ class Connection:
         self, topic: str, message_type: str | None = None, *, declare: bool = False
     ) -> list[TopicInfo]:
         """The topics of ``message_type`` that ``topic`` names, or whose names it matches; with
-        ``declare`` a json name no topic matches is created (a plain topic) if the engine
-        allows it."""
+        ``declare`` a name no topic matches is created (a plain topic of the type) if the engine
+        allows it and the type needs no configuration."""
         kind = self.type_of(message_type)
         known = self.known(topic, message_type)
         if known is not None:
@@ -343,8 +347,8 @@ class Connection:
             plain = [of_type[name] for name in matched if not of_type[name].pattern]
             if plain or scoped:
                 return [*plain, *sorted(scoped, key=lambda i: i.name)]
-        if declare and kind == JSON and not PATTERN_ONLY.search(topic):
-            return [self.declare(topic)]
+        if declare and kind not in registry.CONFIGURED and not PATTERN_ONLY.search(topic):
+            return [self.declare(topic, kind)]
         raise UnknownTopicError(topic if kind == JSON else f"{topic} ({kind})")
 
     # -- publishes ---------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ class Querying:
                 raise InvalidCommandError(
                     f"queue {topic!r} can be browsed with a filter, OrderBy and top_n only"
                 )
-            return self._queue_query(resolved[0].name, "sow", filter, opts)
+            return self._queue_query(resolved[0], "sow", filter, opts)
         infos = [info for info in resolved if info.sow]
         if not infos:
             raise InvalidCommandError(
@@ -222,10 +222,11 @@ class Querying:
 
     def queue_status(self, queue: str) -> dict[str, int]:
         """A queue's counters summed over its partitions (:meth:`Client.queue_status`)."""
-        if not self._conn.topic_info(queue).queue:
+        info = self._conn.topic_info(queue)
+        if not info.queue:
             raise InvalidCommandError(f"topic {queue!r} is not a queue")
         total: Counter[str] = Counter()
-        for msg in self._queue_query(queue, "queue_status", None, validate_query()):
+        for msg in self._queue_query(info, "queue_status", None, validate_query()):
             if msg.command == "sow":
                 row = msg.json()
                 row.pop("topic", None)
@@ -263,27 +264,36 @@ class Querying:
         return sum(info.partitions for info in infos)
 
     def _queue_query(
-        self, queue: str, command: str, filter: str | None, opts: QueryOptions
+        self, info: TopicInfo, command: str, filter: str | None, opts: QueryOptions
     ) -> Iterator[Message]:
-        """Send ``command`` about ``queue`` to every partition of its topics; read the answers."""
+        """Send ``command`` about queue ``info`` to every partition of its topics (of the
+        queue's message type); read the answers."""
         conn = self._conn
-        info = conn.topic_info(queue)
+        kind = info.message_type
         command_id = uuid.uuid4().hex
         query_id = uuid.uuid4().hex[:16]
         body = conn.command(
-            command, command_id, info.name, query_id=query_id, filter=filter, batch_size=500
+            command,
+            command_id,
+            info.name,
+            query_id=query_id,
+            filter=filter,
+            batch_size=500,
+            message_type=kind,
         )
         sends = [
-            (conn.names.control(topic), partition, body)
+            (conn.names.control(topic, kind), partition, body)
             for topic in info.queue_of
-            for partition in range(conn.topic_info(topic).partitions)
+            for partition in range(conn.topic_info(topic, kind).partitions)
         ]
         conn.send(sends)
-        for msg in self.collect(command_id, query_id, len(sends), opts):
+        # Status rows are json; browsed messages are of the queue's type.
+        codec = codec_of([info]) if command == "sow" else None
+        for msg in self.collect(command_id, query_id, len(sends), opts, codec=codec):
             # A queue message is acknowledged by its bookmark, which the engine puts in sow_key;
             # answers name the underlying topic (one per topic and partition), users the queue.
             if msg.command == "sow":
-                yield replace(msg, bookmark=msg.sow_key, topic=queue)
+                yield replace(msg, bookmark=msg.sow_key, topic=info.name)
             else:
                 yield msg
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from sowstream.client.messages import Message
 from sowstream.client.subscription import MessageHandler, _Live, next_message
 from sowstream.errors import SowstreamError
+from sowstream.messagetypes import MessageType
 from sowstream.subscriptions.model import SubscriptionSpec
 
 # Sends one batch of acknowledgements: (bookmarks, action "" | "cancel" | "expire", and whether
@@ -42,6 +43,7 @@ class QueueSubscription:
         ack_interval: float = 1.0,
         on_message: MessageHandler | None = None,
         unsubscribe: Callable[[QueueSubscription], None] | None = None,
+        codec: MessageType | None = None,
     ) -> None:
         if ack_batch_size < 1:
             raise ValueError(f"ack_batch_size must be at least 1, got {ack_batch_size}")
@@ -54,6 +56,7 @@ class QueueSubscription:
         self._send_acks = send_acks
         self._handler = on_message
         self._unsubscribe = unsubscribe
+        self._codec = codec  # the queue's message type; None for json
         self._queue: queue.Queue[Message | BaseException | None] = queue.Queue()
         self._lock = threading.Lock()
         self._batch: dict[str, list[str]] = {"": [], "cancel": [], "expire": []}
@@ -86,6 +89,7 @@ class QueueSubscription:
             bookmark=live.bookmark,
             deliveries=live.deliveries,
             lease_expires=live.lease_expires,
+            codec=self._codec,
         )
         if self._handler is None:
             self._queue.put(msg)

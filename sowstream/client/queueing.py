@@ -11,7 +11,7 @@ from sowstream.client.queue import QueueSubscription
 from sowstream.client.subscription import (
     MessageHandler,
 )
-from sowstream.client.topics import TopicInfo
+from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.errors import (
     InvalidCommandError,
 )
@@ -61,6 +61,7 @@ class Queueing:
             filter=filter,
             options=replace(user, replace=False),
             identity=conn.identity,
+            message_type=info.message_type,
         )
         sub = QueueSubscription(
             sub_id,
@@ -71,12 +72,13 @@ class Queueing:
             ack_interval=ack_interval,
             on_message=on_message,
             unsubscribe=conn.drop_subscription,
+            codec=codec_of([info]),
         )
         conn.add_subscription(sub)
         conn.register([spec])
         # Connected, with the control topics' metadata, before the first acknowledgement: the
         # first one would otherwise wait for both while the backlog stays full.
-        conn.prepare_acks(conn.names.control(topic) for topic in info.queue_of)
+        conn.prepare_acks(conn.names.control(t, info.message_type) for t in info.queue_of)
         return sub
 
     def ack(
@@ -99,7 +101,7 @@ class Queueing:
         if filter is not None:
             compile_filter(filter)
             for topic in info.queue_of:
-                for partition in range(conn.topic_info(topic).partitions):
+                for partition in range(conn.topic_info(topic, info.message_type).partitions):
                     targets[(topic, partition)] = []
         else:
             if isinstance(bookmarks, str):
@@ -123,12 +125,13 @@ class Queueing:
             options["ack_type"] = "none"  # nobody waits for the answer: ask for none
         sends: list[Send] = [
             (
-                conn.names.control(topic),
+                conn.names.control(topic, info.message_type),
                 partition,
                 conn.command(
                     "queue_ack",
                     command_id,
                     info.name,
+                    message_type=info.message_type,
                     filter=filter,
                     options={**options, "bookmarks": ",".join(group)},
                 ),

@@ -388,7 +388,11 @@ class Subscribing:
                     "messages, sow browses them"
                 )
             # A bookmark replays the queue's topics, without leases (AMPS does the same).
-            infos = [conn.topic_info(u) for info in infos for u in (info.queue_of or [info.name])]
+            infos = [
+                conn.topic_info(u, info.message_type)
+                for info in infos
+                for u in (info.queue_of or [info.name])
+            ]
         # A window needs every change of the filtered set, whole, with the reason a record left.
         wire = replace(user, oof=True, select=None, no_empties=False) if top_n is not None else user
         specs = [

@@ -12,6 +12,7 @@ import logging
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -94,7 +95,8 @@ _SCALARS: dict[str, str] = {
     "RecoveryPoint": "recovery_point",
     "Expiration": "expiration",
     "Partitions": "partitions",
-    "Schema": "schema_file",  # sowstream's own: the record schema file of an avro topic
+    "Schema": "schema_file",  # sowstream's own: an avro or protobuf topic's schema file
+    "Parts": "parts",  # sowstream's own: a composite topic's part types (or <MessageTypes>)
     "Pattern": "pattern",
 }
 _NAME_TAGS = ("Name", "Topic")
@@ -140,17 +142,17 @@ def message_type_supported(
     skipping: str,
     queue: bool = False,
 ) -> bool:
-    """Whether a topic's (or with ``queue`` a queue's) MessageType is one sowstream handles; if
-    not, raise or (with ``skip``) log that the topic is skipped and return False."""
-    supported = QUEUE_MESSAGE_TYPES if queue else registry.names()
+    """Whether a topic's (or with ``queue`` a queue's: they carry every type) MessageType is one
+    sowstream handles; if not, raise or (with ``skip``) log that the topic is skipped and return
+    False."""
+    supported = registry.names()
     if message_type.strip().lower() in supported:
         return True
-    kind = "queues carry" if queue else "supported:"
     error = ConfigError(
         source=source,
         element=element,
         problem=f"message type {message_type!r} is not supported by sowstream yet "
-        f"({kind} {', '.join(supported)})",
+        f"(supported: {', '.join(supported)})",
     )
     skip_or_raise(error, skip=skip, skipping=skipping)
     return False
@@ -175,6 +177,7 @@ def load_amps_xml(
         for section in root.iter("Modules")
         for m in section.iter("Module")
     }
+    declared = _declared_types(root, source)
     topics: list[TopicConfig] = []
     defined_at: dict[str, str] = {}
     queues: list[tuple[QueueConfig, str, dict[str, str]]] = []
@@ -204,7 +207,9 @@ def load_amps_xml(
                 defined.append((views[-1][0].name, views[-1][0].message_type))
             elif child.tag in TOPIC_ELEMENTS:
                 position += 1
-                found = _topic(child, section.tag, position, source, skip_unsupported, modules)
+                found = _topic(
+                    child, section.tag, position, source, skip_unsupported, modules, declared
+                )
                 if found is None:
                     continue
                 topic, path = found
@@ -235,7 +240,8 @@ def load_amps_xml(
         raise ConfigError(source=source, element=f"{path}/{tag}", problem=str(exc)) from None
     try:
         check_views([v for v, _ in views], defined)
-        check_view_sources([v for v, _ in views], topics, [q.name for q, _, _ in queues])
+        viewable = [q.name for q, _, _ in queues if q.message_type in QUEUE_MESSAGE_TYPES]
+        check_view_sources([v for v, _ in views], topics, viewable)
     except ViewProblem as exc:
         view_path = views[exc.index][1]
         tag = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)
@@ -291,8 +297,12 @@ def _topic(
     source: str,
     skip: bool,
     modules: Mapping[str, str],
+    declared: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[TopicConfig, str] | None:
-    """One ``<Topic>`` as a TopicConfig and its element path, or None when skipped."""
+    """One ``<Topic>`` as a TopicConfig and its element path, or None when skipped; a
+    MessageType declared under ``<MessageTypes>`` (``declared``) stands for its module and
+    settings."""
+    declared = declared or {}
     name = _child_text(element, "Name") or _child_text(element, "Topic")
     path = f"{section}/{element.tag}[{name or f'#{position}'}]"
     skipping = f"topic {name!r}" if name else f"topic #{position} of <{section}>"
@@ -325,6 +335,8 @@ def _topic(
             return None
         if child.tag == "MessageType":
             message_type = element_text(child, f"{path}/MessageType", source)
+            if message_type in declared:
+                continue
             if not message_type_supported(
                 message_type,
                 source=source,
@@ -389,7 +401,18 @@ def _topic(
         fields["hash_indexes"] = tuple(tuple(i) for i in hash_indexes)
     if indexes:
         fields["indexes"] = tuple(indexes)
-    if "schema_file" in fields:
+    declared_type = declared.get(fields.get("message_type", ""))
+    if declared_type is not None:
+        for field in declared_type:
+            if field in fields and field != "message_type":
+                raise ConfigError(
+                    source=source,
+                    element=f"{path}/{_DEFAULT_TAGS.get(field, field)}",
+                    problem=f"message type {fields['message_type']!r} is declared in "
+                    "<MessageTypes>, which sets this already",
+                )
+        fields.update(declared_type)
+    elif "schema_file" in fields:
         fields["schema_file"] = schema_path(fields["schema_file"], source)
 
     def element_of(loc: Loc) -> str:
@@ -486,6 +509,56 @@ def _queue(
         return QueueConfig(**fields), path, tag_of
     except ValidationError as exc:
         raise from_validation_error(exc, source=source, element_of=element_of) from None
+
+
+# The modules a <MessageTypes><MessageType> may name, and what each takes from it.
+_TYPE_MODULES = ("composite-local", "composite-global", "protobuf")
+
+
+def _declared_types(root: ET.Element, source: str) -> dict[str, dict[str, Any]]:
+    """The named message types of ``<MessageTypes>``: per Name, the TopicConfig fields a topic
+    of that type gets (``message_type`` the module, and ``parts`` or ``schema_file``).
+
+    A composite lists its parts as ``<MessageType>`` children; protobuf names its file with
+    ``<ProtoPath>`` (a folder) and ``<ProtoFile>``, or ``<Schema>``, and its message with
+    ``<Type>``. A declaration of another module (a custom type) is left for the topic to refuse.
+    """
+    declared: dict[str, dict[str, Any]] = {}
+    for section in root.iter("MessageTypes"):
+        for index, element in enumerate(section.findall("MessageType"), start=1):
+            name = _child_text(element, "Name")
+            where = f"MessageTypes/MessageType[{name or f'#{index}'}]"
+            module = (_child_text(element, "Module") or "").lower()
+            if name is None or module not in _TYPE_MODULES:
+                continue
+            if module == "protobuf":
+                proto_file = _child_text(element, "ProtoFile") or _child_text(element, "Schema")
+                if proto_file is None:
+                    raise ConfigError(
+                        source=source,
+                        element=f"{where}/ProtoFile",
+                        problem="a protobuf message type needs its <ProtoFile> (a .proto file "
+                        "or a descriptor set)",
+                    )
+                folder = _child_text(element, "ProtoPath")
+                file = str(Path(folder) / proto_file) if folder else proto_file
+                kind = _child_text(element, "Type")
+                file = schema_path(file, source) + (f"#{kind}" if kind else "")
+                declared[name] = {"message_type": module, "schema_file": file}
+            else:
+                parts = [
+                    element_text(part, f"{where}/MessageType[{number}]", source)
+                    for number, part in enumerate(element.findall("MessageType"), start=1)
+                ]
+                if not parts:
+                    raise ConfigError(
+                        source=source,
+                        element=f"{where}/MessageType",
+                        problem=f"a {module} message type lists its parts as <MessageType> "
+                        "elements",
+                    )
+                declared[name] = {"message_type": module, "parts": tuple(parts)}
+    return declared
 
 
 def _child_text(element: ET.Element, tag: str) -> str | None:

@@ -33,11 +33,11 @@ from sowstream.config.errors import (
 from sowstream.config.fields import (
     MAX_PARTITIONS,
     MIN_PARTITIONS,
-    SUPPORTED_MESSAGE_TYPES,
     Frozen,
     amps_topic_name,
     bounded_int,
     interval_millis,
+    message_type_name,
 )
 from sowstream.config.models import TopicConfig
 from sowstream.config.queues import QueueConfig
@@ -46,6 +46,7 @@ from sowstream.filters import compile_filter
 from sowstream.filters.parser import FilterError
 from sowstream.messagetypes import registry
 from sowstream.sow.enrich import ENRICHMENT, StageError, compile_stage
+from sowstream.wire.topics import kafka_topic_part
 
 __all__ = [
     "CONFLATED_ELEMENTS",
@@ -111,12 +112,8 @@ class ConflatedTopicConfig(Frozen):
     @field_validator("message_type", mode="before")
     @classmethod
     def _message_type(cls, value: object) -> str | None:
-        if value is None:
-            return None
-        if isinstance(value, str) and value.strip().lower() in SUPPORTED_MESSAGE_TYPES:
-            return value.strip().lower()
-        supported = ", ".join(SUPPORTED_MESSAGE_TYPES)
-        raise ValueError(f"message type {value!r} is not supported; supported: {supported}")
+        # Any type: a conflated topic holds its underlying topic's records, with its settings.
+        return None if value is None else message_type_name(value)
 
     @field_validator("interval_ms", mode="before")
     @classmethod
@@ -224,6 +221,9 @@ class ConflatedTopicConfig(Frozen):
         fields: dict[str, Any] = {
             "name": self.name,
             "message_type": underlying.message_type,
+            # a protobuf or composite type's settings: the records are the underlying ones
+            "schema_file": underlying.schema_file,
+            "parts": underlying.parts,
             "partitions": self.partitions,
             "hash_indexes": ((automatic,) if automatic else ()) + extra,
             "pattern": pattern,
@@ -467,8 +467,8 @@ def check_conflated_topics(
             )
         if ct.enrichment:
             _check_enrichment(i, ct, kind, message_type, regex, keys)
-        own = TopicConfig(name=ct.name, message_type=message_type)
-        clash = [t for t in topics if t.kafka_name == own.kafka_name]
+        own = kafka_topic_part(ct.name, message_type)
+        clash = [t for t in topics if t.kafka_name == own]
         if clash:
             raise ConflatedProblem(
                 i,

@@ -25,7 +25,11 @@ MessageType = str
 # A RecoveryPoint is one of these words or a timestamp (kept as written, see recovery_point_ms).
 RECOVERY_WORDS = ("epoch", "now")
 
-SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = tuple(registry.BUILT_IN)
+# The built-in types a view or conflated topic may produce: not those that need a topic's Schema
+# or Parts (protobuf, composite), which a view or conflated topic does not carry.
+SUPPORTED_MESSAGE_TYPES: tuple[str, ...] = tuple(
+    name for name in registry.BUILT_IN if name not in ("protobuf", *registry.COMPOSITE)
+)
 
 
 def message_type_name(value: object) -> str:

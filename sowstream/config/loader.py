@@ -48,6 +48,7 @@ from sowstream.config.models import (
 from sowstream.config.queues import (
     FIELD_ELEMENTS,
     QUEUE_ELEMENTS,
+    QUEUE_MESSAGE_TYPES,
     QueueConfig,
     QueueProblem,
     check_queues,
@@ -78,12 +79,13 @@ TOPIC_KEYS: dict[str, str] = {
     "Partitions": "partitions",
     "History": "history",
     "Schema": "schema_file",
+    "Parts": "parts",
     "Pattern": "pattern",
     "Preprocessing": "preprocessing",
     "Enrichment": "enrichment",
 }
 # What a plain (non-SOW) topic under ``topics:`` may set.
-PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions", "Schema"})
+PLAIN_TOPIC_KEYS = frozenset({"Name", "MessageType", "Key", "Partitions", "Schema", "Parts"})
 HISTORY_KEYS: dict[str, str] = {"Window": "window_ms", "Granularity": "granularity_ms"}
 KEY_GENERATOR_KEYS: dict[str, str] = {"Module": "module", "Options": "options"}
 _TOPIC_FIELD_KEYS = {field: key for key, field in TOPIC_KEYS.items()}
@@ -433,7 +435,9 @@ def _views(
     defined = definition_order(topics, queues, conflated, views)
     try:
         check_views(views, defined)
-        check_view_sources(views, topics, [q.name for q in queues])
+        check_view_sources(
+            views, topics, [q.name for q in queues if q.message_type in QUEUE_MESSAGE_TYPES]
+        )
     except ViewProblem as exc:
         key = VIEW_FIELD_ELEMENTS.get(exc.field, exc.field)
         raise ConfigError(

@@ -47,6 +47,9 @@ from sowstream.sow.patterns import compile_pattern
 from sowstream.units import parse_interval, parse_size
 from sowstream.wire.topics import kafka_topic_part, topic_ident
 
+# The message types whose topic names a schema file (``Schema``).
+SCHEMA_TYPES = ("avro", "protobuf")
+
 Durability = Literal["persistent", "transient"]
 ExpirationMode = Literal["disabled", "enabled", "default"]
 RestoreMode = Literal["batched", "faust"]
@@ -178,7 +181,10 @@ class TopicConfig(Frozen):
 
     name: str
     message_type: MessageType = "json"
-    schema_file: str | None = None  # avro: the record schema (the ``Schema`` element)
+    # avro: the record schema; protobuf: a .proto file or descriptor set (the ``Schema`` element)
+    schema_file: str | None = None
+    # composite-local / composite-global: the parts' message types, in order (``Parts``)
+    parts: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
     key_domain: str | None = None
     key_generator: KeyGeneratorConfig | None = None
@@ -223,6 +229,15 @@ class TopicConfig(Frozen):
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ValueError(f"Schema must be the path of a schema file, got {value!r}")
         return value.strip() if isinstance(value, str) else value
+
+    @field_validator("parts", mode="before")
+    @classmethod
+    def _parts(cls, value: object) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [p for p in value.replace(",", " ").split() if p]
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"Parts must be a list of message types, got {value!r}")
+        return tuple(message_type_name(p) for p in value)
 
     @field_validator("keys", mode="before")
     @classmethod
@@ -335,9 +350,21 @@ class TopicConfig(Frozen):
     @model_validator(mode="after")
     def _message_type_fits(self) -> TopicConfig:
         kind = self.message_type
-        if self.schema_file is not None and kind != "avro":
+        if self.schema_file is not None and kind not in SCHEMA_TYPES:
             raise FieldProblem(
-                "schema_file", f"Schema only applies to avro topics; this one is {kind}"
+                "schema_file",
+                f"Schema only applies to avro and protobuf topics; this one is {kind}",
+            )
+        if self.parts and kind not in registry.COMPOSITE:
+            raise FieldProblem(
+                "parts",
+                f"Parts only applies to composite-local and composite-global; this is {kind}",
+            )
+        if kind == "composite-global" and (self.enrichment or self.preprocessing):
+            raise FieldProblem(
+                "enrichment" if self.enrichment else "preprocessing",
+                f"topic {self.name!r} is composite-global: its records cannot be rewritten from "
+                "their fields, so it takes no Enrichment or Preprocessing (use composite-local)",
             )
         if not registry.type_class(kind).has_fields:
             for field, label in (
@@ -352,10 +379,11 @@ class TopicConfig(Frozen):
                         f"have {label} fields; publishers supply each record's SowKey instead",
                     )
         try:
-            # An avro schema is read and checked here, once (the registry keeps the type).
+            # A schema is read and checked here, once (the registry keeps the type).
             registry.get(kind, self)
         except MessageTypeConfigError as exc:
-            raise FieldProblem("schema_file", str(exc)) from None
+            field = "parts" if kind in registry.COMPOSITE else "schema_file"
+            raise FieldProblem(field, str(exc)) from None
         return self
 
     @model_validator(mode="after")

@@ -31,7 +31,8 @@ from sowstream.config.fields import (
 from sowstream.config.models import TopicConfig
 from sowstream.filters import FilterError, ast, parse_filter
 
-# Queue messages are browsed and filtered as JSON; other message types are not queued yet.
+# Views read a queue's available messages as a json SOW topic (root.queue_view_topics), so a
+# view can read json queues only; a queue itself carries any message type.
 QUEUE_MESSAGE_TYPES = ("json",)
 QueueKind = Literal["queue", "local", "group_local"]
 Semantics = Literal["at-least-once", "at-most-once"]
@@ -224,12 +225,7 @@ class QueueConfig(Frozen):
     @field_validator("message_type", mode="before")
     @classmethod
     def _message_type(cls, value: object) -> str:
-        name = message_type_name(value)
-        if name not in QUEUE_MESSAGE_TYPES:
-            raise ValueError(
-                f"queues carry {', '.join(QUEUE_MESSAGE_TYPES)} messages only for now, not {name}"
-            )
-        return name
+        return message_type_name(value)
 
     @field_validator("underlying_topic", mode="before")
     @classmethod
@@ -416,6 +412,10 @@ class QueueConfig(Frozen):
         """Whether ``underlying_topic`` is a regular expression (see :func:`is_topic_pattern`)."""
         return is_topic_pattern(self.underlying_topic)
 
+    def reads(self, topic: TopicConfig) -> bool:
+        """Whether publishes to ``topic`` feed this queue: its message type and a matching name."""
+        return topic.message_type == self.message_type and self.matches_topic(topic.name)
+
     def matches_topic(self, topic: str) -> bool:
         """Whether publishes to ``topic`` feed this queue (a whole-name match for a pattern)."""
         if not self.underlying_is_pattern:
@@ -449,11 +449,11 @@ def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -
     A queue may share its name only with its own underlying topic (the AMPS default, where the
     queue reads the topic of the same name); any other clash with a topic or queue is refused.
     """
-    # Queues read json topics only (QUEUE_MESSAGE_TYPES): a topic of another type sharing a
-    # name is not one of theirs.
-    by_name = {topic.name: topic for topic in topics if topic.message_type in QUEUE_MESSAGE_TYPES}
     seen: dict[str, int] = {}
     for index, queue in enumerate(queues):
+        # A queue reads the topics of its own message type: a topic of another type sharing a
+        # name is not one of its.
+        by_name = {t.name: t for t in topics if t.message_type == queue.message_type}
         if queue.name in seen:
             raise QueueProblem(index, "name", f"queue {queue.name!r} is defined twice")
         seen[queue.name] = index
@@ -465,6 +465,14 @@ def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -
                 "its own UnderlyingTopic",
             )
         fed_by = queue.underlying_topics(by_name)
+        others = [t for t in topics if t.name not in by_name and queue.matches_topic(t.name)]
+        if not fed_by and others:
+            raise QueueProblem(
+                index,
+                "underlying_topic",
+                f"topic {others[0].name!r} carries {others[0].message_type}, the queue "
+                f"{queue.message_type}: give the queue the topic's MessageType",
+            )
         if not fed_by:
             raise QueueProblem(
                 index,

@@ -114,9 +114,22 @@ class SowstreamConfig(Frozen):
         # Loaders check in document order first; here each kind keeps its own order, with
         # conflated topics placed right after what they read (definition_order).
         defined = definition_order(self.topics, self.queues, self.conflated_topics, self.views)
+        unviewable = {q.name: q.message_type for q in self.queues}
+        for index, view in enumerate(self.views):
+            for ref in view.topics:
+                kind = unviewable.get(ref.topic)
+                if kind not in (None, *QUEUE_MESSAGE_TYPES) and not any(
+                    t.name == ref.topic for t in self.topics
+                ):
+                    raise FieldProblem(
+                        "views",
+                        f"views[{index}]: view {view.name!r} reads queue {ref.topic!r}, a {kind} "
+                        "queue: views read json queues only",
+                    )
         try:
             check_views(self.views, defined)
-            check_view_sources(self.views, self.topics, [q.name for q in self.queues])
+            viewable = [q.name for q in self.queues if q.message_type in QUEUE_MESSAGE_TYPES]
+            check_view_sources(self.views, self.topics, viewable)
         except ViewProblem as exc:
             raise FieldProblem("views", f"views[{exc.index}]: {exc}") from None
         try:
@@ -147,6 +160,8 @@ class SowstreamConfig(Frozen):
         for queue in self.queues:
             if queue.name not in read or any(t.name == queue.name for t in self.topics):
                 continue  # a queue named like its topic: views read the topic
+            if queue.message_type not in QUEUE_MESSAGE_TYPES:
+                continue  # the view's check names the queue it cannot read
             partitions = [self.topic(n, "json").partitions for n in queue.underlying_topics(names)]
             out[queue.name] = TopicConfig(
                 name=available_topic_name(queue.name),

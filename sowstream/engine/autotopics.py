@@ -29,7 +29,7 @@ from sowstream.filters import FilterError
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.kafka import ensure_topics
-from sowstream.wire.topics import kafka_topic_part
+from sowstream.wire.topics import JSON, kafka_topic_part, topic_ident
 
 log = logging.getLogger("sowstream.engine")
 
@@ -41,7 +41,9 @@ class AutoTopics:
         self._config = config
         self._topology = topology
         self._ctx = ctx = topology.ctx
-        self._declared = {t.name for t in config.topics} | {q.name for q in config.queues}
+        self._declared = {t.ident for t in config.topics} | {
+            topic_ident(q.name, q.message_type) for q in config.queues
+        }
         # Registrations for topics not known (yet): applied when the topic turns up.
         self._unplaced: dict[str, dict[str, SubscriptionSpec]] = {}
         self.directory = TopicDirectory(ctx.bootstrap, ctx.names.meta, ctx.kafka, self.add)
@@ -55,20 +57,25 @@ class AutoTopics:
         ctx.wiring.record_agent(ctx.names.auto_control, partitions, "sowstream.ctl-auto", commands)
         ctx.wiring.task(self.directory.run)
 
-    def _topic(self, name: str) -> TopicConfig:
-        """The definition every topic created on first use has: plain, no Key."""
+    def _topic(self, name: str, message_type: str = JSON) -> TopicConfig:
+        """The definition every topic created on first use has: plain, no Key, of the message
+        type it was first used with."""
         return TopicConfig(
-            name=name, sow=False, partitions=self._config.engine.auto_topic_partitions
+            name=name,
+            message_type=message_type,
+            sow=False,
+            partitions=self._config.engine.auto_topic_partitions,
         )
 
     # -- serving ----------------------------------------------------------------------------------
 
-    def add(self, name: str) -> None:
+    def add(self, name: str, message_type: str = JSON) -> None:
         """Serve ``name``, a topic created on first use (found on the meta topic or just made)."""
-        if name in self._topology.topics or name in self._declared:
+        ident = topic_ident(name, message_type)
+        if ident in self._topology.topics or ident in self._declared:
             return
         try:
-            topic = self._topic(name)
+            topic = self._topic(name, message_type)
         except ValueError as exc:  # a definition some other writer put on the meta topic
             log.warning("ignored auto-created topic %r: %s", name, exc)
             return
@@ -76,7 +83,7 @@ class AutoTopics:
             topic, self._ctx, entitlement=self._config.entitlement_lookup(name), auto=True
         )
         self._topology.add(unit)
-        for key, spec in self._unplaced.pop(name, {}).items():
+        for key, spec in self._unplaced.pop(ident, {}).items():
             try:
                 unit.proc.subs.upsert(spec, held=unit.proc.partitions)
             except (FilterError, InvalidCommandError) as exc:
@@ -84,7 +91,7 @@ class AutoTopics:
                 if self.refuse is not None:
                     self.refuse(key, spec.to_wire(), refusal(exc), f"topic {name!r}: {exc}")
         unit.declare()
-        log.info("serving topic %s (created on first use)", name)
+        log.info("serving topic %s (created on first use)", ident)
 
     def hold(self, topic: str, key: str, spec: SubscriptionSpec | None) -> None:
         """A registration (None: its removal) for ``topic``, not known here (yet): kept until the
@@ -99,20 +106,22 @@ class AutoTopics:
 
     # -- creating ---------------------------------------------------------------------------------
 
-    async def declare_topic(self, name: str) -> str | None:
-        """Create topic ``name`` unless it is served already; why it cannot be, or None."""
-        if name in self._topology.topics or name in self._declared:
+    async def declare_topic(self, name: str, message_type: str = JSON) -> str | None:
+        """Create topic ``name`` of ``message_type`` unless it is served already; why it cannot
+        be, or None."""
+        ident = topic_ident(name, message_type)
+        if ident in self._topology.topics or ident in self._declared:
             return None
-        problem = self.refusal(name)
+        problem = self.refusal(name, message_type)
         if problem is None:
             try:
-                await self._create(name)
+                await self._create(name, message_type)
             except (SowstreamError, KafkaException) as exc:
                 problem = f"topic {name!r} could not be created: {exc}"
         return problem
 
-    def refusal(self, name: str) -> str | None:
-        """Why ``name`` may not be created on first use, or None."""
+    def refusal(self, name: str, message_type: str = JSON) -> str | None:
+        """Why ``name`` may not be created on first use (as a ``message_type`` topic), or None."""
         config, names = self._config, self._ctx.names
         try:
             owner = config.pattern_topic_for(name)
@@ -131,26 +140,26 @@ class AutoTopics:
                 "engine.auto_create_topics: true"
             )
         try:
-            self._topic(name)
+            self._topic(name, message_type)
         except ValueError as exc:
             problem = "; ".join(e["msg"] for e in getattr(exc, "errors", lambda: [])())
             return f"topic {name!r} cannot be created: {problem or exc}"
         known = [*config.topics, *(u.topic for u in self._topology.topics.values())]
         taken = {t.kafka_name: t for t in known}
-        other = taken.get(kafka_topic_part(name, "json"))
-        if other is not None and other.ident != name:
+        other = taken.get(kafka_topic_part(name, message_type))
+        if other is not None and other.ident != topic_ident(name, message_type):
             return (
                 f"topic {name!r} cannot be created: it would share the Kafka topics of "
                 f"{other.ident!r} ({names.log(other.name, other.message_type)})"
             )
         return None
 
-    async def _create(self, name: str) -> None:
+    async def _create(self, name: str, message_type: str) -> None:
         """Create the log of topic ``name`` and publish its definition (``auto`` set)."""
         ctx, engine = self._ctx, self._config.engine
         loop = asyncio.get_running_loop()
-        topic = self._topic(name)
-        spec = log_topic_spec(ctx.names, name, topic.partitions)
+        topic = self._topic(name, message_type)
+        spec = log_topic_spec(ctx.names, name, topic.partitions, message_type)
         await loop.run_in_executor(
             None,
             lambda: ensure_topics(
@@ -160,7 +169,7 @@ class AutoTopics:
                 extra=ctx.kafka,
             ),
         )
-        info = {name: topic_info(topic, ctx.names, auto=True)}
+        info = {topic.ident: topic_info(topic, ctx.names, auto=True)}
         await loop.run_in_executor(None, write_meta, ctx.bootstrap, ctx.kafka, ctx.names, info)
-        self.add(name)
-        log.info("created topic %s on first use (engine.auto_create_topics)", name)
+        self.add(name, message_type)
+        log.info("created topic %s on first use (engine.auto_create_topics)", topic.ident)

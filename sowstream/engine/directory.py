@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from sowstream.engine.registry import poll_batch
 from sowstream.wire import headers as h
+from sowstream.wire.topics import JSON
 from sowstream.wire.versions import decode_headed
 
 log = logging.getLogger("sowstream.engine")
@@ -32,7 +33,7 @@ class TopicDirectory:
         bootstrap: str,
         topic: str,
         extra: Mapping[str, str],
-        found: Callable[[str], None],
+        found: Callable[[str, str], None],
     ) -> None:
         self.topic = topic
         self._bootstrap = bootstrap
@@ -75,7 +76,7 @@ class TopicDirectory:
                         )
                         continue
                     if info.get("auto"):
-                        self._found(info["name"])
+                        self._found(info["name"], info.get("message_type") or JSON)
                 self._moved.set()
                 self._moved.clear()
         finally:

@@ -12,6 +12,7 @@ control topic, raises expiry events on the queue's dead-letter topic and runs le
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import time
@@ -28,6 +29,7 @@ from sowstream.engine.ports import Sender
 from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
+from sowstream.messagetypes import MessageType, registry
 from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
 from sowstream.queues.store import (
     AckMemory,
@@ -72,6 +74,13 @@ class AckAnswer(NamedTuple):
     results: dict[str, int]
 
 
+def expired_body(codec: MessageType, data: bytes) -> dict[str, Any]:
+    """The message in an expiry event: json as it is, any other type base64-encoded."""
+    if codec.name == registry.JSON:
+        return {"message": orjson.Fragment(data)}
+    return {"message": base64.b64encode(data).decode(), "encoding": "base64"}
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -87,8 +96,11 @@ class QueueRuntime:
         store: StoreChanges,
         read: StoreRead,
         entitlement: Callable[[str], Filter | None] | None = None,
+        codec: MessageType | None = None,
     ) -> None:
         self.config = config
+        # How the queue's messages are parsed when reloaded from the store (its topics' type).
+        self.codec = codec or registry.get(config.message_type)
         self.names = names
         self._entitlement = entitlement or (lambda identity: None)
         self.machine = QueueMachine(config, self.entitled)
@@ -152,7 +164,7 @@ class QueueRuntime:
             self.machine.append(
                 Bookmark(topic, partition, offset_of(key)),
                 stored.data,
-                orjson.loads(stored.data),
+                self.codec.parse(stored.data),
                 stored.timestamp_ms,
                 expiration_ms=stored.expiration_ms,
             )
@@ -434,7 +446,7 @@ class QueueRuntime:
                     "reason": item.reason,
                     "deliveries": item.message.deliveries,
                     "cancels": item.message.cancels,
-                    "message": orjson.Fragment(item.message.data),
+                    **expired_body(self.codec, item.message.data),
                 }
                 await self._sender.send(
                     self.names.queue_expired(self.name),

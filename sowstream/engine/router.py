@@ -37,6 +37,7 @@ from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
 from sowstream.wire import headers as h
 from sowstream.wire.protocol import ACK, FAILURE, SOW, Command, Reply, ReplyRecord
+from sowstream.wire.topics import topic_ident
 from sowstream.wire.versions import SCHEMA_VERSION, check, version_of
 
 log = logging.getLogger("sowstream.engine")
@@ -61,8 +62,9 @@ Addressed = tuple[Command, int]
 class TopicCreation(Protocol):
     """What the router needs of topic auto-creation (:mod:`sowstream.engine.autotopics`)."""
 
-    async def declare_topic(self, name: str) -> str | None:
-        """Create topic ``name`` on first use unless it exists; why not, or None."""
+    async def declare_topic(self, name: str, message_type: str = ...) -> str | None:
+        """Create topic ``name`` (of ``message_type``, json by default) on first use unless it
+        exists; why not, or None."""
 
     async def caught_up(self) -> None:
         """Wait until every topic created so far (by any worker) is known here."""
@@ -240,7 +242,10 @@ class CommandRouter:
 
     def _is_queue_ack(self, item: Addressed) -> bool:
         cmd = item[0]
-        return cmd.command == QUEUE_ACK and cmd.topic in self._topology.queues
+        return (
+            cmd.command == QUEUE_ACK
+            and topic_ident(cmd.topic, cmd.message_type) in self._topology.queues
+        )
 
     # -- the shared control topic of topics created on first use: one by one --------------------
 
@@ -266,10 +271,11 @@ class CommandRouter:
         if cmd.command == h.DECLARE_TOPIC:
             await self._declare(cmd, record.partition)
             return
-        unit = self._topology.topics.get(cmd.topic)
+        ident = topic_ident(cmd.topic, cmd.message_type)
+        unit = self._topology.topics.get(ident)
         if unit is None:
             await self._creation.caught_up()  # created by another worker a moment ago?
-            unit = self._topology.topics.get(cmd.topic)
+            unit = self._topology.topics.get(ident)
         if unit is None:
             writer = ReplyWriter.for_command(self._sender, cmd, cmd.topic, record.partition)
             await writer.failure(UNKNOWN_TOPIC, f"topic {cmd.topic!r} is not known to the engine")
@@ -287,7 +293,7 @@ class CommandRouter:
             log_offset=-1,
             count=1,
         )
-        problem = await self._creation.declare_topic(cmd.topic)
+        problem = await self._creation.declare_topic(cmd.topic, cmd.message_type)
         if problem is not None:
             answer = answer.with_(status=FAILURE, reason=NOT_DECLARED, message=problem, count=0)
         await ReplyWriter(self._sender, cmd.reply_to, answer).send(answer)
@@ -309,7 +315,11 @@ class CommandRouter:
             )
             return
         proc = unit.proc
-        queue = self._topology.queues.get(cmd.topic) if unit.feeds_queues else None
+        queue = (
+            self._topology.queues.get(topic_ident(cmd.topic, cmd.message_type))
+            if unit.feeds_queues
+            else None
+        )
         if cmd.command == STATUS:
             await self._status(unit, cmd, partition)
         elif queue is not None:
@@ -372,7 +382,9 @@ class CommandRouter:
         topic = unit.topic.name
         by_queue: dict[str, list[Addressed]] = {}
         for cmd, partition in await self._held_acks(unit, commands):
-            by_queue.setdefault(cmd.topic, []).append((cmd, partition))
+            by_queue.setdefault(topic_ident(cmd.topic, cmd.message_type), []).append(
+                (cmd, partition)
+            )
         for name, acks in by_queue.items():
             outcomes = await self._topology.queues[name].acknowledge_all(acks, topic)
             for (cmd, partition), outcome in zip(acks, outcomes, strict=True):

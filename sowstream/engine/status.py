@@ -106,9 +106,9 @@ class WorkerStatus:
                     for p in input_unit.assigned()
                 )
         subscriptions = {u.topic.name: len(u.proc.subs) for u in topics if u.proc.subs}
-        for name, queue in self._topology.queues.items():
+        for queue in self._topology.queues.values():
             if queue.subscription_count():
-                subscriptions[name] = queue.subscription_count()
+                subscriptions[queue.name] = queue.subscription_count()
         return {
             "worker": self.worker_name,
             "host": socket.gethostname(),

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from sowstream.config.models import TopicConfig
-from sowstream.config.queues import QUEUE_MESSAGE_TYPES
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.meta import Infos, control_topic_spec, log_topic_spec, topic_info
 from sowstream.engine.security import expand_environment
@@ -21,6 +20,7 @@ from sowstream.engine.units.queue import QueueUnit
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.engine.units.view import ViewUnit
 from sowstream.wire.kafka import TopicSpec
+from sowstream.wire.topics import topic_ident
 
 
 class DerivedKind(Protocol):
@@ -54,15 +54,13 @@ def serving_config(config: SowstreamConfig) -> SowstreamConfig:
 
 
 def queue_fed(config: SowstreamConfig) -> set[str]:
-    """The topics whose publishes become queue messages (they keep a store for them): json
-    topics (config.queues.QUEUE_MESSAGE_TYPES) a queue reads, not a queue's available messages."""
+    """The topics whose publishes become queue messages (they keep a store for them): topics a
+    queue reads (of its message type), not a queue's available messages."""
     kept = {t.ident for t in config.queue_view_topics.values()}
     return {
         t.ident
         for t in config.topics
-        if t.message_type in QUEUE_MESSAGE_TYPES
-        and t.ident not in kept
-        and any(q.matches_topic(t.name) for q in config.queues)
+        if t.ident not in kept and any(q.reads(t) for q in config.queues)
     }
 
 
@@ -87,7 +85,12 @@ class Topology:
         self.derived: list[DerivedUnit] = [
             unit for kind in DERIVED for unit in kind.from_config(config, ctx, self.topics)
         ]
-        self.queues = {u.name: u.runtime for u in self.derived if isinstance(u, QueueUnit)}
+        # By identity, like topics: the name for a json queue, <type>:<name> for another type.
+        self.queues = {
+            topic_ident(u.name, u.runtime.config.message_type): u.runtime
+            for u in self.derived
+            if isinstance(u, QueueUnit)
+        }
         self.inputs = [u for u in self.derived if isinstance(u, InputUnit)]
 
     def add(self, unit: TopicUnit) -> None:

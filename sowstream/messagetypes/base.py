@@ -20,7 +20,16 @@ from typing import Any, ClassVar
 from sowstream.messagetypes.changes import changed_fields, merge_delta
 
 # How errors spell the built-in types' names (as their specifications do).
-_LABELS = {"json": "JSON", "fix": "FIX", "nvfix": "NVFIX", "xml": "XML", "avro": "Avro"}
+_LABELS = {
+    "json": "JSON",
+    "fix": "FIX",
+    "nvfix": "NVFIX",
+    "xml": "XML",
+    "avro": "Avro",
+    "bson": "BSON",
+    "bflat": "BFlat",
+    "protobuf": "protobuf",
+}
 
 
 class MessageParseError(ValueError):
@@ -50,13 +59,16 @@ class MessageTypeConfigError(ValueError):
 class TypeOptions:
     """What a message type may need from its topic's configuration.
 
-    ``topic`` names the topic in errors; ``schema_file`` is the avro schema file (the ``Schema``
-    element); ``schema`` is the schema itself, as a client receives it from the meta topic.
+    ``topic`` names the topic in errors; ``schema_file`` is the avro schema or protobuf
+    ``.proto``/descriptor set file (the ``Schema`` element); ``schema`` is the schema itself, as a
+    client receives it from the meta topic; ``parts`` are a composite type's part types (the
+    ``Parts`` element).
     """
 
     topic: str = ""
     schema_file: str | None = None
     schema: str | None = None
+    parts: tuple[str, ...] = ()
 
 
 class MessageType(ABC):
@@ -70,7 +82,8 @@ class MessageType(ABC):
 
     name: ClassVar[str]
     has_fields: ClassVar[bool] = True
-    supports_delta: ClassVar[bool] = True
+    # Not a ClassVar: a type may decide per topic (protobuf: proto2 schemas yes, proto3 no).
+    supports_delta: bool = True
     empty: ClassVar[bytes] = b""
     # False where a delta_publish body is written in another form than a whole record (avro).
     delta_form_is_full: ClassVar[bool] = True

@@ -14,7 +14,7 @@ class BinaryType(MessageType):
 
     name: ClassVar[str] = "binary"
     has_fields: ClassVar[bool] = False
-    supports_delta: ClassVar[bool] = False
+    supports_delta = False
 
     def parse(self, data: bytes) -> dict[str, Any]:
         return {}  # any bytes are a binary message, and they have no fields

@@ -10,18 +10,43 @@ from typing import Any
 
 from sowstream.messagetypes.avro import AvroType
 from sowstream.messagetypes.base import MessageType, MessageTypeConfigError, TypeOptions
+from sowstream.messagetypes.bflat import BFlatType
 from sowstream.messagetypes.binary import BinaryType
+from sowstream.messagetypes.bson import BsonType
+from sowstream.messagetypes.composite import (
+    CompositeGlobalType,
+    CompositeLocalType,
+    use_part_types,
+)
 from sowstream.messagetypes.fix import FixType
 from sowstream.messagetypes.json import JsonType
 from sowstream.messagetypes.nvfix import NvfixType
+from sowstream.messagetypes.protobuf import ProtobufType
 from sowstream.messagetypes.xml import XmlType
 
 ENTRY_POINT_GROUP = "sowstream.message_types"
 JSON = "json"
 
 BUILT_IN: dict[str, type[MessageType]] = {
-    t.name: t for t in (JsonType, FixType, NvfixType, XmlType, BinaryType, AvroType)
+    t.name: t
+    for t in (
+        JsonType,
+        FixType,
+        NvfixType,
+        XmlType,
+        BinaryType,
+        AvroType,
+        BsonType,
+        BFlatType,
+        ProtobufType,
+        CompositeLocalType,
+        CompositeGlobalType,
+    )
 }
+COMPOSITE = (CompositeLocalType.name, CompositeGlobalType.name)
+# The types a topic cannot have without its configuration (Schema, Parts): never created on
+# first use.
+CONFIGURED = (AvroType.name, ProtobufType.name, *COMPOSITE)
 
 
 @cache
@@ -58,16 +83,19 @@ def type_class(name: str) -> type[MessageType]:
 
 
 def get(name: str, topic_config: Any = None) -> MessageType:
-    """The message type ``name`` set up for a topic config (its ``name`` and ``schema_file``).
+    """The message type ``name`` set up for a topic config (its ``name``, ``schema_file`` and
+    ``parts``).
 
     Instances are cached per (type, topic, schema), so an avro schema is parsed once.
     """
     # Only text counts: a pydantic model also has a ``schema`` method.
     topic = getattr(topic_config, "name", "")
     schema_file = getattr(topic_config, "schema_file", None)
+    parts = getattr(topic_config, "parts", ())
     options = TypeOptions(
         topic=topic if isinstance(topic, str) else "",
         schema_file=schema_file if isinstance(schema_file, str) else None,
+        parts=tuple(parts) if isinstance(parts, tuple | list) else (),
     )
     return _instance(name.strip().lower(), options)
 
@@ -80,3 +108,6 @@ def for_options(name: str, options: TypeOptions) -> MessageType:
 @cache
 def _instance(name: str, options: TypeOptions) -> MessageType:
     return type_class(name)(options)
+
+
+use_part_types(for_options)

@@ -1,5 +1,5 @@
-"""Message types end to end: fix, nvfix, xml, avro and binary topics next to json ones, on two
-real workers and a real Kafka broker."""
+"""Message types end to end: fix, nvfix, xml, avro, binary, bson, bflat, protobuf and composite
+topics next to json ones (and queues over them), on two real workers and a real Kafka broker."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sowstream.client import Client
-from sowstream.errors import CommandFailedError, InvalidMessageError
+from sowstream.errors import CommandFailedError, InvalidMessageError, UnknownTopicError
+from sowstream.messagetypes.bflat import encode as bflat
+from sowstream.messagetypes.composite import frame
 from sowstream.wire.avro import decode
 from sowstream.wire.kafka import producer_config
 from tests.support.engine import EngineProcesses, running_engine
@@ -34,6 +36,13 @@ ORDER_SCHEMA = {
 }
 
 
+ORDER_PROTO = """
+syntax = "proto2";
+package test;
+message Order { required int64 id = 1; optional string sym = 2; optional int32 qty = 3; }
+"""
+
+
 def soh(text: str) -> bytes:
     """FIX/NVFIX bytes written with | for SOH."""
     return text.replace("|", "\x01").encode()
@@ -46,6 +55,7 @@ def engine(
     workdir = tmp_path_factory.mktemp("msgtypes")
     schema = workdir / "order.avsc"
     schema.write_text(orjson.dumps(ORDER_SCHEMA).decode())
+    (workdir / "order.proto").write_text(ORDER_PROTO)
     topics: list[dict[str, Any]] = [
         {"Name": "orders", "Key": ["/id"], "Partitions": 2},
         {"Name": "orders", "MessageType": "nvfix", "Key": ["/id"], "Partitions": 2},
@@ -59,8 +69,33 @@ def engine(
             "Partitions": 2,
         },
         {"Name": "blobs", "MessageType": "binary", "Partitions": 2},
+        {"Name": "bsorders", "MessageType": "bson", "Key": ["/id"], "Partitions": 2},
+        {"Name": "bforders", "MessageType": "bflat", "Key": ["/id"], "Partitions": 2},
+        {
+            "Name": "pborders",
+            "MessageType": "protobuf",
+            "Key": ["/id"],
+            "Schema": str(workdir / "order.proto#test.Order"),
+            "Partitions": 2,
+        },
+        {
+            "Name": "pictures",
+            "MessageType": "composite-local",
+            "Parts": ["json", "binary"],
+            "Key": ["/0/id"],
+            "Partitions": 2,
+        },
+        {"Name": "bfwork", "MessageType": "bflat", "Key": ["/id"], "Partitions": 2},
     ]
-    with running_engine(kafka_bootstrap, workdir, topics) as procs:
+    queues = [
+        {
+            "Name": "BQ",
+            "UnderlyingTopic": "bfwork",
+            "MessageType": "bflat",
+            "MaxPerSubscriptionBacklog": 10,
+        }
+    ]
+    with running_engine(kafka_bootstrap, workdir, topics, queues=queues) as procs:
         yield procs
 
 
@@ -128,6 +163,54 @@ CASES = [
         {"qty": 300, "id": 1},
         {"id": 1, "qty": 1},
         "/qty > 50",
+    ),
+    Case(
+        "bson",
+        "bsorders",
+        {"id": "A", "sym": "IBM", "qty": 100},
+        {"id": "B", "sym": "MSFT", "qty": 5},
+        {"id": "A", "qty": 200},
+        {"id": "A", "sym": "IBM", "qty": 200},
+        {"id": "A", "qty": 300},
+        {"qty": 300, "id": "A"},
+        {"id": "A", "qty": 1},
+        "/qty > 50",
+    ),
+    Case(
+        "bflat",
+        "bforders",
+        bflat({"id": "A", "sym": "IBM", "qty": 100}),
+        bflat({"id": "B", "sym": "MSFT", "qty": 5}),
+        bflat({"id": "A", "qty": 200}),
+        {"id": "A", "sym": "IBM", "qty": 200},
+        bflat({"id": "A", "qty": 300}),
+        {"qty": 300, "id": "A"},
+        bflat({"id": "A", "qty": 1}),
+        "/qty > 50",
+    ),
+    Case(
+        "protobuf",
+        "pborders",
+        {"id": 1, "sym": "IBM", "qty": 100},
+        {"id": 2, "sym": "MSFT", "qty": 5},
+        {"id": 1, "qty": 200},
+        {"id": 1, "sym": "IBM", "qty": 200},
+        {"id": 1, "qty": 300},
+        {"qty": 300, "id": 1},
+        {"id": 1, "qty": 1},
+        "/qty > 50",
+    ),
+    Case(
+        "composite-local",
+        "pictures",
+        frame([b'{"id":"A","qty":100}', b"\x89PNG-1"]),
+        frame([b'{"id":"B","qty":5}', b"\x89PNG-2"]),
+        frame([b'{"id":"A","qty":200}', b""]),  # an empty part: unchanged
+        {"0": {"id": "A", "qty": 200}, "1": b"\x89PNG-1"},
+        frame([b'{"id":"A","qty":300}', b""]),
+        {"0": {"qty": 300, "id": "A"}},
+        frame([b'{"id":"A","qty":1}', b""]),
+        "/0/qty > 50",
     ),
 ]
 
@@ -278,3 +361,42 @@ def test_cli_publishes_and_queries_fix_with_a_stand_in_for_soh(engine: EnginePro
     assert found.returncode == 0, found.stderr
     (line,) = [orjson.loads(x) for x in found.stdout.splitlines()]
     assert line["data"] == {"11": "Z", "55": "XYZ", "38": "7"}
+
+
+def test_a_queue_over_a_bflat_topic_leases_filters_and_acknowledges(
+    engine: EngineProcesses,
+) -> None:
+    with engine.client(message_type="bflat") as client:
+        for n in range(3):
+            client.publish("bfwork", bflat({"id": n, "job": f"j{n}", "size": n * 10}))
+        client.delta_publish("bfwork", bflat({"id": 2, "size": 99}))  # enqueues the merged record
+        browsed: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and len(browsed) < 4:
+            browsed = [m.fields() for m in client.sow("BQ", "/size > 5") if m.command == "sow"]
+            time.sleep(0.2)
+        assert sorted(b["size"] for b in browsed) == [10, 20, 99]
+        sub = client.subscribe("BQ", "/size > 5", options="max_backlog=10")
+        got = take(sub, 3)
+        assert sorted(m.fields()["size"] for m in got) == [10, 20, 99]
+        assert all(m.message_type == "bflat" for m in got)
+        assert client.ack("BQ", [m.bookmark for m in got]) == 3
+        sub.close()
+
+
+def test_a_topic_created_on_first_use_takes_the_message_type(
+    engine: EngineProcesses, publisher: Client
+) -> None:
+    with engine.client(message_type="bson") as client:
+        sub = client.subscribe("fresh-bson", "/level > 1")
+        info = client.topics["bson:fresh-bson"]
+        assert (info.auto, info.message_type) == (True, "bson")
+        assert info.log_topic == f"{engine.prefix}.log.bson.fresh-bson"
+        for n in range(4):
+            client.publish("fresh-bson", {"n": n, "level": n}, sow_key=f"k{n}")
+        got = take(sub, 2)
+        assert sorted(m.fields()["n"] for m in got) == [2, 3]
+        sub.close()
+    # a protobuf topic needs its Schema from a configuration: not created on first use
+    with pytest.raises(UnknownTopicError, match="fresh-pb"):
+        publisher.publish("fresh-pb", {"n": 1}, message_type="protobuf")

@@ -97,8 +97,8 @@ class Creation:
         self.declared: list[str] = []
         self.caught_up_calls = 0
 
-    async def declare_topic(self, name: str) -> str | None:
-        self.declared.append(name)
+    async def declare_topic(self, name: str, message_type: str = "json") -> str | None:
+        self.declared.append(name if message_type == "json" else f"{message_type}:{name}")
         return self.problem
 
     async def caught_up(self) -> None:

@@ -527,10 +527,10 @@ def test_stage_keys_are_read_and_checked(key: str) -> None:
 
 
 def test_other_message_types_are_unsupported() -> None:
-    text = "sow:\n  - Name: a\n    MessageType: protobuf\n  - Name: b\n"
+    text = "sow:\n  - Name: a\n    MessageType: msgpack\n  - Name: b\n"
     err = load_error(text)
     assert err.element == "sow[0].MessageType"
-    assert "'protobuf' is not supported" in err.problem
+    assert "'msgpack' is not supported" in err.problem
     assert "json, fix, nvfix, xml, binary, avro" in err.problem
     assert [t.name for t in load(text, skip_unsupported=True).topics] == ["b"]
 

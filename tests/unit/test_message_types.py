@@ -276,8 +276,8 @@ def test_binary_is_opaque_and_merge_replaces() -> None:
 def test_registry_knows_the_built_in_types_and_refuses_others() -> None:
     assert registry.names()[:6] == ("json", "fix", "nvfix", "xml", "binary", "avro")
     assert get("NVFIX").name == "nvfix"
-    with pytest.raises(MessageTypeConfigError, match="'protobuf' is not supported"):
-        get("protobuf")
+    with pytest.raises(MessageTypeConfigError, match="'msgpack' is not supported"):
+        get("msgpack")
 
 
 def test_a_user_type_from_an_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -376,9 +376,9 @@ def test_json_and_nvfix_topics_may_share_a_name() -> None:
         ),
         (
             "topics: [{Name: w, MessageType: nvfix}]\nqueues: [{Name: Q, UnderlyingTopic: w, "
-            "MessageType: nvfix}]",
+            "MessageType: msgpack}]",
             "queues[0].MessageType",
-            "queues carry json",
+            "'msgpack' is not supported",
         ),
     ],
 )

@@ -549,10 +549,12 @@ def test_xml_synonyms_topic_and_queue_definition() -> None:
 
 
 def test_unsupported_message_type_can_be_skipped(caplog: pytest.LogCaptureFixture) -> None:
-    yaml_text = TOPICS_YAML + "queues:\n  - {Name: Q, UnderlyingTopic: work, MessageType: fix}\n"
+    yaml_text = (
+        TOPICS_YAML + "queues:\n  - {Name: Q, UnderlyingTopic: work, MessageType: msgpack}\n"
+    )
     assert load_error(yaml_text).element == "queues[0].MessageType"
     assert load(yaml_text, skip_unsupported=True).queues == ()
-    xml_text = xml_queue({"UnderlyingTopic": "work", "MessageType": "nvfix"})
+    xml_text = xml_queue({"UnderlyingTopic": "work", "MessageType": "msgpack"})
     assert load_error(xml_text).element == "SOW/Queue[Q]/MessageType"
     with caplog.at_level(logging.WARNING, "sowstream.config"):
         assert load(xml_text, skip_unsupported=True).queues == ()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sowstream.config.models import TopicConfig
-from sowstream.config.queues import QUEUE_MESSAGE_TYPES, QueueConfig
+from sowstream.config.queues import QueueConfig
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.meta import Infos, topic_info
 from sowstream.engine.queue_views import QueueViewFeed
@@ -14,6 +14,7 @@ from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.units.base import Context, Partitions
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.wire.kafka import TopicSpec
+from sowstream.wire.topics import topic_ident
 
 
 class QueueUnit:
@@ -31,6 +32,9 @@ class QueueUnit:
         self._config = config
         self._ctx = ctx
         self._topics = topics
+        # The queue's messages are of its topics' type (an avro or protobuf one with their schema).
+        target = config.topic(queue.publish_target, queue.message_type)
+        unit = topics.get(target.ident)
         self.runtime = QueueRuntime(
             queue,
             ctx.names,
@@ -38,9 +42,10 @@ class QueueUnit:
             self._store_changes,
             self._read_store,
             config.entitlement_lookup(queue.name),
+            codec=unit.compiled.codec if unit is not None else None,
         )
         for unit in topics.values():
-            if unit.feeds_queues and self.runtime.feeds_on(unit.topic.name):
+            if unit.feeds_queues and queue.reads(unit.topic):
                 unit.proc.queues.append(self.runtime)
         # The topic the engine keeps of the queue's available messages, when a view reads it.
         self._available = config.queue_view_topics.get(queue.name)
@@ -69,13 +74,17 @@ class QueueUnit:
     def name(self) -> str:
         return self.runtime.name
 
+    def _unit(self, topic: str) -> TopicUnit:
+        """The unit of ``topic``, one of the queue's (so of the queue's message type)."""
+        return self._topics[topic_ident(topic, self.runtime.config.message_type)]
+
     async def _store_changes(
         self, topic: str, partition: int, changes: Mapping[bytes, bytes | None]
     ) -> bool:
-        return await self._topics[topic].proc.store_changes(partition, changes)
+        return await self._unit(topic).proc.store_changes(partition, changes)
 
     def _read_store(self, topic: str, partition: int, key: bytes) -> bytes | None:
-        return self._topics[topic].proc.stored(partition, key)
+        return self._unit(topic).proc.stored(partition, key)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -111,15 +120,16 @@ class QueueUnit:
         queued = [
             t.name
             for t in config.topics
-            if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in kept
+            if t.message_type == queue.message_type and t.name not in kept
         ]
         target = config.topic(queue.publish_target, queue.message_type)
         codec = self._topics[target.ident].compiled.codec if target.ident in self._topics else None
-        info = infos.get(queue.name) or {
+        ident = topic_ident(queue.name, queue.message_type)  # the meta record's key, as a topic's
+        info = infos.get(ident) or {
             **topic_info(target, self._ctx.names, codec=codec),
             "name": queue.name,
         }
-        infos[queue.name] = {**info, "queue_of": queue.underlying_topics(queued)}
+        infos[ident] = {**info, "queue_of": queue.underlying_topics(queued)}
         if self._available is not None and self._available.ident in infos:
             own = self._available.ident
             infos[own] = {**infos[own], "view_of": [queue.name]}
