@@ -42,7 +42,7 @@ from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
-from sowstream.views.accumulators import StateError
+from sowstream.sow.aggregate import StateError
 from sowstream.views.inline import UnderlyingChange, conflate, last_per_record
 from sowstream.views.maintainer import ViewChange, ViewMaintainer
 from sowstream.views.routing import decode_event, source_mark

@@ -18,7 +18,7 @@ from sowstream.filters.values import get_path, is_null, path_steps
 from .groups import Group, field_value, group_component
 from .layout import ProjectionLayout, ValueFn
 from .parsing import AggregationError, parse_grouping, parse_projection
-from .states import STATES
+from .accumulators import Accumulator, StateError, accumulator
 
 __all__ = ["Aggregation", "Partials", "merge_partials", "parse_aggregation"]
 
@@ -30,15 +30,15 @@ Partials = dict[str, list[Any]]
 ``group_key`` is the JSON text of the group's canonical values (one per grouping field: null for
 NULL, the canonical text, or a list of texts for a multi-valued field). ``group_values`` holds the
 group's chosen spelling of each grouping field, ``loose_values`` the values of the non-grouped
-paths read outside aggregates (null if there are none) and ``states`` one state per aggregate:
+paths read outside aggregates (null if there are none) and ``states`` one state per aggregate,
+in its accumulator's JSON form (``sowstream.sow.aggregate.accumulators``), compacted:
 
 * ``COUNT``: an int;
-* ``COUNT_DISTINCT``: the sorted list of the canonical texts seen;
-* ``SUM``, ``AVG``: null when no number was seen, else ``[count, mantissa, exponent, float]``:
-  the exact sum is ``mantissa * 2**exponent`` (a decimal string when the mantissa needs more
-  than 64 bits) and ``float`` is 1 when any float took part;
-* ``MIN``, ``MAX``: null, ``[0, number]`` (a decimal string for a very large int) or
-  ``[1, string]``.
+* ``SUM``, ``AVG``: ``[numbers, floats, exact sum as a fraction's text]``; ``STDDEV_POP``,
+  ``STDDEV_SAMP`` add the exact sum of squares;
+* ``MIN``, ``MAX``: ``[[kind, value, count], ...]`` for the extreme value's spellings;
+* ``COUNT_DISTINCT``, ``DISTINCT_LIST``: ``[[canonical text, count], ...]`` of every value;
+  ``ANY``: the same for the chosen value only.
 """
 
 
@@ -79,7 +79,7 @@ class Aggregation:
         self._group_steps = tuple(path_steps(p) for p in self.grouping)
         layout = ProjectionLayout(self.grouping, [(f.output, f) for f in fields])
         self._layout = layout
-        self._aggs = tuple(STATES[call.name] for call in layout.calls)
+        self._aggs: tuple[Accumulator, ...] = tuple(accumulator(c) for c in layout.calls)
         self._arg_fns: tuple[ValueFn, ...] = tuple(compile_value(c.arg) for c in layout.calls)
         self._loose_steps = tuple(path_steps(p) for p in layout.loose)
         self._group_order = sort_key([SortField(f"/{i}") for i in range(len(self.grouping))])
@@ -127,7 +127,7 @@ class Aggregation:
             key: [
                 list(g.keys),
                 None if g.loose is None else list(g.loose),
-                [agg.encode(s) for agg, s in zip(self._aggs, g.states, strict=True)],
+                [agg.encode(agg.compact(s)) for agg, s in zip(self._aggs, g.states, strict=True)],
             ]
             for key, g in sorted(groups.items())
         }
@@ -144,11 +144,11 @@ class Aggregation:
             loose is not None and len(loose) != len(self._loose_steps)
         ):
             raise ValueError("partials do not match this aggregation's projection")
-        return Group(
-            list(keys),
-            None if loose is None else list(loose),
-            [agg.decode(s) for agg, s in zip(self._aggs, states, strict=True)],
-        )
+        try:
+            decoded = [agg.decode(s) for agg, s in zip(self._aggs, states, strict=True)]
+        except StateError as exc:
+            raise ValueError(f"malformed partials: {exc}") from None
+        return Group(list(keys), None if loose is None else list(loose), decoded)
 
     def _merge_into(self, target: Group, other: Group) -> None:
         target.offer_keys(other.keys)
