@@ -24,9 +24,8 @@ from typing import Any
 import orjson
 from sortedcontainers import SortedDict
 
-from sowstream.sow.aggregate import spelling_rank
+from sowstream.sow.aggregate import Accumulator, StateError, spelling_rank
 from sowstream.sow.keys import sow_key_from_values
-from sowstream.sow.aggregate import Accumulator, StateError
 from sowstream.views.projection import Row, ViewProjection, group_key
 
 __all__ = ["Group", "GroupTable"]

@@ -23,9 +23,8 @@ from typing import Any
 
 import orjson
 
-from sowstream.sow.aggregate import spelling_rank
+from sowstream.sow.aggregate import StateError, spelling_rank
 from sowstream.sow.keys import sow_key_from_values
-from sowstream.sow.aggregate import StateError
 from sowstream.views.groups import GroupTable
 from sowstream.views.joins import PRESERVE, JoinState, Side, StoredRow, join_rows_naive
 from sowstream.views.ports import ViewDefinition

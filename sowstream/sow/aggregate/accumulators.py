@@ -41,6 +41,7 @@ from sortedcontainers import SortedDict
 
 from sowstream.filters import ast
 from sowstream.filters.values import canonical_text, to_number
+
 from .numbers import finite_number, json_int, output_number
 
 __all__ = [

@@ -7,6 +7,7 @@ How the three steps split between workers and the client, and the rules they fol
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,12 +16,12 @@ from sowstream.filters import ast, compile_value
 from sowstream.filters.order_by import SortField, sort_key
 from sowstream.filters.values import get_path, is_null, path_steps
 
+from .accumulators import Accumulator, StateError, accumulator
 from .groups import Group, field_value, group_component
 from .layout import ProjectionLayout, ValueFn
 from .parsing import AggregationError, parse_grouping, parse_projection
-from .accumulators import Accumulator, StateError, accumulator
 
-__all__ = ["Aggregation", "Partials", "merge_partials", "parse_aggregation"]
+__all__ = ["Aggregation", "Contribution", "Partials", "merge_partials", "parse_aggregation"]
 
 Partials = dict[str, list[Any]]
 """Per-group partial states, JSON-able (orjson), keyed by the group's key text::
@@ -40,6 +41,16 @@ in its accumulator's JSON form (``sowstream.sow.aggregate.accumulators``), compa
 * ``COUNT_DISTINCT``, ``DISTINCT_LIST``: ``[[canonical text, count], ...]`` of every value;
   ``ANY``: the same for the chosen value only.
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """What one record adds to its group (:meth:`Aggregation.contribution`)."""
+
+    key: str
+    keys: list[Any]
+    loose: list[Any] | None
+    inputs: list[list[Any]]
 
 
 class Aggregation:
@@ -95,6 +106,40 @@ class Aggregation:
 
     # ---- partial
 
+    def contribution(self, record: Mapping[str, Any]) -> Contribution:
+        """What ``record`` adds to its group: the group key, its grouping values, its loose
+        values (None without loose paths) and each aggregate slot's non-NULL input values."""
+        keys = [field_value(get_path(record, steps)) for steps in self._group_steps]
+        key = orjson.dumps([group_component(v) for v in keys]).decode()
+        loose = (
+            [field_value(get_path(record, s)) for s in self._loose_steps]
+            if self._loose_steps
+            else None
+        )
+        inputs: list[list[Any]] = []
+        for get in self._arg_fns:
+            value = get(record)
+            if isinstance(value, tuple):  # several values read through arrays: each counts
+                inputs.append([item for item in value if not is_null(item)])
+            else:
+                inputs.append([] if is_null(value) else [value])
+        return Contribution(key, keys, loose, inputs)
+
+    @property
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        """One accumulator per aggregate slot."""
+        return self._aggs
+
+    def encode_group(
+        self, keys: list[Any], loose: list[Any] | None, states: list[Any]
+    ) -> list[Any]:
+        """One group's partial entry (``[group_values, loose_values, states]``), compacted."""
+        return [
+            list(keys),
+            None if loose is None else list(loose),
+            [agg.encode(agg.compact(s)) for agg, s in zip(self._aggs, states, strict=True)],
+        ]
+
     def partial(self, records: Iterable[Mapping[str, Any]]) -> Partials:
         """The per-group partial states of ``records`` (one partition's matching records)."""
         groups: dict[str, Group] = {}
@@ -124,12 +169,7 @@ class Aggregation:
 
     def _encode(self, groups: dict[str, Group]) -> Partials:
         return {
-            key: [
-                list(g.keys),
-                None if g.loose is None else list(g.loose),
-                [agg.encode(agg.compact(s)) for agg, s in zip(self._aggs, g.states, strict=True)],
-            ]
-            for key, g in sorted(groups.items())
+            key: self.encode_group(g.keys, g.loose, g.states) for key, g in sorted(groups.items())
         }
 
     def _decode(self, data: Any) -> Group:
@@ -163,15 +203,24 @@ class Aggregation:
 
     def finish(self, partials: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The output records of (merged) ``partials``, one per group, in group-value order."""
-        rows: list[tuple[Any, str, dict[str, Any]]] = []
-        for key, data in partials.items():
-            group = self._decode(data)
-            results = [agg.result(s) for agg, s in zip(self._aggs, group.states, strict=True)]
-            record = self._layout.record(group.keys, results, group.loose or [])
-            order = self._group_order({str(i): v for i, v in enumerate(group.keys)})
-            rows.append((order, key, record))
+        rows = [
+            (self.group_order(data[0]), key, self.finish_group(data))
+            for key, data in partials.items()
+        ]
         rows.sort(key=lambda row: (row[0], row[1]))
         return [record for _, _, record in rows]
+
+    def finish_group(self, data: Any) -> dict[str, Any]:
+        """The output record of one group's (merged) partial entry."""
+        group = self._decode(data)
+        results = [agg.result(s) for agg, s in zip(self._aggs, group.states, strict=True)]
+        return self._layout.record(group.keys, results, group.loose or [])
+
+    def group_order(self, keys: Any) -> Any:
+        """The sort key of a group with grouping values ``keys`` (OrderBy's order, NULL last)."""
+        if not isinstance(keys, list):
+            raise ValueError(f"malformed partials: expected the group's values, got {keys!r}")
+        return self._group_order({str(i): v for i, v in enumerate(keys)})
 
     def aggregate(self, records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """``finish(partial(records))``: the whole aggregation in one process."""
