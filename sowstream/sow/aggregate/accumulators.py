@@ -357,17 +357,11 @@ class _Extreme(_Multiset):
         return state
 
 
-class _CountDistinct(_Multiset):
-    name = "COUNT_DISTINCT"
+class _Texts(_Multiset):
+    """A multiset of texts (canonical texts of values, or JSON texts): its JSON form."""
 
     def key(self, value: Any) -> str | None:
         return canonical_text(value)
-
-    def result(self, state: SortedDict) -> int:
-        return len(state)
-
-    def compute(self, values: Sequence[Any]) -> int:
-        return len({canonical_text(v) for v in values})
 
     def encode(self, state: SortedDict) -> list[list[Any]]:
         return [[k, count] for k, count in state.items()]
@@ -380,7 +374,17 @@ class _CountDistinct(_Multiset):
         return SortedDict((k, int(c)) for k, c in data)
 
 
-class _Any(_CountDistinct):
+class _CountDistinct(_Texts):
+    name = "COUNT_DISTINCT"
+
+    def result(self, state: SortedDict) -> int:
+        return len(state)
+
+    def compute(self, values: Sequence[Any]) -> int:
+        return len({canonical_text(v) for v in values})
+
+
+class _Any(_Texts):
     name = "ANY"
 
     def key(self, value: Any) -> str | None:
@@ -409,7 +413,7 @@ def _list_order(text: str) -> tuple[int, Any, str]:
     return (0, number, text) if number is not None else (1, 0, text)
 
 
-class _DistinctList(_CountDistinct):
+class _DistinctList(_Texts):
     """``DISTINCT_LIST(expr[, delimiter])``: the distinct values' texts joined by ``delimiter``."""
 
     name = "DISTINCT_LIST"
@@ -442,7 +446,7 @@ ACCUMULATORS: dict[str, Accumulator] = {
 }
 
 AGGREGATE_FUNCTIONS: tuple[str, ...] = tuple(ACCUMULATORS)
-"""Every aggregate function; aggregated queries, aggregated subscriptions and views take them all."""
+"""Every aggregate function: aggregated queries and subscriptions and views take them all."""
 
 
 def accumulator(call: ast.Aggregate) -> Accumulator:

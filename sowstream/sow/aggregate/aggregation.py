@@ -70,6 +70,7 @@ class Aggregation:
         "_loose_steps",
         "aggregates",
         "grouping",
+        "grouping_outputs",
         "grouping_text",
         "outputs",
         "paths",
@@ -96,6 +97,10 @@ class Aggregation:
         self._group_order = sort_key([SortField(f"/{i}") for i in range(len(self.grouping))])
         self.aggregates: tuple[str, ...] = layout.call_texts
         self.outputs: tuple[str, ...] = tuple(o.path for o in layout.outputs)
+        # The outputs that show grouping fields: a delta of a group carries them (send_keys).
+        self.grouping_outputs: tuple[str, ...] = tuple(
+            o.path for o in layout.outputs if o.kind == "group"
+        )
         read = {*self.grouping, *layout.loose}
         for call in layout.calls:
             read |= ast.paths(call.arg)

@@ -15,11 +15,13 @@ from typing import Any
 
 import orjson
 
+from sowstream.sow.keys import sow_key_from_values
+
 from .accumulators import StateError
-from .aggregation import Aggregation, Contribution, Partials
+from .aggregation import Aggregation, Contribution, Partials, merge_partials
 from .groups import spelling_rank
 
-__all__ = ["LiveGroups"]
+__all__ = ["CombinedGroups", "LiveGroups", "group_sow_key"]
 
 
 def _text(value: Any) -> str:
@@ -130,3 +132,79 @@ class LiveGroups:
             assert entry is not None
             out[key] = entry
         return out
+
+
+class CombinedGroups:
+    """The subscriber's side: each partition's latest partial entry per group, combined.
+
+    Partitions send their groups' entries (a placement all of them, each change the groups it
+    touched); a group's record is the entries of every partition holding it, merged and
+    finished as a query's partials are. So after any message the records equal an aggregated
+    query over the partitions' states at the positions those messages reflect.
+    """
+
+    def __init__(self, aggregation: Aggregation) -> None:
+        self.aggregation = aggregation
+        self._entries: dict[str, dict[Any, Any]] = {}  # group key -> partition -> entry
+
+    def load(self, partition: Any, partials: Mapping[str, Any]) -> set[str]:
+        """Replace everything ``partition`` holds with ``partials``; the groups touched."""
+        touched = {key for key, held in self._entries.items() if partition in held}
+        for key in touched:
+            self._drop(key, partition)
+        for key, entry in partials.items():
+            self._entries.setdefault(key, {})[partition] = entry
+        return touched | set(partials)
+
+    def update(self, partition: Any, entries: Mapping[str, Any]) -> list[str]:
+        """Apply one change's entries (None: the partition no longer holds the group)."""
+        for key, entry in entries.items():
+            if entry is None:
+                self._drop(key, partition)
+            else:
+                self._entries.setdefault(key, {})[partition] = entry
+        return list(entries)
+
+    def _drop(self, key: str, partition: Any) -> None:
+        held = self._entries.get(key)
+        if held is not None:
+            held.pop(partition, None)
+            if not held:
+                del self._entries[key]
+
+    def record(self, key: str) -> dict[str, Any] | None:
+        """Group ``key``'s output record (None: no partition holds it)."""
+        held = self._entries.get(key)
+        if not held:
+            return None
+        agg = self.aggregation
+        merged = merge_partials(agg, ({key: entry} for entry in held.values()))
+        return agg.finish_group(merged[key])
+
+    def keys(self) -> list[str]:
+        """The groups held, in the order of their grouping values (as a query returns them)."""
+        agg = self.aggregation
+        order = {k: agg.group_order(next(iter(h.values()))[0]) for k, h in self._entries.items()}
+        return sorted(order, key=lambda k: (order[k], k))
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """Every group's record, by group key, in group order."""
+        out: dict[str, dict[str, Any]] = {}
+        for key in self.keys():
+            record = self.record(key)
+            assert record is not None
+            out[key] = record
+        return out
+
+
+def group_sow_key(domain: str, key: str) -> str:
+    """A group's SowKey: its grouping values hashed with ``domain`` (as a view's records)."""
+    texts: list[str] = []
+    for component in orjson.loads(key):
+        if component is None:
+            texts.append("")
+        elif isinstance(component, list):
+            texts.append(orjson.dumps(component).decode())
+        else:
+            texts.append(component)
+    return sow_key_from_values(domain, texts)
