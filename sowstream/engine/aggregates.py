@@ -14,7 +14,7 @@ from sowstream.sow.planner import FullScan
 from sowstream.sow.query import QueryOptions
 from sowstream.subscriptions.matcher import TopicSubscriptions
 
-__all__ = ["live_groups", "load_live_groups"]
+__all__ = ["ensure_live_groups", "live_groups", "load_live_groups"]
 
 
 async def live_groups(
@@ -33,6 +33,20 @@ async def live_groups(
     groups.load(body if body is not None else table.parse(rec.data) for rec, body in matched)
     subs.set_live(key, partition, groups)
     return groups
+
+
+async def ensure_live_groups(
+    table: PartitionTable, partition: int, ps: PartitionState, subs: TopicSubscriptions
+) -> None:
+    """Before changes of ``partition`` are dispatched (caller holds its lock): read the groups
+    of aggregated subscriptions registered after the partition was loaded (a worker may load
+    a partition before it has read the registry), from the state with nothing in flight."""
+    missing = subs.missing_groups(partition)
+    if not missing:
+        return
+    await table.settle(ps)
+    for key in missing:
+        await live_groups(table, partition, ps, subs, key)
 
 
 async def load_live_groups(

@@ -8,6 +8,7 @@ import time
 
 from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
+from sowstream.engine.aggregates import ensure_live_groups
 from sowstream.engine.derived import delivered
 from sowstream.engine.outbox import Outbox
 from sowstream.engine.partition import HISTORY_PRUNE_SECONDS
@@ -46,6 +47,7 @@ class Maintenance:
                 continue
             async with ps.lock:
                 await table.settle(ps)
+                await ensure_live_groups(table, p, ps, self._subs)
                 overlay: dict[bytes, SowRecord | None] = {}
                 before: dict[bytes, SowRecord | None] = {}
                 while ps.expiry and ps.expiry[0][0] <= now:

@@ -156,6 +156,7 @@ class TopicSubscriptions:
         self._forced: dict[str, int] = {}  # reply topic -> conflation imposed on a slow client
         self._waiting: set[str] = set()  # subscriptions with a conflation interval running
         self._restored: set[int] = set()  # partitions with intervals read back from the journal
+        self._aggregated: set[str] = set()  # aggregated subscriptions
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -209,6 +210,8 @@ class TopicSubscriptions:
         current = self._subs.get(spec.key)
         if current is None:
             active = self._subs[spec.key] = _Active(view, aggregation=_aggregation(spec))
+            if active.aggregation is not None:
+                self._aggregated.add(spec.key)
             for partition, entry in self._orphans.pop(spec.key, []):
                 self._adopt(active, partition, entry, 0)  # flushed at the next tick
         else:
@@ -223,6 +226,10 @@ class TopicSubscriptions:
                 spec.filter,
             ):
                 current.aggregation, current.live = _aggregation(spec), {}
+                if current.aggregation is not None:
+                    self._aggregated.add(spec.key)
+                else:
+                    self._aggregated.discard(spec.key)
             current.view = view
             self._reindex(spec.key, current)
             return
@@ -247,6 +254,7 @@ class TopicSubscriptions:
     def remove(self, key: str) -> SubscriptionSpec | None:
         """Unregister; returns the removed spec."""
         active = self._subs.pop(key, None)
+        self._aggregated.discard(key)
         self._index.remove(key)
         self._always.discard(key)
         self._forget_orphans(key)
@@ -366,6 +374,17 @@ class TopicSubscriptions:
             (key, a.view, a.aggregation)
             for key, a in self._subs.items()
             if a.aggregation is not None
+        ]
+
+    def missing_groups(self, partition: int) -> list[str]:
+        """Aggregated subscriptions with no groups on ``partition`` (registered since it was
+        loaded): their groups must be read before the partition's next changes."""
+        if not self._aggregated:
+            return []
+        return [
+            key
+            for key in self._aggregated
+            if (a := self._subs.get(key)) is not None and partition not in a.live
         ]
 
     def aggregation_of(self, key: str) -> Aggregation | None:
