@@ -178,6 +178,12 @@ class Subscribing:
     ) -> Subscription | QueueSubscription:
         """A ``subscribe``; on a queue, a lease (:meth:`Client.subscribe`)."""
         if bookmark is None and self._is_queue(topic, message_type):
+            wanted = options if isinstance(options, SubscriptionOptions) else None
+            if (wanted or parse_options(options if isinstance(options, str) else None)).aggregated:
+                raise InvalidCommandError(
+                    f"queue {topic!r} leases messages: an aggregated subscription does not "
+                    "apply (an aggregated sow browses the queue)"
+                )
             if sow_keys is not None:
                 raise InvalidCommandError(
                     f"queue {topic!r} leases messages, not records: SowKeys do not apply"

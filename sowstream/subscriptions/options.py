@@ -19,7 +19,13 @@ from sowstream.errors import InvalidCommandError
 from sowstream.sow.aggregate import parse_aggregation
 from sowstream.units import parse_interval
 
-__all__ = ["MIN_CONFLATION_MS", "SUPPORTED_OPTIONS", "SubscriptionOptions", "parse_options"]
+__all__ = [
+    "MIN_CONFLATION_MS",
+    "SUPPORTED_OPTIONS",
+    "SubscriptionOptions",
+    "parse_options",
+    "with_aggregation",
+]
 
 MIN_CONFLATION_MS = 100
 
@@ -215,6 +221,22 @@ def parse_options(text: str | None) -> SubscriptionOptions:
             "skip into"
         )
     return SubscriptionOptions(**values)
+
+
+def with_aggregation(
+    options: str | SubscriptionOptions | None, grouping: str | None, projection: str | None
+) -> str | SubscriptionOptions | None:
+    """``options`` with an aggregated subscription's ``grouping`` and ``projection`` added (as
+    the client API takes them beside the option string); unchanged when neither is given."""
+    if grouping is None and projection is None:
+        return options
+    text = options.to_text() if isinstance(options, SubscriptionOptions) else (options or "")
+    items = [text] if text.strip() else []
+    if grouping is not None:
+        items.append(f"grouping={grouping}")
+    if projection is not None:
+        items.append(f"projection={projection}")
+    return ",".join(items)
 
 
 def _check_aggregation(values: dict[str, Any], at: dict[str, int]) -> None:
