@@ -30,7 +30,11 @@ async def live_groups(
     scope = QueryOptions(view.filter, (), None, 0, 1)
     matched = await table.matching(ps, FullScan(), scope, view.entitled, scope=view.scope)
     groups = LiveGroups(aggregation)
-    groups.load(body if body is not None else table.parse(rec.data) for rec, body in matched)
+    groups.load(
+        body if body is not None else table.parse(rec.data)
+        for rec, body in matched
+        if view.covers(rec.sow_key)  # SowKeys the subscription is limited to
+    )
     subs.set_live(key, partition, groups)
     return groups
 
