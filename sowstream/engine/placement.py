@@ -181,15 +181,15 @@ class Placement:
             replace = spec.options.replace
             previous = cmd.previous_filter
             old = compile_filter(previous) if replace and previous and previous.strip() else None
-            bookmark = None if replace else self._queries.bookmark(cmd)
-            if bookmark is not None and self._log_reader is None:
-                raise InvalidCommandError("a bookmark replay needs the transaction log")
             aggregated = spec.options.aggregated
-            if aggregated and bookmark is not None:
+            if aggregated and cmd.option("bookmark"):
                 raise InvalidCommandError(
                     "an aggregated subscription takes no bookmark: it starts from the current "
                     "groups"
                 )
+            bookmark = None if replace else self._queries.bookmark(cmd)
+            if bookmark is not None and self._log_reader is None:
+                raise InvalidCommandError("a bookmark replay needs the transaction log")
             if aggregated and not self.topic.sow:
                 raise InvalidCommandError(
                     f"topic {self.topic.name!r} keeps no SOW: an aggregated subscription needs "

@@ -28,6 +28,8 @@ from sowstream.subscriptions.model import (
     WITH_SOW,
 )
 from sowstream.subscriptions.options import parse_options
+from sowstream.wire.avro import decode
+from sowstream.wire.protocol import Command
 from tests.support.subscriber import Harness
 from tests.unit.test_subscriber_cache import DURABLE, TOPIC, Log, crashing_step
 
@@ -179,3 +181,44 @@ def test_refused_aggregated_options_say_why(options: str, words: str) -> None:
     with pytest.raises(InvalidCommandError) as info:
         parse_options(options)
     assert words in str(info.value)
+
+
+def placement_answer(harness: Harness, **command: Any) -> dict[str, Any]:
+    """The failed ``part_end`` a placement is answered with."""
+
+    async def go() -> dict[str, Any]:
+        await harness.start()
+        await harness.proc.subscribe(
+            Command(
+                command=harness.command,
+                command_id="c",
+                query_id="q",
+                reply_to="r",
+                topic=harness.topic.name,
+                sub_id="s",
+                sub_options=harness.spec.options.to_text(),
+                **command,
+            ),
+            0,
+        )
+        (reply,) = [decode("Reply", v) for v, headers in harness.sender.take() if headers is None]
+        return reply
+
+    return asyncio.run(go())
+
+
+def test_engine_refuses_an_aggregated_placement_with_a_bookmark() -> None:
+    user = parse_options("grouping=[/g],projection=[/g, COUNT(/id) AS /n]")
+    reply = placement_answer(
+        Harness(TOPIC, SOW_AND_SUBSCRIBE, None, user), options={"bookmark": "EPOCH"}
+    )
+    assert reply["status"] != "success"
+    assert "aggregated subscription takes no bookmark" in reply["message"]
+
+
+def test_engine_refuses_an_aggregated_placement_on_a_topic_without_sow() -> None:
+    plain = TOPIC.model_copy(update={"sow": False})
+    user = parse_options("grouping=[/g],projection=[/g, COUNT(/id) AS /n]")
+    reply = placement_answer(Harness(plain, SUBSCRIBE, None, user))
+    assert reply["status"] != "success"
+    assert "keeps no SOW" in reply["message"]
