@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from sowstream.client import Client, Subscription
+from sowstream.errors import InvalidCommandError
 from sowstream.messagetypes.changes import merge_delta
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.messages import by_sow_key, eventually, take
@@ -178,3 +179,16 @@ def test_subscribers_hold_the_aggregated_sow_after_a_random_workload(
     for cache in caches:
         eventually(lambda c=cache: c.drain(), [], timeout=60)
         cache.sub.close()
+
+
+def test_refusals_name_the_problem(client: Client) -> None:
+    with pytest.raises(InvalidCommandError, match="takes no bookmark"):
+        client.sow_and_subscribe(
+            "orders", grouping=GROUPING, projection=PROJECTION, bookmark="EPOCH"
+        )
+    with pytest.raises(InvalidCommandError, match="takes no select list"):
+        client.subscribe(
+            "orders", options="select=[/region]", grouping=GROUPING, projection=PROJECTION
+        )
+    with pytest.raises(InvalidCommandError, match="projection needs a grouping"):
+        client.sow_and_subscribe("orders", projection=PROJECTION)
