@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sowstream.client.messages import Message
@@ -110,6 +110,20 @@ def run(
     st.sampled_from(PROJECTIONS),
     st.booleans(),
     st.booleans(),
+)
+@example(  # a crash: the new worker loads the partitions before it reads the registry
+    steps=[
+        (("publish", 0, 0, 0), ""),
+        (("delete", 0, 0, 0), ""),
+        (("publish", 0, 0, 0), "crash"),
+        (("publish", 0, 0, 1), ""),
+    ],
+    placement=(0, 0, 0),
+    command=SOW_AND_SUBSCRIBE,
+    flt=None,
+    projection=PROJECTIONS[0],
+    oof=False,
+    durable=True,
 )
 def test_aggregated_subscriber_equals_aggregated_sow(
     steps: list[tuple[tuple[str, int, int, int], str]],
