@@ -409,8 +409,8 @@ class TopicSubscriptions:
         out: list[Delivery],
     ) -> None:
         """One message per change: the new partial entry (null: emptied) of each group the
-        change touched on its partition. A partition this subscription has no groups for is
-        not placed here yet: its placement's snapshot will cover the change."""
+        change touched on its partition. The engine reads a partition's groups before its
+        changes are dispatched (``engine.aggregates``); without them nothing is sent."""
         groups = active.live.get(change.partition)
         if groups is None:
             return
