@@ -31,7 +31,7 @@ from sowstream.client.subscription import MessageHandler, Subscription
 from sowstream.client.topics import TopicInfo
 from sowstream.errors import InvalidCommandError
 from sowstream.sow.query import CLIENT_DEFAULT_BATCH_SIZE
-from sowstream.subscriptions.options import SubscriptionOptions
+from sowstream.subscriptions.options import SubscriptionOptions, with_aggregation
 from sowstream.wire import headers as h
 from sowstream.wire.topics import DEFAULT_PREFIX, JSON, TopicNames
 
@@ -290,6 +290,8 @@ class Client:
         *,
         sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
+        grouping: str | None = None,
+        projection: str | None = None,
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
@@ -313,7 +315,7 @@ class Client:
             topic,
             filter,
             sow_keys=sow_keys,
-            options=options,
+            options=with_aggregation(options, grouping, projection),
             sub_id=sub_id,
             on_message=on_message,
             bookmark=bookmark,
@@ -330,6 +332,8 @@ class Client:
         *,
         sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
+        grouping: str | None = None,
+        projection: str | None = None,
         sub_id: str | None = None,
         on_message: MessageHandler | None = None,
         bookmark: str | None = None,
@@ -344,7 +348,7 @@ class Client:
             topic,
             filter,
             sow_keys=sow_keys,
-            options=options,
+            options=with_aggregation(options, grouping, projection),
             sub_id=sub_id,
             on_message=on_message,
             bookmark=bookmark,
@@ -358,6 +362,8 @@ class Client:
         *,
         sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
+        grouping: str | None = None,
+        projection: str | None = None,
         order_by: str | None = None,
         top_n: int | None = None,
         skip_n: int | None = None,
@@ -376,12 +382,17 @@ class Client:
         ``sub_id`` the subscription's filter changes in place. With ``bookmark`` on a topic with
         History: the SOW as it was then, the log replayed from there, then live messages.
         With ``sow_keys`` only those records take part, in the SOW part and live.
+
+        With ``grouping='[/f]'`` and ``projection='[/f, SUM(/q) AS /q, ...]'`` (or the same as
+        options) it is an aggregated subscription: the groups as an aggregated :meth:`sow`
+        gives them, then a ``publish`` whenever a group's record changes (a delta with
+        :meth:`sow_and_delta_subscribe`) and, with ``oof``, an ``oof`` when a group empties.
         """
         return self._subscribing.sow_and_subscribe(
             topic,
             filter,
             sow_keys=sow_keys,
-            options=options,
+            options=with_aggregation(options, grouping, projection),
             order_by=order_by,
             top_n=top_n,
             skip_n=skip_n,
@@ -400,6 +411,8 @@ class Client:
         *,
         sow_keys: list[str] | tuple[str, ...] | None = None,
         options: str | SubscriptionOptions | None = None,
+        grouping: str | None = None,
+        projection: str | None = None,
         order_by: str | None = None,
         top_n: int | None = None,
         skip_n: int | None = None,
@@ -415,7 +428,7 @@ class Client:
             topic,
             filter,
             sow_keys=sow_keys,
-            options=options,
+            options=with_aggregation(options, grouping, projection),
             order_by=order_by,
             top_n=top_n,
             skip_n=skip_n,

@@ -139,9 +139,12 @@ class Querying:
         *,
         aggregation: Aggregation | None = None,
         codec: MessageType | None = None,
+        on_partials: Callable[[str, int, dict[str, Any]], None] | None = None,
     ) -> Iterator[Message]:
         """The answers to ``command_id`` as one group; ``codec`` is the records' message type
-        when it is not json (their messages parse with it, aggregates are written in it)."""
+        when it is not json (their messages parse with it, aggregates are written in it).
+        ``on_partials`` takes each partition's partial aggregates when its answer is complete
+        (an aggregated subscription keeps them per partition)."""
         deadline = time.monotonic() + self._conn.timeout
         yield Message("group_begin", query_id=query_id)
         buffered: list[Message] = []
@@ -192,6 +195,11 @@ class Querying:
             for other in [a for a in partial if a[:2] == part]:
                 del partial[other]
             oofs.extend(done.oofs)
+            if on_partials is not None:
+                groups: dict[str, Any] = {}
+                for data in done.partials:
+                    groups.update(orjson.loads(data))
+                on_partials(reply.topic, reply.partition, groups)
             partials.extend(map(orjson.loads, done.partials))
             if opts.ordered or aggregation is not None:
                 buffered.extend(m for batch in done.batches for m in batch)

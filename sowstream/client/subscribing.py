@@ -25,6 +25,7 @@ from sowstream.errors import (
     SowstreamError,
     SubscriptionDroppedError,
 )
+from sowstream.sow.aggregate import parse_aggregation
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, parse_bookmark
 from sowstream.sow.query import (
     CLIENT_DEFAULT_BATCH_SIZE,
@@ -155,6 +156,8 @@ class Subscribing:
             conn.register(sub.specs)  # the queue leases afresh; what it held went back
             return
         command = DELTA_SUBSCRIBE if sub.specs[0].command in DELTA else SUBSCRIBE
+        if sub.aggregated:
+            command = sub.specs[0].command  # placed as it was: every partition's groups again
         specs = [replace(spec, command=command) for spec in sub.specs]
         infos = [
             replace(conn.topic_info(spec.topic, spec.message_type), topic_regex=spec.topic_regex)
@@ -173,10 +176,12 @@ class Subscribing:
                 CLIENT_DEFAULT_BATCH_SIZE,
                 None,
                 None,
-                bookmarks=sub.resume_bookmarks(),
+                bookmarks=None if sub.aggregated else sub.resume_bookmarks(),
             )
             for _ in group:  # the replays came as live messages, held until now
                 pass
+            if sub.aggregated:
+                sub.reconcile_groups()  # what changed while it was away
         finally:
             sub.release()
 
@@ -197,6 +202,12 @@ class Subscribing:
     ) -> Subscription | QueueSubscription:
         """A ``subscribe``; on a queue, a lease (:meth:`Client.subscribe`)."""
         if bookmark is None and self._is_queue(topic, message_type):
+            wanted = options if isinstance(options, SubscriptionOptions) else None
+            if (wanted or parse_options(options if isinstance(options, str) else None)).aggregated:
+                raise InvalidCommandError(
+                    f"queue {topic!r} leases messages: an aggregated subscription does not "
+                    "apply (an aggregated sow browses the queue)"
+                )
             if sow_keys is not None:
                 raise InvalidCommandError(
                     f"queue {topic!r} leases messages, not records: SowKeys do not apply"
@@ -366,6 +377,10 @@ class Subscribing:
         if top_n is not None and command not in WITH_SOW:
             raise InvalidCommandError("top_n/skip_n need sow_and_subscribe: a window needs a SOW")
         user = replace(user, top_n=top_n, skip_n=skip_n)
+        if user.aggregated and bookmark is not None:
+            raise InvalidCommandError(
+                "an aggregated subscription (grouping, projection) takes no bookmark"
+            )
         conn = self._conn
         found = conn.subscription(sub_id) if sub_id else None
         existing = found if isinstance(found, Subscription) else None
@@ -393,6 +408,14 @@ class Subscribing:
                 for info in infos
                 for u in (info.queue_of or [info.name])
             ]
+        aggregation = None
+        if user.aggregated:
+            if len(infos) != 1 or infos[0].pattern:
+                raise InvalidCommandError(
+                    f"an aggregated subscription reads one topic, not a regular expression or "
+                    f"Pattern topic: {topic!r}"
+                )
+            aggregation = parse_aggregation(user.grouping, user.projection)
         # A window needs every change of the filtered set, whole, with the reason a record left.
         wire = replace(user, oof=True, select=None, no_empties=False) if top_n is not None else user
         specs = [
@@ -428,6 +451,7 @@ class Subscribing:
             window=window,
             on_message=on_message,
             unsubscribe=conn.drop_subscription,
+            aggregation=aggregation,
         )
         conn.add_subscription(sub)
         try:
@@ -447,7 +471,9 @@ class Subscribing:
         except BaseException:
             conn.drop_subscription(sub)
             raise
-        if command in WITH_SOW:
+        if aggregation is not None:
+            sub.deliver_groups(group, with_sow=command in WITH_SOW)
+        elif command in WITH_SOW:
             sub.deliver_group(group)
         else:
             for _ in group:  # placement: wait until every partition runs the subscription
@@ -520,10 +546,18 @@ class Subscribing:
         order = order_by if options.top_n is None and previous_filter is None else None
         opts = validate_query(batch_size=batch_size, order_by=order)
         if on_part_end is None and previous_filter is None:
-            on_part_end = sub.set_cut
+            # An aggregated subscription's groups replace what it held of each partition, so
+            # messages count from their watermark on, even if an earlier owner sent later ones.
+            on_part_end = sub.reset_partition if sub.aggregated else sub.set_cut
         # Read the whole answer now: the subscription must be in place when this returns.
         collected = self._querying.collect(
-            command_id, query_id, expected, opts, on_part_end, codec=codec_of(infos)
+            command_id,
+            query_id,
+            expected,
+            opts,
+            on_part_end,
+            codec=codec_of(infos),
+            on_partials=sub.load_groups if sub.aggregated else None,
         )
         return iter(list(collected))
 

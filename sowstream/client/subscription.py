@@ -6,6 +6,8 @@ order and none twice. Live messages that arrive while the SOW part is still comi
 when a partition's part ends, its watermark says which of them the snapshot already covers.
 Replayed messages (after a worker failover) are dropped by their (partition, log offset) sequence.
 Paginated subscriptions (top_n) keep their window here, over their own sorted result set.
+Aggregated subscriptions (grouping and projection) combine here the groups each partition
+sends (``sowstream.sow.aggregate.live.CombinedGroups``) and show each group's changes.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import orjson
+
 from sowstream.client.messages import Message
 from sowstream.errors import SubscriptionDroppedError
 from sowstream.messagetypes import MessageType, registry
+from sowstream.sow.aggregate import Aggregation
+from sowstream.sow.aggregate.live import CombinedGroups, group_sow_key
 from sowstream.sow.bookmarks import EPOCH, message_bookmark
 from sowstream.subscriptions.delta import (
     has_changes,
@@ -27,7 +33,7 @@ from sowstream.subscriptions.delta import (
     project_delta,
     with_fields,
 )
-from sowstream.subscriptions.model import OOF, OOF_MATCH, PUBLISH, SubscriptionSpec
+from sowstream.subscriptions.model import OOF, OOF_DELETED, OOF_MATCH, PUBLISH, SubscriptionSpec
 from sowstream.subscriptions.options import SubscriptionOptions
 from sowstream.subscriptions.window import PageWindow, ResultSet
 from sowstream.wire import headers as h
@@ -101,6 +107,7 @@ class Subscription:
         window: PageWindow | None = None,
         on_message: MessageHandler | None = None,
         unsubscribe: Callable[[Subscription], None] | None = None,
+        aggregation: Aggregation | None = None,
     ) -> None:
         self.sub_id = sub_id
         self.specs = specs
@@ -127,12 +134,21 @@ class Subscription:
         # Why the engine ended this subscription each time the client placed it again.
         self.interruptions: list[str] = []
         self._delivered: _Live | None = None  # the last live message let through
+        # Aggregated: every partition's groups, and each group's record as the application
+        # last saw it (by group key).
+        self._groups = CombinedGroups(aggregation) if aggregation is not None else None
+        self._shown: dict[str, dict[str, Any]] = {}
 
     @property
     def last_bookmark(self) -> str:
         """Bookmark of the last live message delivered ("" before any), for MOST_RECENT."""
         live = self._delivered
         return message_bookmark(live.timestamp, live.partition, live.offset) if live else ""
+
+    @property
+    def aggregated(self) -> bool:
+        """Whether it delivers groups (grouping and projection) rather than records."""
+        return self._groups is not None
 
     @property
     def closed(self) -> bool:
@@ -195,6 +211,51 @@ class Subscription:
         later messages are new even where their offsets are below those seen before."""
         with self._lock:
             self._last[(topic, partition)] = (watermark, CUT_SEQ)
+
+    def load_groups(self, topic: str, partition: int, partials: dict[str, Any]) -> None:
+        """An aggregated subscription's placement: ``partition`` holds these groups."""
+        assert self._groups is not None
+        with self._lock:
+            self._groups.load((self._stream(topic), partition), partials)
+
+    def deliver_groups(self, messages: Iterator[Message], with_sow: bool) -> None:
+        """An aggregated subscription's placement is complete: show its groups (as the SOW part
+        when ``with_sow``, else only take note of them)."""
+        assert self._groups is not None
+        begin = end = None
+        for msg in messages:
+            if msg.command == "group_begin":
+                begin = msg
+            elif msg.command == "group_end":
+                end = msg
+        with self._lock:
+            records = self._groups.records()
+            self._shown = dict(records)
+        if not with_sow:
+            return
+        topic = self.specs[0].topic
+        self._emit(Message("group_begin", query_id=begin.query_id if begin else ""))
+        for key, record in records.items():
+            self._emit(
+                Message(
+                    "sow",
+                    topic,
+                    "" if self.options.no_sowkey else group_sow_key(topic, key),
+                    query_id=begin.query_id if begin else "",
+                    data=self._type.serialise(record),
+                    sub_id=self.sub_id,
+                    codec=self._codec,
+                )
+            )
+        self._emit(Message("group_end", query_id=end.query_id if end else "", count=len(records)))
+
+    def reconcile_groups(self) -> None:
+        """After an aggregated subscription was placed again: show what changed meanwhile."""
+        assert self._groups is not None
+        with self._lock:
+            held = self._groups.records()
+            for key in [*self._shown, *(k for k in held if k not in self._shown)]:
+                self._show_group(key, None)
 
     def release_through(self, cuts: dict[tuple[str, int], int]) -> None:
         """Deliver the held messages a replace's answer does not cover yet: those at or before
@@ -286,11 +347,51 @@ class Subscription:
         self._last[where] = seq
         self._times[where] = live.timestamp
         self._delivered = live
+        if self._groups is not None:
+            entries = orjson.loads(live.data)
+            for key in self._groups.update(where, entries):
+                self._show_group(key, live)
+            return
         if self._window is not None:
             for msg in self._windowed(live):
                 self._emit(msg)
             return
         self._emit(self._message(live))
+
+    def _show_group(self, key: str, live: _Live | None) -> None:
+        """Tell the application how group ``key`` changed, if it did (caller holds the lock)."""
+        assert self._groups is not None
+        record = self._groups.record(key)
+        old = self._shown.get(key)
+        if record == old:
+            return  # a change inside the group that its record does not show
+        topic = self.specs[0].topic
+        fields: dict[str, Any] = {
+            "topic": topic,
+            "sow_key": "" if self.options.no_sowkey else group_sow_key(topic, key),
+            "sub_id": self.sub_id,
+            "codec": self._codec,
+        }
+        if live is not None:
+            fields["timestamp"] = live.timestamp
+            fields["bookmark"] = message_bookmark(live.timestamp, live.partition, live.offset)
+        if record is None:
+            del self._shown[key]
+            if self.options.oof and old is not None:
+                data = self._type.serialise(old)
+                self._emit(Message(OOF, data=data, reason=OOF_DELETED, **fields))
+            return
+        self._shown[key] = record
+        codec = self._type
+        if old is not None and self.specs[0].delta and codec.supports_delta:
+            keys = self._groups.aggregation.grouping_outputs
+            delta = codec.changed(old, record)
+            if self.options.no_empties and not has_changes(delta, keys):
+                return
+            data = codec.serialise_delta(with_fields(delta, record, keys))
+            self._emit(Message(PUBLISH, data=data, delta=True, **fields))
+            return
+        self._emit(Message(PUBLISH, data=codec.serialise(record), **fields))
 
     def _message(self, live: _Live, **changes: Any) -> Message:
         fields: dict[str, Any] = {

@@ -15,6 +15,7 @@ from typing import Any
 from sowstream.auth import Authenticator
 from sowstream.config.models import TopicConfig
 from sowstream.engine import metrics
+from sowstream.engine.aggregates import ensure_live_groups
 from sowstream.engine.derived import delivered
 from sowstream.engine.metrics import BatchLife
 from sowstream.engine.native import (
@@ -140,6 +141,7 @@ class Applier:
                 if not table.holds(partition, ps):
                     continue  # revoked while waiting: the new owner reads these records again
                 await table.settle(ps, keep=MAX_IN_FLIGHT - 1)
+                await ensure_live_groups(table, partition, ps, subs)
                 life.mark("locked")
                 outcome = self._fold(ps, self._identified(recs), replay=False)
                 life.mark("folded")

@@ -12,6 +12,7 @@ import orjson
 from sowstream.config.models import TopicConfig
 from sowstream.config.queues import QueueConfig
 from sowstream.engine import memo, metrics
+from sowstream.engine.aggregates import load_live_groups
 from sowstream.engine.apply import Applier, queued
 from sowstream.engine.partition import AppliedPublish, PartitionMoved, PartitionState
 from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
@@ -120,6 +121,8 @@ class Ownership:
             # Before the state: a transient topic's rebuild from the log keeps them current.
             await self._load_memo(partition, ps)
         await self._load_state(partition, ps)
+        if self.topic.sow and self._subs:
+            await load_live_groups(self._table, partition, ps, self._subs)
         for queue in self._queues:
             await self._load_queue(partition, ps, queue)
 

@@ -8,12 +8,13 @@ import logging
 from typing import Any
 
 from sowstream.config.models import TopicConfig
+from sowstream.engine.aggregates import live_groups
 from sowstream.engine.apply import Applier, plain_key
 from sowstream.engine.outbox import Outbox
 from sowstream.engine.ownership import Ownership
 from sowstream.engine.partition import Outcome, PartitionMoved, PartitionState
 from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
-from sowstream.engine.queries import TIMEOUT, Queries, refusal, wants_raw
+from sowstream.engine.queries import TIMEOUT, Queries, refusal, send_partials, wants_raw
 from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
@@ -180,9 +181,20 @@ class Placement:
             replace = spec.options.replace
             previous = cmd.previous_filter
             old = compile_filter(previous) if replace and previous and previous.strip() else None
+            aggregated = spec.options.aggregated
+            if aggregated and cmd.option("bookmark"):
+                raise InvalidCommandError(
+                    "an aggregated subscription takes no bookmark: it starts from the current "
+                    "groups"
+                )
             bookmark = None if replace else self._queries.bookmark(cmd)
             if bookmark is not None and self._log_reader is None:
                 raise InvalidCommandError("a bookmark replay needs the transaction log")
+            if aggregated and not self.topic.sow:
+                raise InvalidCommandError(
+                    f"topic {self.topic.name!r} keeps no SOW: an aggregated subscription needs "
+                    "one to aggregate"
+                )
         except (FilterError, InvalidCommandError) as exc:
             await writer.failure(refusal(exc), str(exc))
             return
@@ -201,6 +213,7 @@ class Placement:
         # leaving the scope are told apart per record).
         raw: list[bytes] | None = None
         want_raw = wants_raw(cmd) and spec.options.select is None and not replace
+        partials: dict[str, Any] | None = None
         async with ps.lock:
             if not table.holds(partition, ps):
                 return
@@ -209,7 +222,11 @@ class Placement:
             await self._flush_partition([spec.key], partition, ps)
             self._subs.pin(spec, partition)
             watermark = ps.watermark
-            if bookmark is not None:
+            if aggregated:
+                # The partition's groups now; every later change updates them (the matcher).
+                groups = await live_groups(table, partition, ps, self._subs, spec.key)
+                partials = groups.partials() if groups is not None else {}
+            elif bookmark is not None:
                 # History: the SOW part as it was at the bookmark, then the log from there, so
                 # the subscriber sees what one placed at that moment saw, up to now.
                 past, past_ms = self._replay_base(ps, bookmark)
@@ -254,6 +271,12 @@ class Placement:
                             matched.append((rec, parsed))
                         elif was and not now:
                             leaving.append(rec)
+        if partials is not None:
+            # Every placement of an aggregated subscription answers with the partition's groups
+            # (a plain subscribe too: the client needs them to combine partitions' updates).
+            await send_partials(writer, partials)
+            await writer.end(len(partials), log_offset=watermark)
+            return
         if raw is not None:
             await writer.raw_records(raw, opts.batch_size, self._queries.raw_flags)
         else:

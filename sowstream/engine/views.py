@@ -41,8 +41,8 @@ from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.messagetypes import MessageType
+from sowstream.sow.aggregate import StateError
 from sowstream.sow.ops import RawRecord
-from sowstream.views.accumulators import StateError
 from sowstream.views.inline import UnderlyingChange, conflate, last_per_record
 from sowstream.views.maintainer import ViewChange, ViewMaintainer
 from sowstream.views.routing import decode_event, source_mark

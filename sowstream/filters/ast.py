@@ -85,19 +85,23 @@ STAGE_FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "UNIX_TIMESTAMP": (0, 0),
 }
 
-# The aggregate functions the grammar knows (its AGGREGATE terminal). Each kind of projection
-# accepts some of them: aggregated queries the first six (sowstream.sow.aggregate), views all.
+# The aggregate functions the grammar knows (its AGGREGATE terminal). Aggregated queries,
+# aggregated subscriptions and views accept them all (sowstream.sow.aggregate); Preprocessing and
+# Enrichment none.
 AGGREGATES: tuple[str, ...] = (
+    "ANY",
     "AVG",
     "COUNT",
     "COUNT_DISTINCT",
+    "DISTINCT_LIST",
     "MAX",
     "MIN",
-    "SUM",
-    "ANY",
     "STDDEV_POP",
     "STDDEV_SAMP",
+    "SUM",
 )
+# Aggregates that take a second argument, a string literal: DISTINCT_LIST's delimiter.
+AGGREGATES_WITH_DELIMITER = frozenset({"DISTINCT_LIST"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +250,7 @@ class Aggregate(Expr):
 
     name: str
     arg: Expr
+    delimiter: str | None = None  # DISTINCT_LIST's second argument, when given
     end: int = field(default=-1, compare=False, repr=False, kw_only=True)
 
 
@@ -401,8 +406,9 @@ def to_text(node: Expr) -> str:
             return f"({to_text(value)} IS NULL)"
         case Func(name=name, args=args):
             return f"{name}({', '.join(to_text(a) for a in args)})"
-        case Aggregate(name=name, arg=arg):
-            return f"{name}({to_text(arg)})"
+        case Aggregate(name=name, arg=arg, delimiter=delimiter):
+            extra = "" if delimiter is None else f", {quote_string(delimiter)}"
+            return f"{name}({to_text(arg)}{extra})"
     raise TypeError(f"not a filter expression node: {node!r}")
 
 

@@ -191,7 +191,7 @@ def _unknown_function(name_tok: Token) -> _SemanticError:
     if projection is not None:  # name the aggregates too, which a projection field also takes
         message += (
             f": the aggregate functions are {', '.join(projection.aggregates)} and the other "
-            f"functions {', '.join(sorted(ast.FUNCTIONS))}"
+            f"functions {', '.join(sorted({*ast.FUNCTIONS, *projection.functions}))}"
         )
     return _SemanticError(message, _pos(name_tok), expected=sorted(ast.FUNCTIONS))
 
@@ -292,7 +292,18 @@ class _Builder(Transformer[Token, Any]):
                     inner.pos,
                 )
         commas = [t for t in inside if isinstance(t, Token)]
-        if commas:
+        delimiter: str | None = None
+        if commas and name in ast.AGGREGATES_WITH_DELIMITER:
+            if len(commas) > 1:
+                raise _SemanticError(f"{name} takes one or two arguments", _pos(commas[1]))
+            second = args[1]
+            if not isinstance(second, ast.Literal) or not isinstance(second.value, str):
+                raise _SemanticError(
+                    f"{name}'s second argument is its delimiter, a string literal like ', '",
+                    second.pos,
+                )
+            delimiter, args = second.value, args[:1]
+        elif commas:
             raise _SemanticError(f"{name} takes exactly one argument", _pos(commas[0]))
         if not args:
             raise _SemanticError(f"{name} needs an argument, like {name}(/field)", _pos(open_tok))
@@ -303,7 +314,7 @@ class _Builder(Transformer[Token, Any]):
                 f"{exc.message} (in the argument of {name})", exc.position
             ) from None
         end = close_tok.end_pos if close_tok.end_pos is not None else -1
-        return ast.Aggregate(name, args[0], pos=at, end=end)
+        return ast.Aggregate(name, args[0], delimiter, pos=at, end=end)
 
     def neg(self, c: list[Any]) -> ast.Expr:
         minus, operand = c

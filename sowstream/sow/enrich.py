@@ -45,8 +45,8 @@ PREPROCESSING = "Preprocessing"
 ENRICHMENT = "Enrichment"
 HINTS = ("OPTIONAL", "SET_CURRENT")
 
-# The views' aggregates too, so that each gets "not allowed here" rather than "unknown function".
-_AGGREGATES = (*AGGREGATE_FUNCTIONS, "ANY", "STDDEV_POP", "STDDEV_SAMP")
+# Every aggregate, so that each gets "not allowed here" rather than "unknown function".
+_AGGREGATES = AGGREGATE_FUNCTIONS
 _NONDETERMINISTIC = frozenset({"UNIX_TIMESTAMP"})
 # HINT as a word, not inside a path such as /hint.
 _HINT = re.compile(r"(?<![\w.$@/-])hint(?![\w.$@-])", re.I)

@@ -11,15 +11,20 @@ copy of what was sent: a record is "previously received" when its previous state
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, compile_filter
 from sowstream.filters.values import canonical_text, get_path
 from sowstream.messagetypes.changes import merge_deltas
+from sowstream.sow.aggregate import Aggregation, StateError, parse_aggregation
+from sowstream.sow.aggregate.live import LiveGroups
 from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.patterns import NameScope, split_key
 from sowstream.sow.ports import TopicDefinition
@@ -42,6 +47,8 @@ from sowstream.subscriptions.model import (
     Delivery,
     SubscriptionSpec,
 )
+
+log = logging.getLogger("sowstream.subscriptions")
 
 # Resolves an identity to its row-level entitlement filter on this topic (None: sees everything).
 EntitlementLookup = Callable[[str], Filter | None]
@@ -102,6 +109,10 @@ class _Active:
     pending: dict[str, _Pending] = field(default_factory=dict)  # by SowKey
     owners: dict[str, str] = field(default_factory=dict)  # conflation key -> SowKey pending
     due_at: int | None = None
+    # An aggregated subscription: its aggregation and, per partition it runs on here, the
+    # groups of the partition's matching records (made by its placement or a partition load).
+    aggregation: Aggregation | None = None
+    live: dict[int, LiveGroups] = field(default_factory=dict)
 
     def take(self, partition: int) -> list[_Pending]:
         """Remove and return the buffered changes of ``partition``."""
@@ -145,6 +156,7 @@ class TopicSubscriptions:
         self._forced: dict[str, int] = {}  # reply topic -> conflation imposed on a slow client
         self._waiting: set[str] = set()  # subscriptions with a conflation interval running
         self._restored: set[int] = set()  # partitions with intervals read back from the journal
+        self._aggregated: set[str] = set()  # aggregated subscriptions
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -197,7 +209,9 @@ class TopicSubscriptions:
         view = self.view(spec)
         current = self._subs.get(spec.key)
         if current is None:
-            active = self._subs[spec.key] = _Active(view)
+            active = self._subs[spec.key] = _Active(view, aggregation=_aggregation(spec))
+            if active.aggregation is not None:
+                self._aggregated.add(spec.key)
             for partition, entry in self._orphans.pop(spec.key, []):
                 self._adopt(active, partition, entry, 0)  # flushed at the next tick
         else:
@@ -205,6 +219,17 @@ class TopicSubscriptions:
                 return
             for p in held:
                 current.pinned.setdefault(p, current.view)
+            old = current.view.spec.options
+            if (old.grouping, old.projection, current.view.spec.filter) != (
+                spec.options.grouping,
+                spec.options.projection,
+                spec.filter,
+            ):
+                current.aggregation, current.live = _aggregation(spec), {}
+                if current.aggregation is not None:
+                    self._aggregated.add(spec.key)
+                else:
+                    self._aggregated.discard(spec.key)
             current.view = view
             self._reindex(spec.key, current)
             return
@@ -229,6 +254,7 @@ class TopicSubscriptions:
     def remove(self, key: str) -> SubscriptionSpec | None:
         """Unregister; returns the removed spec."""
         active = self._subs.pop(key, None)
+        self._aggregated.discard(key)
         self._index.remove(key)
         self._always.discard(key)
         self._forget_orphans(key)
@@ -285,6 +311,11 @@ class TopicSubscriptions:
         now = view.in_focus(after)
         if not was and not now:
             return
+        if active.aggregation is not None:
+            self._aggregate(
+                active, view, change, before if was else None, after if now else None, out
+            )
+            return
         reason = ""
         if was and not now:
             reason = self._oof_reason(view, change, after)
@@ -334,6 +365,71 @@ class TopicSubscriptions:
                 reason = self._oof_reason(view, change, after) if was and not now else ""
                 self._immediate(view, change, before if was else None, now, reason, out)
         return out
+
+    # -- aggregated subscriptions ------------------------------------------------------------------
+
+    def aggregated(self) -> list[tuple[str, _View, Aggregation]]:
+        """The aggregated subscriptions: (key, view, aggregation)."""
+        return [
+            (key, a.view, a.aggregation)
+            for key, a in self._subs.items()
+            if a.aggregation is not None
+        ]
+
+    def missing_groups(self, partition: int) -> list[str]:
+        """Aggregated subscriptions with no groups on ``partition`` (registered since it was
+        loaded): their groups must be read before the partition's next changes."""
+        if not self._aggregated:
+            return []
+        return [
+            key
+            for key in self._aggregated
+            if (a := self._subs.get(key)) is not None and partition not in a.live
+        ]
+
+    def aggregation_of(self, key: str) -> Aggregation | None:
+        """The aggregation of subscription ``key`` (None: not aggregated, or unknown)."""
+        active = self._subs.get(key)
+        return active.aggregation if active is not None else None
+
+    def set_live(self, key: str, partition: int, groups: LiveGroups) -> None:
+        """Subscription ``key``'s groups on ``partition`` (read under the partition lock: every
+        later change of the partition is applied to them)."""
+        active = self._subs.get(key)
+        if active is not None and active.aggregation is groups.aggregation:
+            active.live[partition] = groups
+
+    def _aggregate(
+        self,
+        active: _Active,
+        view: _View,
+        change: Change,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        out: list[Delivery],
+    ) -> None:
+        """One message per change: the new partial entry (null: emptied) of each group the
+        change touched on its partition. The engine reads a partition's groups before its
+        changes are dispatched (``engine.aggregates``); without them nothing is sent."""
+        groups = active.live.get(change.partition)
+        if groups is None:
+            return
+        try:
+            touched = groups.change(before, after)
+        except StateError:
+            # The groups lost track of the partition's records: stop rather than send wrong
+            # aggregates (the partition's next load rebuilds them).
+            del active.live[change.partition]
+            log.exception(
+                "aggregated subscription %s: groups of partition %d dropped",
+                view.spec.key,
+                change.partition,
+            )
+            return
+        data = orjson.dumps({key: groups.entry(key) for key in touched})
+        record = change.after or change.before
+        assert record is not None
+        out.append(self._delivery(view.spec, PUBLISH, record, change, data=data))
 
     def _oof_reason(self, view: _View, change: Change, after: dict[str, Any] | None) -> str:
         if after is None:
@@ -682,9 +778,11 @@ class TopicSubscriptions:
         item.restored = False
 
     def drop_partition(self, partition: int) -> None:
-        """Forget a partition taken away by a rebalance: its next owner finishes its intervals."""
+        """Forget a partition taken away by a rebalance: its next owner finishes its intervals
+        (and rebuilds the groups of aggregated subscriptions)."""
         for active in self._subs.values():
             active.take(partition)
+            active.live.pop(partition, None)
         self._journal.pop(partition, None)
         self._cleared.pop(partition, None)
         self._restored.discard(partition)
@@ -704,3 +802,11 @@ class TopicSubscriptions:
         # intermediate whole-value replacement dropped from a nested object.
         delta = merge_deltas(item.delta, self._codec.changed(base, latest))
         return self._publish(spec, item, base, item.latest, delta=delta)
+
+
+def _aggregation(spec: SubscriptionSpec) -> Aggregation | None:
+    """The aggregation an aggregated subscription asks for (None for any other)."""
+    options = spec.options
+    if not options.aggregated:
+        return None
+    return parse_aggregation(options.grouping, options.projection)

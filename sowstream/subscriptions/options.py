@@ -16,14 +16,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from sowstream.errors import InvalidCommandError
+from sowstream.sow.aggregate import parse_aggregation
 from sowstream.units import parse_interval
 
-__all__ = ["MIN_CONFLATION_MS", "SUPPORTED_OPTIONS", "SubscriptionOptions", "parse_options"]
+__all__ = [
+    "MIN_CONFLATION_MS",
+    "SUPPORTED_OPTIONS",
+    "SubscriptionOptions",
+    "parse_options",
+    "with_aggregation",
+]
 
 MIN_CONFLATION_MS = 100
 
 _FLAGS = ("oof", "no_empties", "no_sowkey", "send_keys", "replace", "timestamp")
-_VALUED = ("conflation", "conflation_key", "select", "top_n", "skip_n", "max_backlog")
+_VALUED = (
+    "conflation",
+    "conflation_key",
+    "select",
+    "top_n",
+    "skip_n",
+    "max_backlog",
+    "grouping",
+    "projection",
+)
 SUPPORTED_OPTIONS: tuple[str, ...] = tuple(sorted(_FLAGS + _VALUED))
 
 # What each valued option looks like, quoted when a value is missing.
@@ -34,6 +50,17 @@ _EXAMPLES = {
     "top_n": "top_n=10",
     "skip_n": "skip_n=10",
     "max_backlog": "max_backlog=10",
+    "grouping": "grouping=[/region]",
+    "projection": "projection=[/region, SUM(/qty) AS /qty]",
+}
+# What an aggregated subscription cannot be combined with (AMPS: no select list; no bookmark,
+# which the client checks), and why.
+_NOT_AGGREGATED = {
+    "select": "an aggregated subscription delivers its projection, so it takes no select list",
+    "top_n": "an aggregated subscription delivers every group: no top_n window",
+    "skip_n": "an aggregated subscription delivers every group: no skip_n",
+    "conflation": "an aggregated subscription is not conflated",
+    "replace": "an aggregated subscription cannot be replaced: place a new one",
 }
 
 # A segment may not hold the characters that delimit the option string itself, so any valid path
@@ -70,6 +97,14 @@ class SubscriptionOptions:
     top_n: int | None = None
     skip_n: int | None = None
     max_backlog: int | None = None  # queues: messages the subscriber may hold unacknowledged
+    # An aggregated subscription: the grouping and projection lists, as written (``[/a, ...]``)
+    grouping: str | None = None
+    projection: str | None = None
+
+    @property
+    def aggregated(self) -> bool:
+        """Whether the subscription delivers groups (grouping and projection) instead of records."""
+        return self.grouping is not None
 
     def to_text(self) -> str:
         """The canonical option string: ``parse_options(self.to_text()) == self``.
@@ -100,6 +135,10 @@ class SubscriptionOptions:
             items.append(f"skip_n={self.skip_n}")
         if self.max_backlog is not None:
             items.append(f"max_backlog={self.max_backlog}")
+        if self.grouping is not None:
+            items.append(f"grouping={self.grouping}")
+        if self.projection is not None:
+            items.append(f"projection={self.projection}")
         return ",".join(items)
 
     def with_(self, **changes: Any) -> SubscriptionOptions:
@@ -158,6 +197,9 @@ def parse_options(text: str | None) -> SubscriptionOptions:
             values["conflation_key"] = _path("conflation_key", value, value_at)
         elif name == "select":
             values["select"] = _select(value, value_at)
+        elif name in ("grouping", "projection"):
+            values[name] = value
+            at[f"{name}_value"] = value_at
         else:
             values[name] = _count(name, value, value_at)
 
@@ -171,6 +213,8 @@ def parse_options(text: str | None) -> SubscriptionOptions:
             f"max_backlog at position {at['max_backlog']} must be at least 1: a subscriber "
             "holding no message would never get one"
         )
+    if "grouping" in values or "projection" in values:
+        _check_aggregation(values, at)
     if "skip_n" in values and "top_n" not in values:
         raise InvalidCommandError(
             f"skip_n requires top_n: skip_n at position {at['skip_n']} has no top_n window to "
@@ -179,13 +223,51 @@ def parse_options(text: str | None) -> SubscriptionOptions:
     return SubscriptionOptions(**values)
 
 
+def with_aggregation(
+    options: str | SubscriptionOptions | None, grouping: str | None, projection: str | None
+) -> str | SubscriptionOptions | None:
+    """``options`` with an aggregated subscription's ``grouping`` and ``projection`` added (as
+    the client API takes them beside the option string); unchanged when neither is given."""
+    if grouping is None and projection is None:
+        return options
+    text = options.to_text() if isinstance(options, SubscriptionOptions) else (options or "")
+    items = [text] if text.strip() else []
+    if grouping is not None:
+        items.append(f"grouping={grouping}")
+    if projection is not None:
+        items.append(f"projection={projection}")
+    return ",".join(items)
+
+
+def _check_aggregation(values: dict[str, Any], at: dict[str, int]) -> None:
+    """grouping and projection come together, parse, and leave out what aggregation excludes."""
+    for name, why in _NOT_AGGREGATED.items():
+        key = "conflation_ms" if name == "conflation" else name
+        if values.get(key) is not None and values.get(key) is not False:
+            raise InvalidCommandError(f"option {name!r} at position {at[name]}: {why}")
+    parse_aggregation(
+        values.get("grouping"),
+        values.get("projection"),
+        grouping_at=at.get("grouping_value", at.get("projection", 0)),
+        projection_at=at.get("projection_value", at.get("grouping", 0)),
+    )
+
+
 def _items(text: str) -> list[tuple[int, str]]:
-    """Split ``text`` at commas outside brackets into (start position, stripped item) pairs."""
+    """Split ``text`` at commas outside brackets (and quoted text, which a projection may
+    hold) into (start position, stripped item) pairs."""
     items: list[tuple[int, str]] = []
     depth = 0
     start = 0
+    quote = ""
     for i, char in enumerate(text):
-        if char == "[":
+        if quote:
+            if char == quote:
+                quote = ""
+            continue
+        if char in "'\"" and depth:
+            quote = char
+        elif char == "[":
             depth += 1
         elif char == "]" and depth:
             depth -= 1

@@ -24,9 +24,8 @@ from typing import Any
 import orjson
 from sortedcontainers import SortedDict
 
-from sowstream.sow.aggregate import spelling_rank
+from sowstream.sow.aggregate import Accumulator, StateError, spelling_rank
 from sowstream.sow.keys import sow_key_from_values
-from sowstream.views.accumulators import ACCUMULATORS, Accumulator, StateError
 from sowstream.views.projection import Row, ViewProjection, group_key
 
 __all__ = ["Group", "GroupTable"]
@@ -89,7 +88,7 @@ class GroupTable:
         self.projection = projection
         self.key_domain = key_domain
         self.accumulators: tuple[Accumulator, ...] = tuple(
-            ACCUMULATORS[agg.name] for agg in projection.aggregates
+            agg.accumulator for agg in projection.aggregates
         )
         self.groups: dict[str, Group] = {}
 

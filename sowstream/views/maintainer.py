@@ -23,9 +23,8 @@ from typing import Any
 
 import orjson
 
-from sowstream.sow.aggregate import spelling_rank
+from sowstream.sow.aggregate import StateError, spelling_rank
 from sowstream.sow.keys import sow_key_from_values
-from sowstream.views.accumulators import ACCUMULATORS, StateError
 from sowstream.views.groups import GroupTable
 from sowstream.views.joins import PRESERVE, JoinState, Side, StoredRow, join_rows_naive
 from sowstream.views.ports import ViewDefinition
@@ -183,7 +182,7 @@ class ViewMaintainer:
             shown = [min(vs, key=spelling_rank) for vs in values_per_field]
             inputs = [p.inputs(r) for r, _, _ in members]
             results = [
-                ACCUMULATORS[agg.name].compute([v for row in inputs for v in row[slot]])
+                agg.accumulator.compute([v for row in inputs for v in row[slot]])
                 for slot, agg in enumerate(p.aggregates)
             ]
             latest = max(members, key=lambda m: (m[2], m[1]))

@@ -26,8 +26,11 @@ from sowstream.filters.parser import mask_strings
 from sowstream.filters.values import get_path, is_null, path_steps
 from sowstream.sow.aggregate import (
     AGGREGATE_FUNCTIONS,
+    PROJECTION_FUNCTIONS,
+    Accumulator,
     AggregationError,
     ProjectionLayout,
+    accumulator,
     field_value,
     group_component,
     parse_grouping_field,
@@ -46,16 +49,10 @@ __all__ = [
     "parse_topic_ref",
 ]
 
-# Functions otherwise kept for Preprocessing and Enrichment that a view may use: they give the
-# same result on every worker and every replay (UNIX_TIMESTAMP and AMPS_INSTANCE_NAME do not).
-VIEW_FUNCTIONS = frozenset({"IF", "CRC32"})
-
-VIEW_AGGREGATE_FUNCTIONS: tuple[str, ...] = (
-    *AGGREGATE_FUNCTIONS,
-    "ANY",
-    "STDDEV_POP",
-    "STDDEV_SAMP",
-)
+# A view takes what an aggregated query takes (sowstream.sow.aggregate): every aggregate, and IF
+# and CRC32 of the functions otherwise kept for Preprocessing and Enrichment.
+VIEW_FUNCTIONS = PROJECTION_FUNCTIONS
+VIEW_AGGREGATE_FUNCTIONS: tuple[str, ...] = AGGREGATE_FUNCTIONS
 
 Row = Mapping[str, Any]
 ValueFn = Callable[[Row], Any]
@@ -253,6 +250,7 @@ class Aggregate:
     name: str
     text: str
     arg: ValueFn
+    accumulator: Accumulator
 
 
 class ViewProjection:
@@ -278,7 +276,7 @@ class ViewProjection:
         layout = ProjectionLayout(self.grouping, entries)
         self._layout = layout
         self.aggregates: tuple[Aggregate, ...] = tuple(
-            Aggregate(call.name, text, compile_value(call.arg))
+            Aggregate(call.name, text, compile_value(call.arg), accumulator(call))
             for call, text in zip(layout.calls, layout.call_texts, strict=True)
         )
         self.loose: tuple[str, ...] = layout.loose

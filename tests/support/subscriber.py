@@ -21,6 +21,8 @@ from sowstream.engine.store import MemoryPartition, PartitionStore
 from sowstream.filters import compile_filter
 from sowstream.filters.order_by import parse_order_by
 from sowstream.messagetypes.changes import merge_delta
+from sowstream.sow.aggregate import parse_aggregation
+from sowstream.sow.aggregate.live import group_sow_key
 from sowstream.sow.compiled import compile_topic
 from sowstream.sow.ops import RawRecord
 from sowstream.subscriptions.delta import project
@@ -153,8 +155,16 @@ class Harness:
             assert user.top_n is not None
             results = ResultSet(parse_order_by(order_by) if order_by else ())
             window = PageWindow(results, user.top_n, user.skip_n or 0)
+        self.aggregation = (
+            parse_aggregation(user.grouping, user.projection) if user.aggregated else None
+        )
         self.sub = Subscription(
-            "s", [self.spec], user, key_fields={topic.name: topic.delta_keys}, window=window
+            "s",
+            [self.spec],
+            user,
+            key_fields={topic.name: topic.delta_keys},
+            window=window,
+            aggregation=self.aggregation,
         )
         self.cache = Cache(
             partial_ok=command == DELTA_SUBSCRIBE,
@@ -163,6 +173,7 @@ class Harness:
             key_of=key_of,
         )
         self._group: list[Message] = []
+        self._partials: dict[int, dict[str, Any]] = {}
         self._placed: set[int] = set()
 
     @property
@@ -230,11 +241,26 @@ class Harness:
                 continue
             reply = decode("Reply", value)
             assert reply["status"] == "success", reply
-            if reply["command"] == "sow":
+            if reply["command"] == "partial":
+                for r in reply["records"]:
+                    self._partials.setdefault(reply["partition"], {}).update(
+                        orjson.loads(r["data"])
+                    )
+            elif reply["command"] == "sow":
                 self._group.extend(
                     Message("sow", reply["topic"], r["sow_key"], data=r["data"])
                     for r in reply["records"]
                 )
+            elif reply["command"] == "part_end" and self.sub.aggregated:
+                # As Subscribing.place does for an aggregated subscription.
+                partition = reply["partition"]
+                self.sub.reset_partition(reply["topic"], partition, reply["log_offset"])
+                self.sub.load_groups(reply["topic"], partition, self._partials.pop(partition, {}))
+                self._placed.add(partition)
+                if self.placed:
+                    group = [Message("group_begin"), Message("group_end")]
+                    self.sub.deliver_groups(iter(group), with_sow=self.command in WITH_SOW)
+                    self.sub.release()
             elif reply["command"] == "part_end":
                 self.sub.set_cut(reply["topic"], reply["partition"], reply["log_offset"])
                 self._placed.add(reply["partition"])
@@ -249,6 +275,13 @@ class Harness:
         """What the subscriber must hold when it is up to date with ``sow`` (key -> body)."""
         flt = compile_filter(self.filter) if self.filter else None
         matching = {k: v for k, v in sow.items() if flt is None or flt.matches(v)}
+        if self.aggregation is not None:
+            agg = self.aggregation
+            partials = agg.partial(matching.values())
+            return {
+                group_sow_key(self.topic.name, key): without_nulls(agg.finish_group(entry))
+                for key, entry in partials.items()
+            }
         if self.user.top_n is not None:
             results = ResultSet(parse_order_by(self.order_by) if self.order_by else ())
             for key, body in matching.items():

@@ -32,6 +32,13 @@ Rules, where AMPS's documentation leaves a choice open:
   before other strings, strings by code point; booleans and objects are skipped.
 * ``COUNT_DISTINCT`` compares values by their canonical text, as hash indexes and SowKeys do:
   ``7``, ``7.0`` and ``"7"`` are one value, ``"7.0"`` another.
+  ``DISTINCT_LIST(expr[, delimiter])`` (the chapters' distinct-values list) joins those
+  distinct texts, numbers first in numeric order, with ``delimiter`` (default ``,``).
+* ``STDDEV_POP`` and ``STDDEV_SAMP`` are computed from exact sums of values and squares and
+  rounded once; ``STDDEV_SAMP`` of fewer than two numbers is NULL. ``ANY`` gives the value whose
+  JSON text sorts first, so every partitioning gives the same one.
+* ``IF`` and ``CRC32`` may be used in a projection (as in a view); the other functions kept for
+  Preprocessing and Enrichment may not.
 * Group keys are compared the same way; NULL forms a group of its own, as in SQL. A grouping path
   that reads several values groups by the list of its non-NULL values, so every record is in
   exactly one group. The output shows one of the group's spellings, chosen deterministically
@@ -44,7 +51,9 @@ Rules, where AMPS's documentation leaves a choice open:
   order of their group's values (OrderBy's order, NULL last); callers apply OrderBy and top_n.
 
 The package, by concern: ``parsing`` (the options' text; each projection field is parsed by the
-filter grammar), ``states`` (each aggregate function's state, merge and result), ``groups``
+filter grammar), ``accumulators`` (each aggregate function's retractable state, merge and
+result: shared with views and aggregated subscriptions), ``live`` (an aggregated subscription's
+groups on one partition, kept up to date record by record), ``groups``
 (group keys and spellings), ``layout`` (which slot feeds each output, and the output record:
 shared with views) and ``aggregation`` (partial, merge, finish).
 """
@@ -53,21 +62,40 @@ from __future__ import annotations
 
 from sowstream.filters.parser import mask_strings
 
+from .accumulators import (
+    ACCUMULATORS,
+    AGGREGATE_FUNCTIONS,
+    DEFAULT_DELIMITER,
+    Accumulator,
+    StateError,
+    accumulator,
+)
 from .aggregation import Aggregation, Partials, merge_partials, parse_aggregation
 from .groups import field_value, group_component, spelling_rank
 from .layout import ProjectionLayout
-from .parsing import AggregationError, parse_grouping_field, parse_projection_field
-from .states import AGGREGATE_FUNCTIONS, finite_number, output_number
+from .numbers import finite_number, output_number
+from .parsing import (
+    PROJECTION_FUNCTIONS,
+    AggregationError,
+    parse_grouping_field,
+    parse_projection_field,
+)
 
 # Views (sowstream.views) and SOW topic stages (sowstream.sow.enrich) read projection fields with
 # this package's parser, and views group, spell and lay out values with its rules, so that an
 # aggregated query and a view with the same projection give the same records.
 __all__ = [
+    "ACCUMULATORS",
     "AGGREGATE_FUNCTIONS",
+    "DEFAULT_DELIMITER",
+    "PROJECTION_FUNCTIONS",
+    "Accumulator",
     "Aggregation",
     "AggregationError",
     "Partials",
     "ProjectionLayout",
+    "StateError",
+    "accumulator",
     "field_value",
     "finite_number",
     "group_component",

@@ -7,6 +7,7 @@ How the three steps split between workers and the client, and the rules they fol
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -15,12 +16,12 @@ from sowstream.filters import ast, compile_value
 from sowstream.filters.order_by import SortField, sort_key
 from sowstream.filters.values import get_path, is_null, path_steps
 
+from .accumulators import Accumulator, StateError, accumulator
 from .groups import Group, field_value, group_component
 from .layout import ProjectionLayout, ValueFn
 from .parsing import AggregationError, parse_grouping, parse_projection
-from .states import STATES
 
-__all__ = ["Aggregation", "Partials", "merge_partials", "parse_aggregation"]
+__all__ = ["Aggregation", "Contribution", "Partials", "merge_partials", "parse_aggregation"]
 
 Partials = dict[str, list[Any]]
 """Per-group partial states, JSON-able (orjson), keyed by the group's key text::
@@ -30,16 +31,26 @@ Partials = dict[str, list[Any]]
 ``group_key`` is the JSON text of the group's canonical values (one per grouping field: null for
 NULL, the canonical text, or a list of texts for a multi-valued field). ``group_values`` holds the
 group's chosen spelling of each grouping field, ``loose_values`` the values of the non-grouped
-paths read outside aggregates (null if there are none) and ``states`` one state per aggregate:
+paths read outside aggregates (null if there are none) and ``states`` one state per aggregate,
+in its accumulator's JSON form (``sowstream.sow.aggregate.accumulators``), compacted:
 
 * ``COUNT``: an int;
-* ``COUNT_DISTINCT``: the sorted list of the canonical texts seen;
-* ``SUM``, ``AVG``: null when no number was seen, else ``[count, mantissa, exponent, float]``:
-  the exact sum is ``mantissa * 2**exponent`` (a decimal string when the mantissa needs more
-  than 64 bits) and ``float`` is 1 when any float took part;
-* ``MIN``, ``MAX``: null, ``[0, number]`` (a decimal string for a very large int) or
-  ``[1, string]``.
+* ``SUM``, ``AVG``: ``[numbers, floats, exact sum as a fraction's text]``; ``STDDEV_POP``,
+  ``STDDEV_SAMP`` add the exact sum of squares;
+* ``MIN``, ``MAX``: ``[[kind, value, count], ...]`` for the extreme value's spellings;
+* ``COUNT_DISTINCT``, ``DISTINCT_LIST``: ``[[canonical text, count], ...]`` of every value;
+  ``ANY``: the same for the chosen value only.
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """What one record adds to its group (:meth:`Aggregation.contribution`)."""
+
+    key: str
+    keys: list[Any]
+    loose: list[Any] | None
+    inputs: list[list[Any]]
 
 
 class Aggregation:
@@ -59,6 +70,7 @@ class Aggregation:
         "_loose_steps",
         "aggregates",
         "grouping",
+        "grouping_outputs",
         "grouping_text",
         "outputs",
         "paths",
@@ -79,12 +91,16 @@ class Aggregation:
         self._group_steps = tuple(path_steps(p) for p in self.grouping)
         layout = ProjectionLayout(self.grouping, [(f.output, f) for f in fields])
         self._layout = layout
-        self._aggs = tuple(STATES[call.name] for call in layout.calls)
+        self._aggs: tuple[Accumulator, ...] = tuple(accumulator(c) for c in layout.calls)
         self._arg_fns: tuple[ValueFn, ...] = tuple(compile_value(c.arg) for c in layout.calls)
         self._loose_steps = tuple(path_steps(p) for p in layout.loose)
         self._group_order = sort_key([SortField(f"/{i}") for i in range(len(self.grouping))])
         self.aggregates: tuple[str, ...] = layout.call_texts
         self.outputs: tuple[str, ...] = tuple(o.path for o in layout.outputs)
+        # The outputs that show grouping fields: a delta of a group carries them (send_keys).
+        self.grouping_outputs: tuple[str, ...] = tuple(
+            o.path for o in layout.outputs if o.kind == "group"
+        )
         read = {*self.grouping, *layout.loose}
         for call in layout.calls:
             read |= ast.paths(call.arg)
@@ -94,6 +110,40 @@ class Aggregation:
         return f"Aggregation(grouping={self.grouping!r}, outputs={self.outputs!r})"
 
     # ---- partial
+
+    def contribution(self, record: Mapping[str, Any]) -> Contribution:
+        """What ``record`` adds to its group: the group key, its grouping values, its loose
+        values (None without loose paths) and each aggregate slot's non-NULL input values."""
+        keys = [field_value(get_path(record, steps)) for steps in self._group_steps]
+        key = orjson.dumps([group_component(v) for v in keys]).decode()
+        loose = (
+            [field_value(get_path(record, s)) for s in self._loose_steps]
+            if self._loose_steps
+            else None
+        )
+        inputs: list[list[Any]] = []
+        for get in self._arg_fns:
+            value = get(record)
+            if isinstance(value, tuple):  # several values read through arrays: each counts
+                inputs.append([item for item in value if not is_null(item)])
+            else:
+                inputs.append([] if is_null(value) else [value])
+        return Contribution(key, keys, loose, inputs)
+
+    @property
+    def accumulators(self) -> tuple[Accumulator, ...]:
+        """One accumulator per aggregate slot."""
+        return self._aggs
+
+    def encode_group(
+        self, keys: list[Any], loose: list[Any] | None, states: list[Any]
+    ) -> list[Any]:
+        """One group's partial entry (``[group_values, loose_values, states]``), compacted."""
+        return [
+            list(keys),
+            None if loose is None else list(loose),
+            [agg.encode(agg.compact(s)) for agg, s in zip(self._aggs, states, strict=True)],
+        ]
 
     def partial(self, records: Iterable[Mapping[str, Any]]) -> Partials:
         """The per-group partial states of ``records`` (one partition's matching records)."""
@@ -124,12 +174,7 @@ class Aggregation:
 
     def _encode(self, groups: dict[str, Group]) -> Partials:
         return {
-            key: [
-                list(g.keys),
-                None if g.loose is None else list(g.loose),
-                [agg.encode(s) for agg, s in zip(self._aggs, g.states, strict=True)],
-            ]
-            for key, g in sorted(groups.items())
+            key: self.encode_group(g.keys, g.loose, g.states) for key, g in sorted(groups.items())
         }
 
     def _decode(self, data: Any) -> Group:
@@ -144,11 +189,11 @@ class Aggregation:
             loose is not None and len(loose) != len(self._loose_steps)
         ):
             raise ValueError("partials do not match this aggregation's projection")
-        return Group(
-            list(keys),
-            None if loose is None else list(loose),
-            [agg.decode(s) for agg, s in zip(self._aggs, states, strict=True)],
-        )
+        try:
+            decoded = [agg.decode(s) for agg, s in zip(self._aggs, states, strict=True)]
+        except StateError as exc:
+            raise ValueError(f"malformed partials: {exc}") from None
+        return Group(list(keys), None if loose is None else list(loose), decoded)
 
     def _merge_into(self, target: Group, other: Group) -> None:
         target.offer_keys(other.keys)
@@ -163,15 +208,24 @@ class Aggregation:
 
     def finish(self, partials: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The output records of (merged) ``partials``, one per group, in group-value order."""
-        rows: list[tuple[Any, str, dict[str, Any]]] = []
-        for key, data in partials.items():
-            group = self._decode(data)
-            results = [agg.result(s) for agg, s in zip(self._aggs, group.states, strict=True)]
-            record = self._layout.record(group.keys, results, group.loose or [])
-            order = self._group_order({str(i): v for i, v in enumerate(group.keys)})
-            rows.append((order, key, record))
+        rows = [
+            (self.group_order(data[0]), key, self.finish_group(data))
+            for key, data in partials.items()
+        ]
         rows.sort(key=lambda row: (row[0], row[1]))
         return [record for _, _, record in rows]
+
+    def finish_group(self, data: Any) -> dict[str, Any]:
+        """The output record of one group's (merged) partial entry."""
+        group = self._decode(data)
+        results = [agg.result(s) for agg, s in zip(self._aggs, group.states, strict=True)]
+        return self._layout.record(group.keys, results, group.loose or [])
+
+    def group_order(self, keys: Any) -> Any:
+        """The sort key of a group with grouping values ``keys`` (OrderBy's order, NULL last)."""
+        if not isinstance(keys, list):
+            raise ValueError(f"malformed partials: expected the group's values, got {keys!r}")
+        return self._group_order({str(i): v for i, v in enumerate(keys)})
 
     def aggregate(self, records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """``finish(partial(records))``: the whole aggregation in one process."""

@@ -18,15 +18,22 @@ from sowstream.filters.parser import mask_strings
 from sowstream.filters.parser import parse_projection_field as parse_field
 from sowstream.filters.values import path_steps
 
-from .states import AGGREGATE_FUNCTIONS
+from .accumulators import AGGREGATE_FUNCTIONS
 
 __all__ = [
+    "PROJECTION_FUNCTIONS",
     "AggregationError",
     "parse_grouping",
     "parse_grouping_field",
     "parse_projection",
     "parse_projection_field",
 ]
+
+
+# Functions otherwise kept for Preprocessing and Enrichment that a projection (an aggregated
+# query or subscription, a view) may use: they give the same result on every worker and every
+# replay (UNIX_TIMESTAMP and AMPS_INSTANCE_NAME do not).
+PROJECTION_FUNCTIONS = frozenset({"IF", "CRC32"})
 
 
 class AggregationError(InvalidCommandError):
@@ -66,7 +73,7 @@ class _Source:
         end: int,
         aggregates: Sequence[str] = AGGREGATE_FUNCTIONS,
         stage: bool = False,
-        functions: Collection[str] = (),
+        functions: Collection[str] = PROJECTION_FUNCTIONS,
     ) -> ast.ProjectionField:
         """The projection field ``text[start:end]``; its positions include ``offset``."""
         padded = " " * (self.offset + start) + self.text[start:end]

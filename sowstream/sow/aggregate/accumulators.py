@@ -1,20 +1,29 @@
-"""Retractable aggregate states: a view adds a row's values and later takes exactly them back.
+"""The aggregate functions, one implementation for aggregated queries, aggregated subscriptions
+and views: a retractable working state per group, its JSON form, merge and result.
 
-Aggregated queries fold values once; a maintained view must also *remove* a row's contribution
-when the row is updated, deleted or moves to another group, without rereading the group. So:
+A maintained view (and an aggregated subscription) must *remove* a row's contribution when the
+row is updated, deleted or moves to another group, without rereading the group; an aggregated
+query merges the states of several partitions. So:
 
 * ``COUNT``, ``SUM``, ``AVG``, ``STDDEV_POP``, ``STDDEV_SAMP`` keep counts and exact running sums
   (:class:`fractions.Fraction`: every finite float is a fraction with a power-of-two denominator,
   so subtracting what was added leaves exactly the earlier sum, whatever the order of changes);
-* ``MIN``, ``MAX``, ``COUNT_DISTINCT`` and ``ANY`` keep a multiset (value -> count), so removing
-  the current minimum falls back to the next one.
+* ``MIN``, ``MAX``, ``COUNT_DISTINCT``, ``DISTINCT_LIST`` and ``ANY`` keep a multiset
+  (value -> count), so removing the current minimum falls back to the next one.
 
-Value rules are those of aggregated queries (``sowstream.sow.aggregate``): NULL is skipped,
+States merge exactly (sums of counts and exact sums, unions of multisets), so partitioned
+partials combine in any order. :meth:`Accumulator.compact` trims a state to what its result and
+a merge need (MIN keeps its minimum only), which is what a partial sends.
+
+Value rules (``sowstream.sow.aggregate``): NULL is skipped,
 numeric functions skip values that are not finite numbers, MIN/MAX order numbers before strings,
 COUNT_DISTINCT compares canonical texts, a group with no value gives COUNT 0 and NULL otherwise,
 and results are rounded once from the exact value, so a view and an aggregated query agree.
 ``ANY`` returns the value whose JSON text sorts first: any value would do, this one is the same
-after every replay.
+after every replay. ``DISTINCT_LIST(expr[, delimiter])`` (the chapters' distinct-values list,
+whose AMPS name they could not read) joins the distinct values, compared as COUNT_DISTINCT
+compares them, each as its canonical text, numbers first in numeric order then the others by
+code point, with ``delimiter`` (default ``,``) between them.
 
 Each accumulator also has ``compute(values)``, the batch answer over a plain list, which the
 naive recomputation (the reference for tests and recovery checks) uses.
@@ -30,10 +39,19 @@ from typing import Any
 import orjson
 from sortedcontainers import SortedDict
 
+from sowstream.filters import ast
 from sowstream.filters.values import canonical_text, to_number
-from sowstream.sow.aggregate import finite_number, output_number
 
-__all__ = ["ACCUMULATORS", "Accumulator", "StateError"]
+from .numbers import finite_number, json_int, output_number
+
+__all__ = [
+    "ACCUMULATORS",
+    "AGGREGATE_FUNCTIONS",
+    "DEFAULT_DELIMITER",
+    "Accumulator",
+    "StateError",
+    "accumulator",
+]
 
 
 class StateError(ValueError):
@@ -64,6 +82,14 @@ class Accumulator:
 
     def decode(self, data: Any) -> Any:
         raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        """The state holding both ``a``'s and ``b``'s values (a new object; both left alone)."""
+        raise NotImplementedError
+
+    def compact(self, state: Any) -> Any:
+        """``state`` trimmed to what its result and a merge need (for partials; not retractable)."""
+        return state
 
     def compute(self, values: Sequence[Any]) -> Any:
         """The result over ``values`` directly (no incremental state): the reference answer."""
@@ -99,6 +125,9 @@ class _Count(Accumulator):
         if not isinstance(data, int) or isinstance(data, bool):
             raise StateError(f"COUNT: expected an integer, got {data!r}")
         return [data]
+
+    def merge(self, a: list[int], b: list[int]) -> list[int]:
+        return [a[0] + b[0]]
 
     def compute(self, values: Sequence[Any]) -> int:
         return len(values)
@@ -169,6 +198,9 @@ class _Sum(Accumulator):
         except (TypeError, ValueError, ZeroDivisionError) as exc:
             raise StateError(f"{self.name}: malformed state {data!r}: {exc}") from None
 
+    def merge(self, a: _Moments, b: _Moments) -> _Moments:
+        return _Moments(a.n + b.n, a.floats + b.floats, a.s1 + b.s1, a.s2 + b.s2)
+
     def compute(self, values: Sequence[Any]) -> Any:
         state = self.new()
         for v in values:
@@ -221,10 +253,6 @@ def _entry(value: Any) -> _Entry | None:
     return None  # booleans, objects, non-finite numbers: skipped as in aggregated queries
 
 
-def _json_int(value: int) -> int | str:
-    return value if -(2**63) <= value < 2**64 else str(value)
-
-
 class _Multiset(Accumulator):
     """Shared add/remove/encode for states that are a sorted value -> count map."""
 
@@ -253,6 +281,12 @@ class _Multiset(Accumulator):
             state[key] = count - 1
         return state
 
+    def merge(self, a: SortedDict, b: SortedDict) -> SortedDict:
+        out = SortedDict(a)
+        for key, count in b.items():
+            out[key] = out.get(key, 0) + count
+        return out
+
     def compute(self, values: Sequence[Any]) -> Any:
         state = self.new()
         for v in values:
@@ -279,6 +313,13 @@ class _Extreme(_Multiset):
             entry = state.peekitem(0)[0]
         return output_number(entry[1]) if entry[0] == 0 else entry[1]
 
+    def compact(self, state: SortedDict) -> SortedDict:
+        if not state:
+            return state
+        kind, value = state.peekitem(-1 if self.largest else 0)[0][:2]
+        # Every spelling of the extreme value, so the merged result picks the same one.
+        return SortedDict((k, c) for k, c in state.items() if (k[0], k[1]) == (kind, value))
+
     def compute(self, values: Sequence[Any]) -> Any:
         # Batch reference: sort all entries; no multiset involved.
         entries = [e for e in map(_entry, values) if e is not None]
@@ -293,7 +334,7 @@ class _Extreme(_Multiset):
 
     def encode(self, state: SortedDict) -> list[list[Any]]:
         return [
-            [k[0], _json_int(k[1]) if k[0] == 0 and not k[2] else k[1], count]
+            [k[0], json_int(k[1]) if k[0] == 0 and not k[2] else k[1], count]
             for k, count in state.items()
         ]
 
@@ -316,17 +357,11 @@ class _Extreme(_Multiset):
         return state
 
 
-class _CountDistinct(_Multiset):
-    name = "COUNT_DISTINCT"
+class _Texts(_Multiset):
+    """A multiset of texts (canonical texts of values, or JSON texts): its JSON form."""
 
     def key(self, value: Any) -> str | None:
         return canonical_text(value)
-
-    def result(self, state: SortedDict) -> int:
-        return len(state)
-
-    def compute(self, values: Sequence[Any]) -> int:
-        return len({canonical_text(v) for v in values})
 
     def encode(self, state: SortedDict) -> list[list[Any]]:
         return [[k, count] for k, count in state.items()]
@@ -339,7 +374,17 @@ class _CountDistinct(_Multiset):
         return SortedDict((k, int(c)) for k, c in data)
 
 
-class _Any(_CountDistinct):
+class _CountDistinct(_Texts):
+    name = "COUNT_DISTINCT"
+
+    def result(self, state: SortedDict) -> int:
+        return len(state)
+
+    def compute(self, values: Sequence[Any]) -> int:
+        return len({canonical_text(v) for v in values})
+
+
+class _Any(_Texts):
     name = "ANY"
 
     def key(self, value: Any) -> str | None:
@@ -352,19 +397,60 @@ class _Any(_CountDistinct):
     def result(self, state: SortedDict) -> Any:
         return orjson.loads(state.peekitem(0)[0]) if state else None
 
+    def compact(self, state: SortedDict) -> SortedDict:
+        return SortedDict([state.peekitem(0)]) if state else state
+
     def compute(self, values: Sequence[Any]) -> Any:
         texts = [t for t in map(self.key, values) if t is not None]
         return orjson.loads(min(texts)) if texts else None
 
 
+DEFAULT_DELIMITER = ","
+
+
+def _list_order(text: str) -> tuple[int, Any, str]:
+    number = finite_number(text)
+    return (0, number, text) if number is not None else (1, 0, text)
+
+
+class _DistinctList(_Texts):
+    """``DISTINCT_LIST(expr[, delimiter])``: the distinct values' texts joined by ``delimiter``."""
+
+    name = "DISTINCT_LIST"
+
+    def __init__(self, delimiter: str = DEFAULT_DELIMITER) -> None:
+        self.delimiter = delimiter
+
+    def result(self, state: SortedDict) -> str | None:
+        if not state:
+            return None
+        return self.delimiter.join(sorted(state.keys(), key=_list_order))
+
+    def compute(self, values: Sequence[Any]) -> str | None:
+        texts = {canonical_text(v) for v in values}
+        return self.delimiter.join(sorted(texts, key=_list_order)) if texts else None
+
+
+# In the order error messages list them.
 ACCUMULATORS: dict[str, Accumulator] = {
-    "COUNT": _Count(),
-    "SUM": _Sum(),
     "AVG": _Avg(),
+    "COUNT": _Count(),
+    "COUNT_DISTINCT": _CountDistinct(),
+    "MAX": _Extreme(largest=True),
+    "MIN": _Extreme(largest=False),
+    "SUM": _Sum(),
+    "ANY": _Any(),
     "STDDEV_POP": _Stddev(sample=False),
     "STDDEV_SAMP": _Stddev(sample=True),
-    "MIN": _Extreme(largest=False),
-    "MAX": _Extreme(largest=True),
-    "COUNT_DISTINCT": _CountDistinct(),
-    "ANY": _Any(),
+    "DISTINCT_LIST": _DistinctList(),
 }
+
+AGGREGATE_FUNCTIONS: tuple[str, ...] = tuple(ACCUMULATORS)
+"""Every aggregate function: aggregated queries and subscriptions and views take them all."""
+
+
+def accumulator(call: ast.Aggregate) -> Accumulator:
+    """The accumulator of one aggregate call (DISTINCT_LIST's delimiter is part of the call)."""
+    if call.name == "DISTINCT_LIST" and call.delimiter is not None:
+        return _DistinctList(call.delimiter)
+    return ACCUMULATORS[call.name]
