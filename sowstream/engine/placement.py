@@ -30,6 +30,7 @@ from sowstream.subscriptions.matcher import TopicSubscriptions
 from sowstream.subscriptions.model import (
     OOF,
     OOF_DELETED,
+    OOF_EXPIRED,
     OOF_MATCH,
     WITH_SOW,
     Change,
@@ -144,6 +145,7 @@ class Placement:
                             Change(key, None, after, partition, rec.offset, rec.timestamp)
                         )
                     continue
+                expiry = rec.headers.get(h.COMMAND) == h.SOW_EXPIRE
                 changes.extend(
                     Change(
                         step.sow_key,
@@ -152,7 +154,7 @@ class Placement:
                         partition,
                         rec.offset,
                         rec.timestamp,
-                        OOF_DELETED,
+                        OOF_EXPIRED if expiry else OOF_DELETED,
                         seq=step.seq,
                     )
                     for step in apply_record(self.compiled, state, rec)
