@@ -37,6 +37,8 @@ QueueKind = Literal["queue", "local", "group_local"]
 Semantics = Literal["at-least-once", "at-most-once"]
 FairnessModel = Literal["fast", "round-robin", "proportional"]
 Leasing = Literal["strict", "sublet"]
+# How a message's own expiration and the queue's Expiration combine (AMPS 5.3.5).
+ExpirationModel = Literal["default", "queue", "latest", "earliest"]
 
 MIN_TARGET_QUEUE_DEPTH = 1000
 DAY_MS = 86_400_000
@@ -72,6 +74,7 @@ QUEUE_ELEMENTS: dict[str, str] = {
     "MaxPerSubscriptionBacklog": "max_per_subscription_backlog",
     "TargetQueueDepth": "target_queue_depth",
     "Expiration": "expiration_ms",
+    "ExpirationModel": "expiration_model",
     "Filter": "filter",
     "RecoveryPoint": "recovery_point",
     "FairnessModel": "fairness_model",
@@ -173,6 +176,7 @@ class QueueConfig(Frozen):
     max_per_subscription_backlog: int = 1
     target_queue_depth: int | None = None
     expiration_ms: int | None = None
+    expiration_model: ExpirationModel = "default"
     filter: str | None = None
     recovery_point: str = "epoch"
     fairness_model: FairnessModel
@@ -261,6 +265,11 @@ class QueueConfig(Frozen):
     @classmethod
     def _expiration(cls, value: object) -> int | None:
         return _optional_interval(value, "Expiration", zero_ok=False)
+
+    @field_validator("expiration_model", mode="before")
+    @classmethod
+    def _expiration_model(cls, value: object) -> str:
+        return one_of(value, "ExpirationModel", get_args(ExpirationModel))
 
     @field_validator("deferred_ack_expiration_ms", mode="before")
     @classmethod

@@ -40,6 +40,7 @@ from sowstream.filters.values import to_number
 from sowstream.queues.ports import QueueRules
 
 __all__ = [
+    "message_lifetime",
     "AckOutcome",
     "AckResult",
     "Bookmark",
@@ -205,6 +206,25 @@ class _Sent:
     free_at_ms: int | None
 
 
+def message_lifetime(model: str, own_ms: int | None, queue_ms: int | None) -> int | None:
+    """How long a message stays in the queue (None: for ever), by the queue's ExpirationModel.
+
+    ``own_ms`` is the message's own expiration (None: the publish set none; 0: never), and
+    ``queue_ms`` the queue's Expiration (None: none). ``default``: the message's own if set, else
+    the queue's; ``queue``: always the queue's; ``latest``/``earliest``: the later/earlier of
+    the two, where "never" is later than any time. A message without its own expiration has
+    nothing to compare, so it gets the queue's under every model.
+    """
+    if model == "queue" or own_ms is None:
+        return queue_ms
+    if model == "default":
+        return own_ms or None
+    own = own_ms or math.inf
+    queue = queue_ms or math.inf
+    chosen = max(own, queue) if model == "latest" else min(own, queue)
+    return None if chosen == math.inf else int(chosen)
+
+
 def _bookmark_of(key: Key) -> Bookmark:
     return Bookmark(key[2], key[3], key[4])
 
@@ -337,7 +357,9 @@ class QueueMachine:
             self._acked += 1
             self._touch(bookmark)  # never available: a view must not keep an older owner's row
             return False
-        lifetime = self.config.expiration_ms if expiration_ms is None else expiration_ms
+        lifetime = message_lifetime(
+            self.config.expiration_model, expiration_ms, self.config.expiration_ms
+        )
         message = QueueMessage(
             bookmark=bookmark,
             data=data,

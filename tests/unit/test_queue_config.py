@@ -605,3 +605,37 @@ def test_arbitrary_queues_raise_only_config_error(queue: dict[str, Any], skip: b
     )
     with contextlib.suppress(ConfigError):
         load(f"<SOW>{TOPICS_XML}<Queue>{xml}</Queue></SOW>", skip_unsupported=skip)
+
+
+# --- ExpirationModel ---
+
+
+def test_expiration_model_defaults_and_loads_from_yaml_and_xml() -> None:
+    assert QueueConfig(name="WQ", underlying_topic="work").expiration_model == "default"
+    yaml_text = (
+        "topics:\n  - Name: work\nqueues:\n  - Name: WQ\n    UnderlyingTopic: work\n"
+        "    Expiration: 10s\n    ExpirationModel: Latest\n"
+    )
+    assert load(yaml_text, "q.yaml").queue("WQ").expiration_model == "latest"
+    xml_text = (
+        "<SOW><Topic><Name>work</Name><MessageType>json</MessageType></Topic>"
+        "<Queue><Name>WQ</Name><MessageType>json</MessageType><UnderlyingTopic>work"
+        "</UnderlyingTopic><Expiration>10s</Expiration><ExpirationModel>earliest"
+        "</ExpirationModel></Queue></SOW>"
+    )
+    assert load(xml_text, "amps.xml").queue("WQ").expiration_model == "earliest"
+
+
+def test_bad_expiration_model_is_named() -> None:
+    xml_text = (
+        "<SOW><Topic><Name>work</Name><MessageType>json</MessageType></Topic>"
+        "<Queue><Name>WQ</Name><MessageType>json</MessageType><UnderlyingTopic>work"
+        "</UnderlyingTopic><ExpirationModel>oldest</ExpirationModel></Queue></SOW>"
+    )
+    err = load_error(xml_text, "amps.xml")
+    assert err.element == "SOW/Queue[WQ]/ExpirationModel"
+    assert "ExpirationModel must be one of default, queue, latest, earliest" in err.problem
+    err = load_error(
+        "topics:\n  - Name: work\nqueues:\n  - Name: WQ\n    ExpirationModel: 3\n", "q.yaml"
+    )
+    assert err.element == "queues[0].ExpirationModel"

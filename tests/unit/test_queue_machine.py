@@ -993,3 +993,54 @@ def test_target_queue_depth_keeps_later_messages_inactive_until_room() -> None:
     assert q.stats().inactive == 0 and q.stats().depth == 1000
     offsets = [m.bookmark.offset for m in q.browse()]
     assert offsets[-2:] == [1000, 1002]
+
+
+# --- ExpirationModel (AMPS 5.3.5): how a publish's own expiration and the queue's combine ---
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        # m1: no expiration of its own; m2: 3 s; m3: 30 s; m4: 0 (never). Queue: 10 s.
+        ("default", {1: 10, 2: 3, 3: 30, 4: None}),
+        ("queue", {1: 10, 2: 10, 3: 10, 4: 10}),
+        ("latest", {1: 10, 2: 10, 3: 30, 4: None}),
+        ("earliest", {1: 10, 2: 3, 3: 10, 4: 10}),
+    ],
+)
+def test_expiration_model(model: str, expected: dict[int, int | None]) -> None:
+    q = queue(expiration_ms=10 * S, expiration_model=model)
+    publish(q, 1, timestamp_ms=0)
+    publish(q, 2, timestamp_ms=0, expiration_ms=3 * S)
+    publish(q, 3, timestamp_ms=0, expiration_ms=30 * S)
+    publish(q, 4, timestamp_ms=0, expiration_ms=0)
+    got = {}
+    for n in expected:
+        message = q.message(m(n))
+        assert message is not None
+        at = message.expires_at_ms
+        got[n] = None if at is None else at // S
+    assert got == expected
+    removed = q.tick(10 * S)
+    assert sorted(r.message.bookmark.offset for r in removed) == sorted(
+        n for n, s in expected.items() if s is not None and s <= 10
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "own", "queue_ms", "lifetime"),
+    [
+        ("default", None, None, None),
+        ("latest", 5, None, None),  # no queue Expiration: never, which is later
+        ("earliest", 5, None, 5),
+        ("earliest", 0, None, None),
+        ("queue", 5, None, None),
+        ("latest", None, 7, 7),
+    ],
+)
+def test_message_lifetime_without_a_queue_expiration(
+    model: str, own: int | None, queue_ms: int | None, lifetime: int | None
+) -> None:
+    from sowstream.queues.machine import message_lifetime
+
+    assert message_lifetime(model, own, queue_ms) == lifetime
