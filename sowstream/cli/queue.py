@@ -281,6 +281,10 @@ def expire(
     _acknowledge("expire", queue, bookmarks, None, bootstrap, prefix)
 
 
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds else "-"
+
+
 def _expired_text(expired: dict[str, int]) -> str:
     if not expired:
         return "0"
@@ -323,6 +327,9 @@ def status(
         table.add_column(column, justify="right")
     table.add_column("expired")
     table.add_column("returned", justify="right")
+    table.add_column("behind", justify="right")  # seconds_behind
+    table.add_column("oldest lease", justify="right")  # age_of_oldest_lease
+    table.add_column("priorities", justify="right")  # priority_count
     for row in rows:
         returned = row["returned"]
         table.add_row(
@@ -330,5 +337,8 @@ def status(
             *(str(row[c]) for c in ("depth", "leased", "delivered", "acked")),
             _expired_text(row["expired"]),
             "-" if returned is None else str(returned),
+            _seconds_text(row["seconds_behind"]),
+            _seconds_text(row["age_of_oldest_lease"]),
+            str(row["priority_count"]),
         )
     out.print(table)

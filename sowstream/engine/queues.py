@@ -28,7 +28,14 @@ from sowstream.engine.ports import Sender
 from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
-from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
+from sowstream.queues.machine import (
+    AckOutcome,
+    AckResult,
+    Bookmark,
+    QueueMachine,
+    Removed,
+    queue_ages,
+)
 from sowstream.queues.store import (
     AckMemory,
     StoredMessage,
@@ -460,8 +467,9 @@ class QueueRuntime:
 
     # -- reading ----------------------------------------------------------------------------------
 
-    def status(self, topic: str, partition: int) -> dict[str, int]:
-        """Depth, leased and the counters of one log partition."""
+    def status(self, topic: str, partition: int) -> dict[str, Any]:
+        """Depth, leased, the ages and priority levels, and the counters of one log partition
+        (``schemas/QueueStatus.avsc``)."""
         here = [
             m
             for m in self.machine.browse() + self.machine.leases()
@@ -469,7 +477,17 @@ class QueueRuntime:
         ]
         leased = sum(1 for m in here if m.leased_to is not None)
         counts = self.counts.get((topic, partition), Counter())
-        return {"depth": len(here), "leased": leased, **counts}
+        ages = queue_ages(here, _now_ms(), prioritised=self.config.priority is not None)
+        row: dict[str, Any] = {"depth": len(here), "leased": leased}
+        # Left out at zero, as the counters are (the schema's defaults).
+        figures = {
+            "seconds_behind": ages.seconds_behind,
+            "age_of_oldest_lease": ages.age_of_oldest_lease,
+            "priority_count": ages.priority_count,
+            "priorities": list(ages.priorities or ()),
+        }
+        row.update((name, value) for name, value in figures.items() if value)
+        return {**row, **counts}
 
     def browse(
         self, topic: str, partition: int, filter: str | None, identity: str = ""

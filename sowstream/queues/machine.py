@@ -40,15 +40,17 @@ from sowstream.filters.values import to_number
 from sowstream.queues.ports import QueueRules
 
 __all__ = [
-    "message_lifetime",
     "AckOutcome",
     "AckResult",
     "Bookmark",
     "Lease",
+    "QueueAges",
     "QueueMachine",
     "QueueMessage",
     "QueueStats",
     "Removed",
+    "message_lifetime",
+    "queue_ages",
 ]
 
 U64_MAX = 2**64 - 1
@@ -104,6 +106,7 @@ class QueueMessage:
     cancels: int = 0
     leased_to: str | None = None
     lease_expires_ms: int | None = None  # None while leased: the lease never times out
+    leased_at_ms: int | None = None  # when the current lease was granted (None: not leased)
 
     @property
     def key(self) -> Key:
@@ -204,6 +207,47 @@ class _Sent:
     sub_key: str
     key: Key
     free_at_ms: int | None
+
+
+# Distinct priority values a status answer lists at most (beyond, only their count).
+PRIORITIES_LISTED = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueAges:
+    """Monitoring figures of some queue messages (AMPS's queue statistics): ages in seconds."""
+
+    seconds_behind: float  # age of the oldest message not yet acknowledged (0: none)
+    age_of_oldest_lease: float  # how long the oldest current lease has been held (0: none)
+    priority_count: int  # distinct priority values (0 without Priority)
+    priorities: tuple[int, ...] | None  # those values, or None when more than PRIORITIES_LISTED
+
+
+def queue_ages(messages: Iterable[QueueMessage], now_ms: int, *, prioritised: bool) -> QueueAges:
+    """The figures of ``messages`` (available and leased) at ``now_ms``. A message without a
+    priority value ranks lowest, as the value 0 would: it counts as that value."""
+    oldest: int | None = None
+    lease: int | None = None
+    values: set[int] = set()
+    for message in messages:
+        if oldest is None or message.timestamp_ms < oldest:
+            oldest = message.timestamp_ms
+        at = message.leased_at_ms
+        if at is not None and (lease is None or at < lease):
+            lease = at
+        if prioritised:
+            values.add(message.priority or 0)
+    listed = tuple(sorted(values)) if len(values) <= PRIORITIES_LISTED else None
+    return QueueAges(
+        seconds_behind=_seconds(now_ms, oldest),
+        age_of_oldest_lease=_seconds(now_ms, lease),
+        priority_count=len(values),
+        priorities=listed,
+    )
+
+
+def _seconds(now_ms: int, since_ms: int | None) -> float:
+    return 0.0 if since_ms is None else max(0, now_ms - since_ms) / 1000
 
 
 def message_lifetime(model: str, own_ms: int | None, queue_ms: int | None) -> int | None:
@@ -699,6 +743,7 @@ class QueueMachine:
             return Lease(sub.key, message, None, message.deliveries, False)
         message.leased_to = sub.key
         message.lease_expires_ms = expires
+        message.leased_at_ms = now_ms
         sub.leased.add(message.bookmark)
         if expires is not None:
             self._push(expires, _LEASE, message.bookmark, message.deliveries)
@@ -730,6 +775,7 @@ class QueueMachine:
             holder.leased.discard(message.bookmark)
         message.leased_to = None
         message.lease_expires_ms = None
+        message.leased_at_ms = None
         self._outstanding -= 1
 
     def _remove(

@@ -1044,3 +1044,50 @@ def test_message_lifetime_without_a_queue_expiration(
     from sowstream.queues.machine import message_lifetime
 
     assert message_lifetime(model, own, queue_ms) == lifetime
+
+
+# --- Monitoring figures: seconds_behind, age_of_oldest_lease, priority_count ---
+
+
+def test_queue_ages_follow_leases_and_acks() -> None:
+    from sowstream.queues.machine import queue_ages
+
+    q = queue(priority="/p", max_per_subscription_backlog=5)
+    publish(q, 1, {"p": 5}, timestamp_ms=1 * S)
+    publish(q, 2, {"p": 5}, timestamp_ms=2 * S)
+    publish(q, 3, {}, timestamp_ms=3 * S)  # no value: ranks as 0
+    publish(q, 4, {"p": 9}, timestamp_ms=4 * S)
+
+    def ages(now: int) -> tuple[float, float, int, tuple[int, ...] | None]:
+        found = queue_ages(q.browse() + q.leases(), now, prioritised=True)
+        return (
+            found.seconds_behind,
+            found.age_of_oldest_lease,
+            found.priority_count,
+            found.priorities,
+        )
+
+    assert ages(10 * S) == (9.0, 0.0, 3, (0, 5, 9))
+    q.subscribe("S1", client="C1", max_backlog=2)
+    assert deliver(q, 10 * S) == [("S1", 4), ("S1", 1)]
+    assert ages(12 * S) == (11.0, 2.0, 3, (0, 5, 9))
+    q.ack([m(1)], client="C1", now_ms=12 * S)
+    assert deliver(q, 13 * S) == [("S1", 2)]
+    assert ages(14 * S) == (12.0, 4.0, 3, (0, 5, 9))  # m2 (2 s) is the oldest now
+    q.ack([m(4)], client="C1", now_ms=14 * S)
+    assert ages(14 * S)[2:] == (2, (0, 5))
+    q.ack([m(2), m(3)], client="C1", now_ms=14 * S)
+    assert ages(15 * S) == (0.0, 0.0, 0, ())
+    plain = queue()
+    publish(plain, 1, {"p": 1})
+    assert queue_ages(plain.browse(), 5, prioritised=False).priority_count == 0
+
+
+def test_queue_ages_stop_listing_priorities_beyond_the_cap() -> None:
+    from sowstream.queues.machine import PRIORITIES_LISTED, queue_ages
+
+    q = queue(priority="/p")
+    for n in range(PRIORITIES_LISTED + 1):
+        publish(q, n + 1, {"p": n})
+    found = queue_ages(q.browse(), 0, prioritised=True)
+    assert (found.priority_count, found.priorities) == (PRIORITIES_LISTED + 1, None)
