@@ -41,6 +41,7 @@ from sowstream.errors import (
     UnknownTopicError,
 )
 from sowstream.subscriptions.model import (
+    ACK,
     FAILURE,
     LOG_RESET,
     SubscriptionSpec,
@@ -571,6 +572,10 @@ class Connection:
                     sub, SubscriptionDroppedError(f"subscription {sub.sub_id}: {reason}: {text}")
                 )
                 self._unregister(sub)
+                return
+            if command == ACK:
+                if isinstance(sub, QueueSubscription):
+                    sub.on_processed(headers.get(h.OPTIONS, ""))
                 return
             try:
                 if command == LOG_RESET:

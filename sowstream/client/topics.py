@@ -42,6 +42,8 @@ class TopicInfo:
     # Preprocessing Fields, applied before computing a SowKey (and AMPS_INSTANCE_NAME() there).
     preprocessing: tuple[str, ...] = ()
     instance_name: str = ""
+    # A queue whose publish target is one name of this Pattern topic: publishes go under it.
+    publish_as: str = ""
     # How a command addresses a Pattern topic: the regex its records' topic names must match
     # (one name escaped); None: every name. Not part of the definition on the meta topic.
     topic_regex: str | None = None
@@ -91,6 +93,7 @@ class TopicInfo:
             pattern=d.get("pattern") or "",
             preprocessing=tuple(d.get("preprocessing") or ()),
             instance_name=d.get("instance_name") or "",
+            publish_as=d.get("publish_as") or "",
         )
 
     def refuse_writes(self) -> None:
@@ -106,6 +109,8 @@ class TopicInfo:
     def addressed_as(self, name: str) -> TopicInfo:
         """This topic as a command on ``name`` reads it: a Pattern topic addressed by a name its
         Pattern matches reads that name's records only; by its own Name otherwise, every name."""
+        if self.publish_as:  # a queue: its publishes go under its DefaultPublishTarget
+            return replace(self, topic_regex=name_regex(self.publish_as))
         if self.pattern and re.fullmatch(self.pattern, name):
             return replace(self, topic_regex=name_regex(name))
         return self

@@ -452,6 +452,71 @@ def available_topic_name(queue: str) -> str:
     return f"{queue}.available"
 
 
+def queue_sources(
+    queue: QueueConfig, topics: Iterable[TopicConfig]
+) -> list[tuple[TopicConfig, str | None]]:
+    """The topics (json, in the given order) whose publishes feed ``queue``, each with the one
+    published name it takes the records of (None: all of the topic's records).
+
+    A topic counts when the queue's UnderlyingTopic names it or matches its name. A regular
+    expression (Pattern) topic also counts when the UnderlyingTopic is its Pattern exactly (all
+    of its records), or is a plain name its Pattern owns (no topic is declared with that name):
+    then the records published under that name only.
+    """
+    ours = [t for t in topics if t.message_type in QUEUE_MESSAGE_TYPES]
+    declared = {t.name for t in ours}
+    out: list[tuple[TopicConfig, str | None]] = []
+    for topic in ours:
+        if queue.matches_topic(topic.name) or (
+            topic.pattern is not None and queue.underlying_topic == topic.pattern
+        ):
+            out.append((topic, None))
+        elif (
+            topic.pattern is not None
+            and not queue.underlying_is_pattern
+            and queue.underlying_topic not in declared
+            and topic.matches_name(queue.underlying_topic)
+        ):
+            out.append((topic, queue.underlying_topic))
+    return out
+
+
+def publish_topic(queue: QueueConfig, topics: Iterable[TopicConfig]) -> TopicConfig | None:
+    """The topic a publish addressed to ``queue`` goes to: its DefaultPublishTarget, declared,
+    or the Pattern topic that owns that name (None: neither)."""
+    ours = [t for t in topics if t.message_type in QUEUE_MESSAGE_TYPES]
+    target = queue.publish_target
+    named = next((t for t in ours if t.name == target), None)
+    if named is not None:
+        return named
+    return next((t for t in ours if t.pattern is not None and t.matches_name(target)), None)
+
+
+def implicit_topics(
+    queues: Iterable[QueueConfig], topics: Sequence[TopicConfig]
+) -> list[TopicConfig]:
+    """Plain topics for the DefaultPublishTargets that no topic of the configuration holds, of
+    queues over a regular expression: AMPS needs no declaration for the topics a queue reads
+    (chapter 05's ``MQ`` example names ``ORDERS_DIRECT`` only there), so the loaders declare
+    the publish target (a topic without a SOW, its log kept) for such a queue to load as
+    written. A plain UnderlyingTopic must still be declared: a misspelt one is more likely."""
+    known = list(topics)
+    out: list[TopicConfig] = []
+    for queue in queues:
+        if not queue.underlying_is_pattern or publish_topic(queue, known) is not None:
+            continue
+        topic = TopicConfig(name=queue.publish_target, message_type=queue.message_type, sow=False)
+        log.info(
+            "queue %s: DefaultPublishTarget %s is in no topic definition; declared as a topic "
+            "without a SOW",
+            queue.name,
+            topic.name,
+        )
+        known.append(topic)
+        out.append(topic)
+    return out
+
+
 def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -> None:
     """Check the queues against each other and the topics; QueueProblem names the first problem.
 
@@ -473,32 +538,35 @@ def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -
                 f"{queue.name!r} is already a topic name; a queue may only share its name with "
                 "its own UnderlyingTopic",
             )
-        fed_by = queue.underlying_topics(by_name)
-        if not fed_by:
+        fed_by = queue_sources(queue, by_name.values())
+        if not fed_by and not queue.underlying_is_pattern:
+            # A regular expression may match no topic yet: it takes topics as they come.
             raise QueueProblem(
                 index,
                 "underlying_topic",
                 f"{queue.underlying_topic!r} matches no topic of this configuration; declare the "
                 "topic (under sow or topics) so that its log exists",
             )
-        for name in fed_by:
-            if by_name[name].pattern is not None:
+        for topic, _ in fed_by:
+            if topic.message_type != queue.message_type:
                 raise QueueProblem(
                     index,
                     "underlying_topic",
-                    f"topic {name!r} is a regular expression topic (Pattern): queues over "
-                    "Pattern topics are not supported yet",
-                )
-            if by_name[name].message_type != queue.message_type:
-                raise QueueProblem(
-                    index,
-                    "underlying_topic",
-                    f"topic {name!r} carries {by_name[name].message_type}, the queue "
+                    f"topic {topic.name!r} carries {topic.message_type}, the queue "
                     f"{queue.message_type}",
                 )
-        if queue.publish_target not in by_name:
+        target = publish_topic(queue, by_name.values())
+        if target is None:
             raise QueueProblem(
                 index,
                 "default_publish_target",
                 f"{queue.publish_target!r} is not a topic of this configuration",
+            )
+        if all(topic is not target for topic, _ in fed_by):
+            raise QueueProblem(
+                index,
+                "default_publish_target",
+                f"{queue.publish_target!r} belongs to the regular expression topic "
+                f"{target.name!r} (Pattern {target.pattern!r}), which the queue does not read: "
+                "its UnderlyingTopic must be that topic's Name or Pattern, or the name itself",
             )

@@ -676,7 +676,8 @@ def queued(rec: RawRecord, data: bytes, body: dict[str, Any]) -> AppliedPublish:
     """An applied publish as a queue takes it (a delta_publish as the merged record)."""
     raw = rec.headers.get(h.EXPIRATION)
     expiration = int(float(raw) * 1000) if raw else None
-    return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration)
+    name = rec.headers.get(h.TOPIC) or None  # a Pattern topic's records carry their name
+    return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration, name)
 
 
 def plain_key(compiled: CompiledTopic[TopicConfig], rec: RawRecord, command: str) -> str | None:

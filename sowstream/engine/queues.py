@@ -114,6 +114,8 @@ class QueueRuntime:
         self.counts: dict[tuple[str, int], Counter[str]] = {}
         # Set by the engine when a view reads the queue (sowstream.engine.queue_views).
         self.view_feed: QueueViewFeed | None = None
+        # Per Pattern topic the queue reads one name of: that name (config.queue_sources).
+        self.scopes: dict[str, str] = {}
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:
         """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
@@ -124,10 +126,6 @@ class QueueRuntime:
     @property
     def name(self) -> str:
         return self.config.name
-
-    def feeds_on(self, topic: str) -> bool:
-        """Whether publishes to ``topic`` become messages of this queue."""
-        return self.config.matches_topic(topic)
 
     # -- partitions (called by the topic's processor, under the partition's lock) ---------------
 
@@ -190,7 +188,10 @@ class QueueRuntime:
         """Offer applied publishes; returns the store entries of those that became queue
         messages (written with their batch)."""
         changes: dict[bytes, bytes | None] = {}
-        for offset, timestamp, data, body, expiration in records:
+        only = self.scopes.get(topic)
+        for offset, timestamp, data, body, expiration, name in records:
+            if only is not None and name != only:
+                continue  # another name of the Pattern topic: not one this queue reads
             if self.machine.append(
                 Bookmark(topic, partition, offset), data, body, timestamp, expiration_ms=expiration
             ):
@@ -203,14 +204,16 @@ class QueueRuntime:
 
     # -- subscriptions ----------------------------------------------------------------------------
 
-    def subscribe(self, spec: SubscriptionSpec) -> int:
-        """Register (or replace) a queue subscription; returns its effective backlog."""
+    def subscribe(self, spec: SubscriptionSpec, limit: int | None = None) -> int:
+        """Register (or replace) a queue subscription; returns its effective backlog (``limit``:
+        the smallest MaxPerSubscriptionBacklog of the other queues it covers, if any)."""
         backlog = self.machine.subscribe(
             spec.key,
             client=spec.reply_to,
             identity=spec.identity,
             filter=spec.filter,
             max_backlog=spec.options.max_backlog,
+            limit=limit,
         )
         self._subs[spec.key] = spec
         self._sender.prepare(spec.reply_to)

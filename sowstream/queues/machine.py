@@ -327,8 +327,11 @@ class QueueMachine:
         identity: str = "",
         filter: str | None = None,
         max_backlog: int | None = None,
+        limit: int | None = None,
     ) -> int:
-        """Register (or replace) a subscription; returns its effective backlog.
+        """Register (or replace) a subscription; returns its effective backlog: the smallest of
+        ``max_backlog`` (1 if None), the queue's MaxPerSubscriptionBacklog and ``limit`` (the
+        other queues' limits, for a subscription covering several).
 
         A replace keeps the leases already held and the subscription's place in the fairness
         order; the new filter and backlog apply to what is delivered from now on. A bad filter
@@ -338,6 +341,8 @@ class QueueMachine:
             raise ValueError(f"max_backlog must be at least 1, got {max_backlog}")
         compiled = compile_filter(filter) if filter else None
         backlog = min(max_backlog or 1, self.config.max_per_subscription_backlog)
+        if limit is not None:
+            backlog = min(backlog, limit)
         old = self._subs.get(sub_key)
         if old is None:
             self._subs[sub_key] = _Subscription(
