@@ -18,11 +18,11 @@ from sowstream.client.subscription import (
     Subscription,
 )
 from sowstream.client.topics import TopicInfo, codec_of
+from sowstream.config.models import match_topic_names
 from sowstream.errors import (
     InvalidCommandError,
     SowstreamError,
     SubscriptionDroppedError,
-    UnknownTopicError,
 )
 from sowstream.sow.bookmarks import EPOCH, MOST_RECENT, parse_bookmark
 from sowstream.sow.query import (
@@ -447,10 +447,9 @@ class Subscribing:
             return [info] if info.queue else []
         if not REGEX_CHARS.search(topic):
             return []
-        try:
-            matched = conn.resolve_topics(topic, message_type)
-        except UnknownTopicError:
-            return []
+        kind = conn.type_of(message_type)
+        of_type = {i.name: i for i in conn.topics.values() if i.message_type == kind}
+        matched = [of_type[name] for name in match_topic_names(topic, sorted(of_type))]
         queues = [i for i in matched if i.queue]
         others = [i.name for i in matched if not i.queue]
         if queues and others:

@@ -42,7 +42,8 @@ class TopicInfo:
     # Preprocessing Fields, applied before computing a SowKey (and AMPS_INSTANCE_NAME() there).
     preprocessing: tuple[str, ...] = ()
     instance_name: str = ""
-    # A queue whose publish target is one name of this Pattern topic: publishes go under it.
+    # A queue whose publish target is one name of a Pattern topic (the fields are that topic's,
+    # its Pattern left out so the queue is no Pattern topic itself): publishes go under it.
     publish_as: str = ""
     # How a command addresses a Pattern topic: the regex its records' topic names must match
     # (one name escaped); None: every name. Not part of the definition on the meta topic.
@@ -52,6 +53,12 @@ class TopicInfo:
     def queue(self) -> bool:
         """Whether this name is a queue (subscribe leases, sow browses)."""
         return bool(self.queue_of)
+
+    @property
+    def own_queue(self) -> bool:
+        """Whether this is a queue's own record (not a topic's a queue shares its name with):
+        its other fields are its publish target's, a Pattern included, but it is no topic."""
+        return self.queue and self.name not in self.queue_of
 
     @property
     def ident(self) -> str:
@@ -109,8 +116,6 @@ class TopicInfo:
     def addressed_as(self, name: str) -> TopicInfo:
         """This topic as a command on ``name`` reads it: a Pattern topic addressed by a name its
         Pattern matches reads that name's records only; by its own Name otherwise, every name."""
-        if self.publish_as:  # a queue: its publishes go under its DefaultPublishTarget
-            return replace(self, topic_regex=name_regex(self.publish_as))
         if self.pattern and re.fullmatch(self.pattern, name):
             return replace(self, topic_regex=name_regex(name))
         return self

@@ -1091,3 +1091,10 @@ def test_queue_ages_stop_listing_priorities_beyond_the_cap() -> None:
         publish(q, n + 1, {"p": n})
     found = queue_ages(q.browse(), 0, prioritised=True)
     assert (found.priority_count, found.priorities) == (PRIORITIES_LISTED + 1, None)
+
+
+def test_a_subscription_over_several_queues_takes_the_smallest_limit() -> None:
+    q = queue(max_per_subscription_backlog=5)
+    assert q.subscribe("S1", client="C1", max_backlog=10, limit=2) == 2
+    assert q.subscribe("S2", client="C1", max_backlog=10, limit=8) == 5
+    assert q.subscribe("S3", client="C1", limit=8) == 1

@@ -125,9 +125,12 @@ class QueueUnit:
             **topic_info(target, self._ctx.names, codec=codec),
             "name": queue.name,
         }
-        if target.pattern is not None:
-            # The target is one name of a Pattern topic: publishes to the queue go under it.
-            info = {**info, "publish_as": queue.publish_target}
+        if target.pattern is not None and target.matches_name(queue.publish_target):
+            # The target is one name of a Pattern topic: publishes to the queue go under it
+            # (the queue is no Pattern topic itself: its name is not one the Pattern owns).
+            # A queue over the Pattern topic's Name keeps the Pattern: a publish to it must
+            # name a topic the Pattern owns, and clients refuse one that does not.
+            info = {**info, "pattern": "", "publish_as": queue.publish_target}
         sources = [t.name for t, _ in queue_sources(queue, queued)]
         infos[queue.name] = {**info, "queue_of": sources}
         if self._available is not None and self._available.ident in infos:
