@@ -32,6 +32,7 @@ from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.topology import Topology
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError
+from sowstream.queues.machine import BacklogShare
 from sowstream.subscriptions.model import SubscriptionSpec
 
 log = logging.getLogger("sowstream.engine")
@@ -54,6 +55,8 @@ class Clients:
         self._sender = ctx.sender
         self._confirming: set[str] = set()  # reply topics whose existence is being checked
         self._admin: AdminClient | None = None
+        # Per (reply topic, sub id) of a subscription over several queues: its shared backlog.
+        self._shares: dict[tuple[str, str], BacklogShare] = {}
         self.registry = SubscriptionRegistry(
             ctx.bootstrap,
             ctx.names.subscriptions,
@@ -98,7 +101,7 @@ class Clients:
                 self._ctx.wiring.background(self._queue_unsubscribe(queue, key))
                 return
             try:
-                backlog = queue.subscribe(spec, self._covered_limit(spec))
+                backlog = queue.subscribe(spec, self._covered_limit(spec), self._share(spec))
             except (FilterError, ValueError) as exc:
                 self.refuse(key, spec.to_wire(), refusal(exc), f"queue {topic!r}: {exc}")
                 return
@@ -135,6 +138,14 @@ class Clients:
             if pattern.fullmatch(name)
         ]
         return min(limits, default=None)
+
+    def _share(self, spec: SubscriptionSpec) -> BacklogShare | None:
+        """The backlog a subscription over several queues shares among them on this worker."""
+        if spec.topic_regex is None:
+            return None
+        for key in [k for k, share in self._shares.items() if share.empty]:
+            del self._shares[key]  # every queue let go of it: unsubscribed or gone
+        return self._shares.setdefault((spec.reply_to, spec.sub_id), BacklogShare())
 
     def _processed(self, spec: SubscriptionSpec, backlog: int) -> None:
         """Acknowledge a queue subscription to its client with its effective backlog (each

@@ -31,6 +31,7 @@ from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.queues.machine import (
     AckOutcome,
     AckResult,
+    BacklogShare,
     Bookmark,
     QueueMachine,
     Removed,
@@ -99,6 +100,7 @@ class QueueRuntime:
         self.names = names
         self._entitlement = entitlement or (lambda identity: None)
         self.machine = QueueMachine(config, self.entitled)
+        self.machine.on_wake = self.kick  # another queue freed room of a shared backlog
         self._sender = sender
         self._store = store
         self._read = read
@@ -204,9 +206,12 @@ class QueueRuntime:
 
     # -- subscriptions ----------------------------------------------------------------------------
 
-    def subscribe(self, spec: SubscriptionSpec, limit: int | None = None) -> int:
-        """Register (or replace) a queue subscription; returns its effective backlog (``limit``:
-        the smallest MaxPerSubscriptionBacklog of the other queues it covers, if any)."""
+    def subscribe(
+        self, spec: SubscriptionSpec, limit: int | None = None, share: BacklogShare | None = None
+    ) -> int:
+        """Register (or replace) a queue subscription; returns its effective backlog. For one
+        covering several queues, ``limit`` is the smallest MaxPerSubscriptionBacklog among them
+        and ``share`` the backlog they share."""
         backlog = self.machine.subscribe(
             spec.key,
             client=spec.reply_to,
@@ -214,6 +219,7 @@ class QueueRuntime:
             filter=spec.filter,
             max_backlog=spec.options.max_backlog,
             limit=limit,
+            share=share,
         )
         self._subs[spec.key] = spec
         self._sender.prepare(spec.reply_to)

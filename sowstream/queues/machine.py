@@ -42,6 +42,7 @@ from sowstream.queues.ports import QueueRules
 __all__ = [
     "AckOutcome",
     "AckResult",
+    "BacklogShare",
     "Bookmark",
     "Lease",
     "QueueAges",
@@ -184,6 +185,36 @@ class QueueStats:
     inactive: int = 0  # beyond TargetQueueDepth: stored, not yet deliverable or browsable
 
 
+class BacklogShare:
+    """One subscription's backlog, shared by the queues it covers (a regular expression over
+    several queues): what it holds from all of them counts against it, and a unit one queue
+    frees lets the others deliver again."""
+
+    def __init__(self) -> None:
+        self._members: dict[int, tuple[QueueMachine, _Subscription]] = {}
+
+    def join(self, machine: QueueMachine, sub: _Subscription) -> None:
+        self._members[id(machine)] = (machine, sub)
+
+    def leave(self, machine: QueueMachine) -> None:
+        self._members.pop(id(machine), None)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no queue counts this subscription any more."""
+        return not self._members
+
+    def held(self) -> int:
+        """Units the subscription holds over every queue it covers."""
+        return sum(sub.own for _, sub in self._members.values())
+
+    def freed(self, by: QueueMachine) -> None:
+        """``by`` freed a unit: the other queues may deliver to the subscription again."""
+        for machine, _ in list(self._members.values()):
+            if machine is not by:
+                machine.wake_up()
+
+
 @dataclass(slots=True)
 class _Subscription:
     key: str
@@ -196,10 +227,17 @@ class _Subscription:
     sent: set[Bookmark] = field(default_factory=set)  # at-most-once, awaiting an ack
     cursor: Key | None = None  # every available message up to here was offered to it
     fresh: set[Key] = field(default_factory=set)  # became available behind the cursor
+    share: BacklogShare | None = None  # over several queues: the backlog they share
+
+    @property
+    def own(self) -> int:
+        """Units held from this queue."""
+        return len(self.leased) + len(self.sent)
 
     @property
     def held(self) -> int:
-        return len(self.leased) + len(self.sent)
+        """Units counted against the backlog (from every queue it covers, with a share)."""
+        return self.own if self.share is None else self.share.held()
 
 
 @dataclass(slots=True)
@@ -310,6 +348,9 @@ class QueueMachine:
         # Bookmarks whose availability may have changed since the engine last took them; None
         # when nothing follows it (a view over the queue does: sowstream.engine.queue_views).
         self.touched: set[Bookmark] | None = None
+        # Called when another queue frees room for a subscription shared with it (the engine
+        # runs the delivery loop then).
+        self.on_wake: Callable[[], None] | None = None
 
         self._delivered = 0
         self._acked = 0
@@ -328,10 +369,12 @@ class QueueMachine:
         filter: str | None = None,
         max_backlog: int | None = None,
         limit: int | None = None,
+        share: BacklogShare | None = None,
     ) -> int:
         """Register (or replace) a subscription; returns its effective backlog: the smallest of
         ``max_backlog`` (1 if None), the queue's MaxPerSubscriptionBacklog and ``limit`` (the
-        other queues' limits, for a subscription covering several).
+        other queues' limits, for a subscription covering several; ``share`` then counts what
+        it holds from all of them against that backlog).
 
         A replace keeps the leases already held and the subscription's place in the fairness
         order; the new filter and backlog apply to what is delivered from now on. A bad filter
@@ -345,14 +388,20 @@ class QueueMachine:
             backlog = min(backlog, limit)
         old = self._subs.get(sub_key)
         if old is None:
-            self._subs[sub_key] = _Subscription(
+            sub = self._subs[sub_key] = _Subscription(
                 sub_key, client, identity, compiled, backlog, self._next_order
             )
             self._next_order += 1
         else:
-            old.client, old.identity, old.filter, old.backlog = client, identity, compiled, backlog
-            old.cursor = None
-            old.fresh.clear()
+            sub = old
+            sub.client, sub.identity, sub.filter, sub.backlog = client, identity, compiled, backlog
+            sub.cursor = None
+            sub.fresh.clear()
+            if sub.share is not None and sub.share is not share:
+                sub.share.leave(self)
+        sub.share = share
+        if share is not None:
+            share.join(self, sub)
         self._dirty = True
         return backlog
 
@@ -363,12 +412,23 @@ class QueueMachine:
         if sub is None:
             return []
         removed: list[Removed] = []
+        share, sub.share = sub.share, None  # the other queues are told once, below
         for bookmark in sorted(sub.leased, key=lambda b: self._messages[b].key):
             self._end_lease(self._messages[bookmark], sub, removed, cancel=False)
         for bookmark in list(sub.sent):
             self._free_sent(bookmark)
+        if share is not None:
+            share.leave(self)
+            share.freed(self)
         self._dirty = True
         return removed
+
+    def wake_up(self) -> None:
+        """Something outside the machine gave a subscription room (a unit of a backlog shared
+        with another queue was freed): the next dispatch looks again, and ``on_wake`` runs."""
+        self._dirty = True
+        if self.on_wake is not None:
+            self.on_wake()
 
     def disconnect(self, client: str, now_ms: int) -> list[Removed]:
         """Drop every subscription of ``client`` (its connection closed)."""
@@ -778,6 +838,8 @@ class QueueMachine:
     def _unlease(self, message: QueueMessage, holder: _Subscription | None) -> None:
         if holder is not None:
             holder.leased.discard(message.bookmark)
+            if holder.share is not None:
+                holder.share.freed(self)
         message.leased_to = None
         message.lease_expires_ms = None
         message.leased_at_ms = None
@@ -816,6 +878,8 @@ class QueueMachine:
         sub = self._subs.get(sent.sub_key)
         if sub is not None:
             sub.sent.discard(bookmark)
+            if sub.share is not None:
+                sub.share.freed(self)
         self._sent_keys.remove(sent.key)
         self._outstanding -= 1
         self._dirty = True
@@ -935,6 +999,6 @@ class QueueMachine:
             returned=self._returned,
             expired_leases=self._expired_leases,
             deferred_acks=len(self._deferred),
-            backlog={key: sub.held for key, sub in self._subs.items()},
+            backlog={key: sub.own for key, sub in self._subs.items()},
             inactive=len(self._inactive),
         )

@@ -1098,3 +1098,33 @@ def test_a_subscription_over_several_queues_takes_the_smallest_limit() -> None:
     assert q.subscribe("S1", client="C1", max_backlog=10, limit=2) == 2
     assert q.subscribe("S2", client="C1", max_backlog=10, limit=8) == 5
     assert q.subscribe("S3", client="C1", limit=8) == 1
+
+
+def test_a_backlog_shared_by_two_queues_counts_what_both_lease() -> None:
+    from sowstream.queues.machine import BacklogShare
+
+    qa = QueueMachine(QueueConfig(name="QA", underlying_topic="a", max_per_subscription_backlog=5))
+    qb = QueueMachine(QueueConfig(name="QB", underlying_topic="b", max_per_subscription_backlog=5))
+    woken: list[str] = []
+    qa.on_wake = lambda: woken.append("QA")
+    qb.on_wake = lambda: woken.append("QB")
+    share = BacklogShare()
+    for q in (qa, qb):
+        assert q.subscribe("S1", client="C1", max_backlog=2, share=share) == 2
+    for n in range(1, 4):
+        qa.append(Bookmark("a", 0, n), b"a", {"n": n}, n)
+        qb.append(Bookmark("b", 0, n), b"b", {"n": n}, n)
+    assert sent(qa.dispatch(0)[0]) == [("S1", 1), ("S1", 2)]
+    assert qb.dispatch(0)[0] == []  # the subscription holds its 2 already
+    assert woken == []
+    qa.ack([Bookmark("a", 0, 1)], client="C1", now_ms=1)
+    assert woken == ["QB"]  # room again: the other queue is told
+    assert sent(qb.dispatch(1)[0]) == [("S1", 1)]
+    assert qa.dispatch(1)[0] == []
+    assert qa.stats().backlog == {"S1": 1} and qb.stats().backlog == {"S1": 1}
+    qb.unsubscribe("S1", 2)  # its lease returns; the share counts QA's only
+    assert woken == ["QB", "QA"]
+    assert sent(qa.dispatch(2)[0]) == [("S1", 3)]
+    assert share.held() == 2
+    qa.unsubscribe("S1", 3)
+    assert share.empty
