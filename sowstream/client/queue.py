@@ -166,7 +166,7 @@ class QueueSubscription:
         with self._lock:
             batch = self._batch.setdefault(where, [])
             batch.append(message.bookmark)
-            if len(batch) < self._batch_size():
+            if len(batch) < self.ack_batch_size:
                 if self._timer is None:
                     # The first one batched: a partial batch goes out after ack_interval anyway.
                     self._timer = threading.Timer(self.ack_interval, self.flush_acks)
@@ -175,11 +175,6 @@ class QueueSubscription:
                 return
             del self._batch[where]
         self._send_acks(where[1], batch, action, False)
-
-    def _batch_size(self) -> int:
-        # At most the backlog: a fuller batch would wait for the interval with every unit held.
-        backlog = self._max_backlog
-        return self.ack_batch_size if backlog is None else min(self.ack_batch_size, backlog)
 
     def flush_acks(self, wait: bool = False) -> None:
         """Send the acknowledgements still batched; with ``wait``, return once the engine has
