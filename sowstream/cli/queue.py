@@ -281,6 +281,10 @@ def expire(
     _acknowledge("expire", queue, bookmarks, None, bootstrap, prefix)
 
 
+def _seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds else "-"
+
+
 def _expired_text(expired: dict[str, int]) -> str:
     if not expired:
         return "0"
@@ -323,6 +327,12 @@ def status(
         table.add_column(column, justify="right")
     table.add_column("expired")
     table.add_column("returned", justify="right")
+    # How each queue keeps up, apart: one table of both would not fit 80 columns.
+    ages = Table(title="how they keep up")
+    ages.add_column("queue")
+    ages.add_column("behind", justify="right")  # seconds_behind
+    ages.add_column("oldest lease", justify="right")  # age_of_oldest_lease
+    ages.add_column("priorities", justify="right")  # priority_count
     for row in rows:
         returned = row["returned"]
         table.add_row(
@@ -331,4 +341,11 @@ def status(
             _expired_text(row["expired"]),
             "-" if returned is None else str(returned),
         )
+        ages.add_row(
+            row["queue"],
+            _seconds_text(row["seconds_behind"]),
+            _seconds_text(row["age_of_oldest_lease"]),
+            str(row["priority_count"]),
+        )
     out.print(table)
+    out.print(ages)

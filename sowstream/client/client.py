@@ -276,9 +276,11 @@ class Client:
         worker serving it, its watermark and its warnings (such as a recreated log)."""
         return self._querying.status(topic)
 
-    def queue_status(self, queue: str) -> dict[str, int]:
+    def queue_status(self, queue: str) -> dict[str, Any]:
         """A queue's depth, leased messages and counters (delivered, acked, expiries by reason),
-        summed over its partitions."""
+        summed over its partitions; ``seconds_behind`` (age of the oldest message not yet
+        acknowledged) and ``age_of_oldest_lease`` in seconds, and ``priority_count`` (distinct
+        priority values in the queue)."""
         return self._querying.queue_status(queue)
 
     # -- subscriptions -----------------------------------------------------------------------------

@@ -40,7 +40,7 @@ WORKER_FORGET_SECONDS = 3600.0  # workers silent for longer are left out (gone f
 DEAD_LETTER_READ_MAX = 10_000  # dead letters read for their reasons; beyond, only the count
 
 
-def queue_row(queue: str, raw: dict[str, int]) -> dict[str, Any]:
+def queue_row(queue: str, raw: dict[str, Any]) -> dict[str, Any]:
     """A queue's counters (``Client.queue_status``) in a fixed shape: expiries by reason."""
     row: dict[str, Any] = {
         "queue": queue,
@@ -50,6 +50,9 @@ def queue_row(queue: str, raw: dict[str, int]) -> dict[str, Any]:
         "acked": raw.get("acked", 0),
         "expired": {reason: raw[reason] for reason in EXPIRY_REASONS if raw.get(reason)},
         "returned": raw.get("returned"),  # None: the engine does not report it
+        "seconds_behind": raw.get("seconds_behind", 0.0),
+        "age_of_oldest_lease": raw.get("age_of_oldest_lease", 0.0),
+        "priority_count": raw.get("priority_count", 0),
     }
     row.update({k: v for k, v in raw.items() if k not in row and k not in EXPIRY_REASONS})
     return row

@@ -42,6 +42,7 @@ from sowstream.errors import (
 )
 from sowstream.messagetypes import registry
 from sowstream.subscriptions.model import (
+    ACK,
     FAILURE,
     LOG_RESET,
     SubscriptionSpec,
@@ -289,7 +290,10 @@ class Connection:
         found = [
             info
             for info in self._topics.values()
-            if info.pattern and info.message_type == kind and re.fullmatch(info.pattern, name)
+            if info.pattern
+            and not info.own_queue
+            and info.message_type == kind
+            and re.fullmatch(info.pattern, name)
         ]
         # A conflated topic over a Pattern topic is a Pattern topic too, whose names its
         # underlying Pattern may match as well (/q/eu-C and /q/.*): the conflated one wins.
@@ -342,9 +346,13 @@ class Connection:
             scoped = [
                 replace(i, topic_regex=topic)
                 for i in of_type.values()
-                if i.pattern and PATTERN_ONLY.search(topic)
+                if i.pattern and not i.own_queue and PATTERN_ONLY.search(topic)
             ]
-            plain = [of_type[name] for name in matched if not of_type[name].pattern]
+            plain = [
+                of_type[name]
+                for name in matched
+                if not of_type[name].pattern or of_type[name].own_queue
+            ]
             if plain or scoped:
                 return [*plain, *sorted(scoped, key=lambda i: i.name)]
         if declare and kind not in registry.CONFIGURED and not PATTERN_ONLY.search(topic):
@@ -584,6 +592,10 @@ class Connection:
                     sub, SubscriptionDroppedError(f"subscription {sub.sub_id}: {reason}: {text}")
                 )
                 self._unregister(sub)
+                return
+            if command == ACK:
+                if isinstance(sub, QueueSubscription):
+                    sub.on_processed(headers.get(h.OPTIONS, ""))
                 return
             try:
                 if command == LOG_RESET:

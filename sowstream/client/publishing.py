@@ -81,6 +81,8 @@ class Publishing:
     def _published_name(info: TopicInfo) -> str | None:
         """The topic name a publish or delete on a Pattern topic goes under (None elsewhere):
         the name the command addressed, which its Pattern must match."""
+        if info.publish_as:  # a queue whose DefaultPublishTarget is one name of a Pattern topic
+            return info.publish_as
         if not info.pattern:
             return None
         name = info.published_name

@@ -34,6 +34,9 @@ from sowstream.sow.query import (
 from sowstream.wire import protocol
 from sowstream.wire.topics import JSON
 
+# A queue status row's ages (seconds): the queue's is the oldest of its partitions'.
+QUEUE_AGES = ("seconds_behind", "age_of_oldest_lease")
+
 
 @dataclass(slots=True)
 class _Answer:
@@ -228,18 +231,31 @@ class Querying:
         found = [m for m in self.sow(topic, filter, **options) if m.command == "sow"]
         return [m.json() if m.codec is None else m.data for m in found]
 
-    def queue_status(self, queue: str) -> dict[str, int]:
-        """A queue's counters summed over its partitions (:meth:`Client.queue_status`)."""
+    def queue_status(self, queue: str) -> dict[str, Any]:
+        """A queue's counters summed over its partitions, its ages the oldest of any partition
+        and its priority levels counted over all of them (:meth:`Client.queue_status`)."""
         info = self._conn.topic_info(queue)
         if not info.queue:
             raise InvalidCommandError(f"topic {queue!r} is not a queue")
         total: Counter[str] = Counter()
+        ages = dict.fromkeys(QUEUE_AGES, 0.0)
+        levels: set[int] | None = set()
+        most_levels = 0
         for msg in self._queue_query(info, "queue_status", None, validate_query()):
             if msg.command == "sow":
                 row = msg.json()
                 row.pop("topic", None)
+                for name in QUEUE_AGES:
+                    ages[name] = max(ages[name], float(row.pop(name, 0.0)))
+                count = int(row.pop("priority_count", 0))
+                listed = row.pop("priorities", None)
+                most_levels = max(most_levels, count)
+                if levels is not None and count:
+                    # Over the listing cap only counts come: the total is at least the largest.
+                    levels = levels | set(listed) if listed is not None else None
                 total.update(row)
-        return {"depth": 0, "leased": 0, **total}
+        priority_count = len(levels) if levels is not None else most_levels
+        return {"depth": 0, "leased": 0, **total, **ages, "priority_count": priority_count}
 
     def status(self, topic: str | None = None) -> list[dict[str, Any]]:
         """Every partition's ``status`` answer (:meth:`Client.status`)."""

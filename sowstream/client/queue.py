@@ -18,13 +18,15 @@ from collections.abc import Callable, Iterator
 
 from sowstream.client.messages import Message
 from sowstream.client.subscription import MessageHandler, _Live, next_message
-from sowstream.errors import SowstreamError
+from sowstream.errors import InvalidCommandError, SowstreamError
 from sowstream.messagetypes import MessageType
 from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.subscriptions.options import parse_options
 
-# Sends one batch of acknowledgements: (bookmarks, action "" | "cancel" | "expire", and whether
-# to wait until the engine has applied them).
-AckSender = Callable[[list[str], str, bool], None]
+# Sends one batch of acknowledgements: (the queue, its bookmarks, action "" | "cancel" |
+# "expire", and whether to wait until the engine has applied them).
+AckSender = Callable[[str, list[str], str, bool], None]
+_ACTIONS = ("", "cancel", "expire")
 
 log = logging.getLogger("sowstream.client")
 
@@ -59,11 +61,16 @@ class QueueSubscription:
         self._codec = codec  # the queue's message type; None for json
         self._queue: queue.Queue[Message | BaseException | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._batch: dict[str, list[str]] = {"": [], "cancel": [], "expire": []}
+        # Batched bookmarks per (action, queue): one subscription may cover several queues.
+        self._batch: dict[tuple[str, str], list[str]] = {}
+        self._queues = tuple(spec.topic for spec in specs)
         self._current: Message | None = None  # auto_ack: handed out, acknowledged on the next
         self._closed = False
         # Why the engine ended this subscription each time the client registered it again.
         self.interruptions: list[str] = []
+        # The effective backlog the engine reported in its processed ack (None: not yet).
+        self._max_backlog: int | None = None
+        self._acked = threading.Event()
 
     last_bookmark = ""  # a queue subscription never resumes from a bookmark
 
@@ -103,6 +110,30 @@ class QueueSubscription:
         if self.auto_ack:
             self._add(msg, "")
 
+    def on_processed(self, options: str) -> None:
+        """The engine's processed ack arrived: it leases, with ``max_backlog=<n>`` in
+        ``options`` (each worker acknowledges; every one reports the same value)."""
+        try:
+            found = parse_options(options).max_backlog
+        except InvalidCommandError:
+            return  # not options this client reads: nothing to learn from it
+        if found is not None and self._max_backlog is None:
+            self._max_backlog = found
+            self._acked.set()
+
+    @property
+    def max_backlog(self) -> int | None:
+        """The effective backlog the engine reported (AMPS's ``max_backlog`` in the subscribe
+        ack): the smaller of what was asked and the queues' MaxPerSubscriptionBacklog. None
+        until the engine's acknowledgement has arrived (see :meth:`wait_processed`)."""
+        return self._max_backlog
+
+    def wait_processed(self, timeout: float | None = None) -> int | None:
+        """Wait for the engine's acknowledgement; the effective backlog, or None if it did not
+        come within ``timeout`` seconds."""
+        self._acked.wait(timeout)
+        return self._max_backlog
+
     def fail(self, error: BaseException) -> None:
         """End the subscription with ``error`` (raised to the iterating application)."""
         with self._lock:
@@ -123,9 +154,21 @@ class QueueSubscription:
         """Expire ``message`` now (reason ``forced_expire``): it is not delivered again."""
         self._add(message, "expire")
 
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The queues this subscription leases from (several for a regular expression)."""
+        return self._queues
+
+    def _queue_of(self, message: Message) -> str:
+        # A delivery names its queue in its topic; with one queue, that is the one.
+        if len(self._queues) == 1 or message.topic not in self._queues:
+            return self._queues[0]
+        return message.topic
+
     def _add(self, message: Message, action: str) -> None:
+        where = (action, self._queue_of(message))
         with self._lock:
-            batch = self._batch[action]
+            batch = self._batch.setdefault(where, [])
             batch.append(message.bookmark)
             if len(batch) < self.ack_batch_size:
                 if self._timer is None:
@@ -134,20 +177,23 @@ class QueueSubscription:
                     self._timer.daemon = True
                     self._timer.start()
                 return
-            self._batch[action] = []
-        self._send_acks(batch, action, False)
+            del self._batch[where]
+        self._send_acks(where[1], batch, action, False)
 
     def flush_acks(self, wait: bool = False) -> None:
         """Send the acknowledgements still batched; with ``wait``, return once the engine has
         applied them."""
         with self._lock:
-            batches, self._batch = self._batch, {"": [], "cancel": [], "expire": []}
+            batches, self._batch = self._batch, {}
             timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
-        for action, bookmarks in batches.items():
+        # Acknowledgements before cancels before expiries, as they were always sent.
+        for (action, queue_name), bookmarks in sorted(
+            batches.items(), key=lambda item: (_ACTIONS.index(item[0][0]), item[0][1])
+        ):
             if bookmarks:
-                self._send_acks(bookmarks, action, wait)
+                self._send_acks(queue_name, bookmarks, action, wait)
 
     # -- application side --------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ class Queueing:
 
     def subscribe(
         self,
-        info: TopicInfo,
+        infos: list[TopicInfo],
         filter: str | None,
         options: str | SubscriptionOptions | None,
         sub_id: str | None,
@@ -43,8 +43,10 @@ class Queueing:
         auto_ack: bool,
         ack_batch_size: int,
         ack_interval: float,
+        topic_regex: str | None = None,
     ) -> QueueSubscription:
-        """Lease messages of queue ``info`` (see ``Client.subscribe``)."""
+        """Lease messages of the queues ``infos`` (see ``Client.subscribe``): one queue, or the
+        queues a regular expression ``topic_regex`` named, under one subscription id."""
         conn = self._conn
         user = options if isinstance(options, SubscriptionOptions) else parse_options(options)
         validate_query(filter=filter)
@@ -53,32 +55,40 @@ class Queueing:
                 f"subscription id {sub_id!r} is in use: pass options='replace' to change it"
             )
         sub_id = sub_id or uuid.uuid4().hex[:16]
-        spec = SubscriptionSpec(
-            sub_id=sub_id,
-            reply_to=conn.reply_topic,
-            topic=info.name,
-            command=SUBSCRIBE,
-            filter=filter,
-            options=replace(user, replace=False),
-            identity=conn.identity,
-            message_type=info.message_type,
-        )
+        # Over several queues each registration names the expression, so every queue's worker
+        # caps the backlog with the smallest MaxPerSubscriptionBacklog of them all.
+        specs = [
+            SubscriptionSpec(
+                sub_id=sub_id,
+                reply_to=conn.reply_topic,
+                topic=info.name,
+                command=SUBSCRIBE,
+                filter=filter,
+                options=replace(user, replace=False),
+                identity=conn.identity,
+                topic_regex=topic_regex,
+                message_type=info.message_type,
+            )
+            for info in infos
+        ]
         sub = QueueSubscription(
             sub_id,
-            [spec],
-            lambda bookmarks, action, wait: self._send_acks(info.name, bookmarks, action, wait),
+            specs,
+            self._send_acks,
             auto_ack=auto_ack,
             ack_batch_size=ack_batch_size,
             ack_interval=ack_interval,
             on_message=on_message,
             unsubscribe=conn.drop_subscription,
-            codec=codec_of([info]),
+            codec=codec_of(infos),
         )
         conn.add_subscription(sub)
-        conn.register([spec])
+        conn.register(specs)
         # Connected, with the control topics' metadata, before the first acknowledgement: the
         # first one would otherwise wait for both while the backlog stays full.
-        conn.prepare_acks(conn.names.control(t, info.message_type) for t in info.queue_of)
+        conn.prepare_acks(
+            conn.names.control(t, info.message_type) for info in infos for t in info.queue_of
+        )
         return sub
 
     def ack(

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
-from sowstream.client.connection import Connection
+from sowstream.client.connection import REGEX_CHARS, Connection
 from sowstream.client.messages import Message
 from sowstream.client.querying import Querying
 from sowstream.client.queue import QueueSubscription
@@ -19,6 +19,7 @@ from sowstream.client.subscription import (
     Subscription,
 )
 from sowstream.client.topics import TopicInfo, codec_of
+from sowstream.config.models import match_topic_names
 from sowstream.errors import (
     CommandTimeoutError,
     InvalidCommandError,
@@ -201,7 +202,8 @@ class Subscribing:
         message_type: str | None = None,
     ) -> Subscription | QueueSubscription:
         """A ``subscribe``; on a queue, a lease (:meth:`Client.subscribe`)."""
-        if bookmark is None and self._is_queue(topic, message_type):
+        queues = self._queues_named(topic, message_type) if bookmark is None else []
+        if queues:
             wanted = options if isinstance(options, SubscriptionOptions) else None
             if (wanted or parse_options(options if isinstance(options, str) else None)).aggregated:
                 raise InvalidCommandError(
@@ -212,9 +214,17 @@ class Subscribing:
                 raise InvalidCommandError(
                     f"queue {topic!r} leases messages, not records: SowKeys do not apply"
                 )
-            info = self._conn.topic_info(topic, message_type)
+            regex = None if len(queues) == 1 and queues[0].name == topic else topic
             return self._queueing.subscribe(
-                info, filter, options, sub_id, on_message, auto_ack, ack_batch_size, ack_interval
+                queues,
+                filter,
+                options,
+                sub_id,
+                on_message,
+                auto_ack,
+                ack_batch_size,
+                ack_interval,
+                topic_regex=regex,
             )
         return self._subscribe(
             SUBSCRIBE,
@@ -241,7 +251,7 @@ class Subscribing:
         message_type: str | None = None,
     ) -> Subscription | QueueSubscription:
         """A ``delta_subscribe`` (:meth:`Client.delta_subscribe`)."""
-        if bookmark is None and self._is_queue(topic, message_type):
+        if bookmark is None and self._queues_named(topic, message_type):
             return self.subscribe(
                 topic,
                 filter,
@@ -481,9 +491,28 @@ class Subscribing:
         sub.release()
         return sub
 
-    def _is_queue(self, topic: str, message_type: str | None = None) -> bool:
-        info = self._conn.known(topic, message_type)
-        return info is not None and info.queue
+    def _queues_named(self, topic: str, message_type: str | None = None) -> list[TopicInfo]:
+        """The queues ``topic`` names: the queue of that name, or the queues a regular
+        expression matches (AMPS lets one subscription cover several). Empty when it names no
+        queue; InvalidCommandError when an expression matches queues and other topics alike."""
+        conn = self._conn
+        info = conn.known(topic, message_type)
+        if info is not None:
+            return [info] if info.queue else []
+        if not REGEX_CHARS.search(topic):
+            return []
+        kind = conn.type_of(message_type)
+        of_type = {i.name: i for i in conn.topics.values() if i.message_type == kind}
+        matched = [of_type[name] for name in match_topic_names(topic, sorted(of_type))]
+        queues = [i for i in matched if i.queue]
+        others = [i.name for i in matched if not i.queue]
+        if queues and others:
+            raise InvalidCommandError(
+                f"{topic!r} matches queues ({', '.join(i.name for i in queues)}) and topics "
+                f"that are not queues ({', '.join(others)}): one subscription either leases "
+                "from queues or follows topics; narrow the expression"
+            )
+        return queues
 
     def place(
         self,

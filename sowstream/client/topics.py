@@ -45,6 +45,9 @@ class TopicInfo:
     # A view's or conflated topic's fields that name a record though it has no Key fields: its
     # Grouping fields, or the underlying record's key fields (see delta_keys).
     record_keys: tuple[str, ...] = ()
+    # A queue whose publish target is one name of a Pattern topic (the fields are that topic's,
+    # its Pattern left out so the queue is no Pattern topic itself): publishes go under it.
+    publish_as: str = ""
     # How a command addresses a Pattern topic: the regex its records' topic names must match
     # (one name escaped); None: every name. Not part of the definition on the meta topic.
     topic_regex: str | None = None
@@ -59,6 +62,12 @@ class TopicInfo:
         """The fields a delta carries to name its record (send_keys): the Key fields, else a
         view's Grouping fields or a conflated topic's underlying key fields."""
         return self.keys or self.record_keys
+
+    @property
+    def own_queue(self) -> bool:
+        """Whether this is a queue's own record (not a topic's a queue shares its name with):
+        its other fields are its publish target's, a Pattern included, but it is no topic."""
+        return self.queue and self.name not in self.queue_of
 
     @property
     def ident(self) -> str:
@@ -101,6 +110,7 @@ class TopicInfo:
             preprocessing=tuple(d.get("preprocessing") or ()),
             instance_name=d.get("instance_name") or "",
             record_keys=tuple(d.get("delta_keys") or ()),
+            publish_as=d.get("publish_as") or "",
         )
 
     def refuse_writes(self) -> None:

@@ -43,6 +43,7 @@ from sowstream.config.queues import (
     QueueConfig,
     QueueProblem,
     check_queues,
+    implicit_topics,
 )
 from sowstream.config.root import SowstreamConfig
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
@@ -226,6 +227,9 @@ def load_amps_xml(
                 defined.append((topic.name, topic.message_type))
             else:
                 _not_a_topic(child, section.tag, source, skip_unsupported)
+    for implicit in implicit_topics([queue for queue, _, _ in queues], topics):
+        topics.append(implicit)
+        defined.append((implicit.name, implicit.message_type))
     try:
         check_queues([queue for queue, _, _ in queues], topics)
     except QueueProblem as exc:

@@ -52,6 +52,7 @@ from sowstream.config.queues import (
     QueueConfig,
     QueueProblem,
     check_queues,
+    implicit_topics,
 )
 from sowstream.config.root import SowstreamConfig
 from sowstream.config.views import FIELD_ELEMENTS as VIEW_FIELD_ELEMENTS
@@ -383,6 +384,7 @@ def _queues(
         if queue is not None:
             queues.append(queue)
             elements.append(element)
+    topics.extend(implicit_topics(queues, topics))
     try:
         check_queues(queues, topics)
     except QueueProblem as exc:

@@ -38,6 +38,8 @@ QueueKind = Literal["queue", "local", "group_local"]
 Semantics = Literal["at-least-once", "at-most-once"]
 FairnessModel = Literal["fast", "round-robin", "proportional"]
 Leasing = Literal["strict", "sublet"]
+# How a message's own expiration and the queue's Expiration combine (AMPS 5.3.5).
+ExpirationModel = Literal["default", "queue", "latest", "earliest"]
 
 MIN_TARGET_QUEUE_DEPTH = 1000
 DAY_MS = 86_400_000
@@ -73,6 +75,7 @@ QUEUE_ELEMENTS: dict[str, str] = {
     "MaxPerSubscriptionBacklog": "max_per_subscription_backlog",
     "TargetQueueDepth": "target_queue_depth",
     "Expiration": "expiration_ms",
+    "ExpirationModel": "expiration_model",
     "Filter": "filter",
     "RecoveryPoint": "recovery_point",
     "FairnessModel": "fairness_model",
@@ -174,6 +177,7 @@ class QueueConfig(Frozen):
     max_per_subscription_backlog: int = 1
     target_queue_depth: int | None = None
     expiration_ms: int | None = None
+    expiration_model: ExpirationModel = "default"
     filter: str | None = None
     recovery_point: str = "epoch"
     fairness_model: FairnessModel
@@ -257,6 +261,11 @@ class QueueConfig(Frozen):
     @classmethod
     def _expiration(cls, value: object) -> int | None:
         return _optional_interval(value, "Expiration", zero_ok=False)
+
+    @field_validator("expiration_model", mode="before")
+    @classmethod
+    def _expiration_model(cls, value: object) -> str:
+        return one_of(value, "ExpirationModel", get_args(ExpirationModel))
 
     @field_validator("deferred_ack_expiration_ms", mode="before")
     @classmethod
@@ -443,6 +452,72 @@ def available_topic_name(queue: str) -> str:
     return f"{queue}.available"
 
 
+def queue_sources(
+    queue: QueueConfig, topics: Iterable[TopicConfig]
+) -> list[tuple[TopicConfig, str | None]]:
+    """The topics (of the queue's MessageType, in the given order) whose publishes feed
+    ``queue``, each with the one published name it takes the records of (None: all of the
+    topic's records).
+
+    A topic counts when the queue's UnderlyingTopic names it or matches its name. A regular
+    expression (Pattern) topic also counts when the UnderlyingTopic is its Pattern exactly (all
+    of its records), or is a plain name its Pattern owns (no topic is declared with that name):
+    then the records published under that name only.
+    """
+    ours = [t for t in topics if t.message_type == queue.message_type]
+    declared = {t.name for t in ours}
+    out: list[tuple[TopicConfig, str | None]] = []
+    for topic in ours:
+        if queue.matches_topic(topic.name) or (
+            topic.pattern is not None and queue.underlying_topic == topic.pattern
+        ):
+            out.append((topic, None))
+        elif (
+            topic.pattern is not None
+            and not queue.underlying_is_pattern
+            and queue.underlying_topic not in declared
+            and topic.matches_name(queue.underlying_topic)
+        ):
+            out.append((topic, queue.underlying_topic))
+    return out
+
+
+def publish_topic(queue: QueueConfig, topics: Iterable[TopicConfig]) -> TopicConfig | None:
+    """The topic a publish addressed to ``queue`` goes to: its DefaultPublishTarget, declared,
+    or the Pattern topic that owns that name (None: neither)."""
+    ours = [t for t in topics if t.message_type == queue.message_type]
+    target = queue.publish_target
+    named = next((t for t in ours if t.name == target), None)
+    if named is not None:
+        return named
+    return next((t for t in ours if t.pattern is not None and t.matches_name(target)), None)
+
+
+def implicit_topics(
+    queues: Iterable[QueueConfig], topics: Sequence[TopicConfig]
+) -> list[TopicConfig]:
+    """Plain topics for the DefaultPublishTargets that no topic of the configuration holds, of
+    queues over a regular expression: AMPS needs no declaration for the topics a queue reads
+    (chapter 05's ``MQ`` example names ``ORDERS_DIRECT`` only there), so the loaders declare
+    the publish target (a topic without a SOW, its log kept) for such a queue to load as
+    written. A plain UnderlyingTopic must still be declared: a misspelt one is more likely."""
+    known = list(topics)
+    out: list[TopicConfig] = []
+    for queue in queues:
+        if not queue.underlying_is_pattern or publish_topic(queue, known) is not None:
+            continue
+        topic = TopicConfig(name=queue.publish_target, message_type=queue.message_type, sow=False)
+        log.info(
+            "queue %s: DefaultPublishTarget %s is in no topic definition; declared as a topic "
+            "without a SOW",
+            queue.name,
+            topic.name,
+        )
+        known.append(topic)
+        out.append(topic)
+    return out
+
+
 def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -> None:
     """Check the queues against each other and the topics; QueueProblem names the first problem.
 
@@ -464,7 +539,7 @@ def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -
                 f"{queue.name!r} is already a topic name; a queue may only share its name with "
                 "its own UnderlyingTopic",
             )
-        fed_by = queue.underlying_topics(by_name)
+        fed_by = queue_sources(queue, by_name.values())
         others = [t for t in topics if t.name not in by_name and queue.matches_topic(t.name)]
         if not fed_by and others:
             raise QueueProblem(
@@ -473,31 +548,34 @@ def check_queues(queues: Sequence[QueueConfig], topics: Sequence[TopicConfig]) -
                 f"topic {others[0].name!r} carries {others[0].message_type}, the queue "
                 f"{queue.message_type}: give the queue the topic's MessageType",
             )
-        if not fed_by:
+        if not fed_by and not queue.underlying_is_pattern:
+            # A regular expression may match no topic yet: it takes topics as they come.
             raise QueueProblem(
                 index,
                 "underlying_topic",
                 f"{queue.underlying_topic!r} matches no topic of this configuration; declare the "
                 "topic (under sow or topics) so that its log exists",
             )
-        for name in fed_by:
-            if by_name[name].pattern is not None:
+        for topic, _ in fed_by:
+            if topic.message_type != queue.message_type:
                 raise QueueProblem(
                     index,
                     "underlying_topic",
-                    f"topic {name!r} is a regular expression topic (Pattern): queues over "
-                    "Pattern topics are not supported yet",
-                )
-            if by_name[name].message_type != queue.message_type:
-                raise QueueProblem(
-                    index,
-                    "underlying_topic",
-                    f"topic {name!r} carries {by_name[name].message_type}, the queue "
+                    f"topic {topic.name!r} carries {topic.message_type}, the queue "
                     f"{queue.message_type}",
                 )
-        if queue.publish_target not in by_name:
+        target = publish_topic(queue, by_name.values())
+        if target is None:
             raise QueueProblem(
                 index,
                 "default_publish_target",
                 f"{queue.publish_target!r} is not a topic of this configuration",
+            )
+        if all(topic is not target for topic, _ in fed_by):
+            raise QueueProblem(
+                index,
+                "default_publish_target",
+                f"{queue.publish_target!r} belongs to the regular expression topic "
+                f"{target.name!r} (Pattern {target.pattern!r}), which the queue does not read: "
+                "its UnderlyingTopic must be that topic's Name or Pattern, or the name itself",
             )

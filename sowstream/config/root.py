@@ -30,6 +30,7 @@ from sowstream.config.queues import (
     QueueConfig,
     available_topic_name,
     check_queues,
+    queue_sources,
 )
 from sowstream.config.views import (
     ViewConfig,
@@ -151,10 +152,8 @@ class SowstreamConfig(Frozen):
         keeps for the view (json, partitioned like the widest of the queue's topics)."""
         read = {name for view in self.views for name in view.underlying_names}
         ours = {available_topic_name(q.name) for q in self.queues}
-        names = [
-            t.name
-            for t in self.topics
-            if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in ours
+        readable = [
+            t for t in self.topics if t.message_type in QUEUE_MESSAGE_TYPES and t.name not in ours
         ]
         out: dict[str, TopicConfig] = {}
         for queue in self.queues:
@@ -162,7 +161,7 @@ class SowstreamConfig(Frozen):
                 continue  # a queue named like its topic: views read the topic
             if queue.message_type not in QUEUE_MESSAGE_TYPES:
                 continue  # the view's check names the queue it cannot read
-            partitions = [self.topic(n, "json").partitions for n in queue.underlying_topics(names)]
+            partitions = [t.partitions for t, _ in queue_sources(queue, readable)]
             out[queue.name] = TopicConfig(
                 name=available_topic_name(queue.name),
                 message_type="json",

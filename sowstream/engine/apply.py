@@ -709,7 +709,8 @@ def queued(rec: RawRecord, data: bytes, body: dict[str, Any], topic: str) -> App
     expiration header it cannot hold is an InvalidMessageError (checked already on a SOW
     topic, by the fold)."""
     expiration = parse_expiration_header(topic, rec.headers.get(h.EXPIRATION))
-    return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration)
+    name = rec.headers.get(h.TOPIC) or None  # a Pattern topic's records carry their name
+    return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration, name)
 
 
 def plain_key(compiled: CompiledTopic[TopicConfig], rec: RawRecord, command: str) -> str | None:

@@ -133,6 +133,18 @@ class AutoTopics:
                 "its records go to that regular expression topic (publish with the name in the "
                 f"{h.TOPIC} header to {names.log(owner.name, owner.message_type)})"
             )
+        reader = next(
+            (q for q in config.queues if q.underlying_is_pattern and q.matches_topic(name)), None
+        )
+        if reader is not None:
+            # A topic created on first use keeps no store of its own (its state is rebuilt from
+            # the log), so a queue could not keep its acknowledgements: refused rather than
+            # created and silently left out of the queue.
+            return (
+                f"topic {name!r} matches UnderlyingTopic {reader.underlying_topic!r} of queue "
+                f"{reader.name!r}: declare it under sow: or topics: (and restart the workers) "
+                "so that the queue reads it; topics created on first use do not feed queues"
+            )
         if not config.engine.auto_create_topics:
             return (
                 f"topic {name!r} is not declared and engine.auto_create_topics is false: declare "

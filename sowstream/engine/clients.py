@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from sowstream.config.models import SlowConsumerConfig
 from sowstream.engine import metrics
 from sowstream.engine.autotopics import AutoTopics
-from sowstream.engine.outbox import failure_headers, refusal_headers
+from sowstream.engine.outbox import failure_headers, processed_headers, refusal_headers
 from sowstream.engine.queries import refusal
 from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.registry import SubscriptionRegistry
@@ -31,6 +32,7 @@ from sowstream.engine.slow import SlowConsumerWatch
 from sowstream.engine.topology import Topology
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import FilterError
+from sowstream.queues.machine import BacklogShare
 from sowstream.subscriptions.model import SubscriptionSpec
 
 log = logging.getLogger("sowstream.engine")
@@ -53,6 +55,8 @@ class Clients:
         self._sender = ctx.sender
         self._confirming: set[str] = set()  # reply topics whose existence is being checked
         self._admin: AdminClient | None = None
+        # Per (reply topic, sub id) of a subscription over several queues: its shared backlog.
+        self._shares: dict[tuple[str, str], BacklogShare] = {}
         self.registry = SubscriptionRegistry(
             ctx.bootstrap,
             ctx.names.subscriptions,
@@ -97,9 +101,11 @@ class Clients:
                 self._ctx.wiring.background(self._queue_unsubscribe(queue, key))
                 return
             try:
-                queue.subscribe(spec)
+                backlog = queue.subscribe(spec, self._covered_limit(spec), self._share(spec))
             except (FilterError, ValueError) as exc:
                 self.refuse(key, spec.to_wire(), refusal(exc), f"queue {topic!r}: {exc}")
+                return
+            self._processed(spec, backlog)
             return
         unit = self._topology.topics.get(topic)
         if unit is None:
@@ -116,6 +122,40 @@ class Clients:
             proc.subs.upsert(spec, held=proc.partitions)
         except (FilterError, InvalidCommandError) as exc:
             self.refuse(key, spec.to_wire(), refusal(exc), f"topic {spec.topic!r}: {exc}")
+
+    def _covered_limit(self, spec: SubscriptionSpec) -> int | None:
+        """For a subscription over several queues (a regular expression, ``topic_regex``): the
+        smallest MaxPerSubscriptionBacklog among them, which caps its backlog on each."""
+        if spec.topic_regex is None:
+            return None
+        try:
+            pattern = re.compile(spec.topic_regex)
+        except re.error:
+            return None
+        limits = [
+            q.config.max_per_subscription_backlog
+            for name, q in self._topology.queues.items()
+            if pattern.fullmatch(name)
+        ]
+        return min(limits, default=None)
+
+    def _share(self, spec: SubscriptionSpec) -> BacklogShare | None:
+        """The backlog a subscription over several queues shares among them on this worker."""
+        if spec.topic_regex is None:
+            return None
+        for key in [k for k, share in self._shares.items() if share.empty]:
+            del self._shares[key]  # every queue let go of it: unsubscribed or gone
+        return self._shares.setdefault((spec.reply_to, spec.sub_id), BacklogShare())
+
+    def _processed(self, spec: SubscriptionSpec, backlog: int) -> None:
+        """Acknowledge a queue subscription to its client with its effective backlog (each
+        worker that takes it does: the client keeps the first)."""
+        sender, headers = self._sender, processed_headers(spec, backlog)
+
+        async def send() -> None:
+            await sender.send_reply(spec.reply_to, b"", headers)
+
+        self._ctx.wiring.background(send())
 
     def refuse(self, key: str, raw: Mapping[str, Any], reason: str, text: str) -> None:
         """Tell the client behind a registration that it is refused, and why: a ``failure``

@@ -17,7 +17,14 @@ from sowstream.engine import metrics
 from sowstream.engine.partition import DELIVERY_WAIT_SECONDS
 from sowstream.engine.ports import Sender
 from sowstream.sow.compiled import CompiledTopic
-from sowstream.subscriptions.model import FAILURE, Change, Delivery, SubscriptionSpec
+from sowstream.subscriptions.model import (
+    ACK,
+    FAILURE,
+    PROCESSED,
+    Change,
+    Delivery,
+    SubscriptionSpec,
+)
 from sowstream.views.conflated import ConflatedFeed
 from sowstream.views.routing import ViewFeed
 from sowstream.wire import headers as h
@@ -134,6 +141,18 @@ def live_headers(d: Delivery) -> list[tuple[str, bytes]]:
 def failure_headers(spec: SubscriptionSpec, reason: str) -> list[tuple[str, bytes]]:
     """Headers of the message that tells a client the engine ended its subscription."""
     return refusal_headers(spec.sub_id, spec.topic, reason)
+
+
+def processed_headers(spec: SubscriptionSpec, backlog: int) -> list[tuple[str, bytes]]:
+    """Headers of the ``processed`` ack of a queue subscription: it is leasing, with the
+    effective backlog in its options (``max_backlog=<n>``, as AMPS reports it)."""
+    return [
+        (h.COMMAND, ACK.encode()),
+        (h.ACK_TYPE, PROCESSED.encode()),
+        (h.SUB_ID, spec.sub_id.encode()),
+        (h.TOPIC, spec.topic.encode()),
+        (h.OPTIONS, f"max_backlog={backlog}".encode()),
+    ]
 
 
 def refusal_headers(sub_id: str, topic: str, reason: str) -> list[tuple[str, bytes]]:

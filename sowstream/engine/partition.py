@@ -39,6 +39,7 @@ class AppliedPublish(NamedTuple):
     data: bytes
     body: dict[str, Any]
     expiration_ms: int | None
+    name: str | None = None  # on a Pattern topic: the topic name it was published under
 
 
 class Ack(NamedTuple):

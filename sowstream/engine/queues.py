@@ -30,7 +30,15 @@ from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageType, registry
-from sowstream.queues.machine import AckOutcome, AckResult, Bookmark, QueueMachine, Removed
+from sowstream.queues.machine import (
+    AckOutcome,
+    AckResult,
+    BacklogShare,
+    Bookmark,
+    QueueMachine,
+    Removed,
+    queue_ages,
+)
 from sowstream.queues.store import (
     AckMemory,
     StoredMessage,
@@ -104,6 +112,7 @@ class QueueRuntime:
         self.names = names
         self._entitlement = entitlement or (lambda identity: None)
         self.machine = QueueMachine(config, self.entitled)
+        self.machine.on_wake = self.kick  # another queue freed room of a shared backlog
         self._sender = sender
         self._store = store
         self._read = read
@@ -119,6 +128,8 @@ class QueueRuntime:
         self.counts: dict[tuple[str, int], Counter[str]] = {}
         # Set by the engine when a view reads the queue (sowstream.engine.queue_views).
         self.view_feed: QueueViewFeed | None = None
+        # Per Pattern topic the queue reads one name of: that name (config.queue_sources).
+        self.scopes: dict[str, str] = {}
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:
         """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
@@ -129,10 +140,6 @@ class QueueRuntime:
     @property
     def name(self) -> str:
         return self.config.name
-
-    def feeds_on(self, topic: str) -> bool:
-        """Whether publishes to ``topic`` become messages of this queue."""
-        return self.config.matches_topic(topic)
 
     # -- partitions (called by the topic's processor, under the partition's lock) ---------------
 
@@ -195,7 +202,10 @@ class QueueRuntime:
         """Offer applied publishes; returns the store entries of those that became queue
         messages (written with their batch)."""
         changes: dict[bytes, bytes | None] = {}
-        for offset, timestamp, data, body, expiration in records:
+        only = self.scopes.get(topic)
+        for offset, timestamp, data, body, expiration, name in records:
+            if only is not None and name != only:
+                continue  # another name of the Pattern topic: not one this queue reads
             if self.machine.append(
                 Bookmark(topic, partition, offset), data, body, timestamp, expiration_ms=expiration
             ):
@@ -208,14 +218,20 @@ class QueueRuntime:
 
     # -- subscriptions ----------------------------------------------------------------------------
 
-    def subscribe(self, spec: SubscriptionSpec) -> int:
-        """Register (or replace) a queue subscription; returns its effective backlog."""
+    def subscribe(
+        self, spec: SubscriptionSpec, limit: int | None = None, share: BacklogShare | None = None
+    ) -> int:
+        """Register (or replace) a queue subscription; returns its effective backlog. For one
+        covering several queues, ``limit`` is the smallest MaxPerSubscriptionBacklog among them
+        and ``share`` the backlog they share."""
         backlog = self.machine.subscribe(
             spec.key,
             client=spec.reply_to,
             identity=spec.identity,
             filter=spec.filter,
             max_backlog=spec.options.max_backlog,
+            limit=limit,
+            share=share,
         )
         self._subs[spec.key] = spec
         self._sender.prepare(spec.reply_to)
@@ -485,8 +501,9 @@ class QueueRuntime:
 
     # -- reading ----------------------------------------------------------------------------------
 
-    def status(self, topic: str, partition: int) -> dict[str, int]:
-        """Depth, leased and the counters of one log partition."""
+    def status(self, topic: str, partition: int) -> dict[str, Any]:
+        """Depth, leased, the ages and priority levels, and the counters of one log partition
+        (``schemas/QueueStatus.avsc``)."""
         here = [
             m
             for m in self.machine.browse() + self.machine.leases()
@@ -494,7 +511,17 @@ class QueueRuntime:
         ]
         leased = sum(1 for m in here if m.leased_to is not None)
         counts = self.counts.get((topic, partition), Counter())
-        return {"depth": len(here), "leased": leased, **counts}
+        ages = queue_ages(here, _now_ms(), prioritised=self.config.priority is not None)
+        row: dict[str, Any] = {"depth": len(here), "leased": leased}
+        # Left out at zero, as the counters are (the schema's defaults).
+        figures = {
+            "seconds_behind": ages.seconds_behind,
+            "age_of_oldest_lease": ages.age_of_oldest_lease,
+            "priority_count": ages.priority_count,
+            "priorities": list(ages.priorities or ()),
+        }
+        row.update((name, value) for name, value in figures.items() if value)
+        return {**row, **counts}
 
     def browse(
         self, topic: str, partition: int, filter: str | None, identity: str = ""

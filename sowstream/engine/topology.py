@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from sowstream.config.models import TopicConfig
+from sowstream.config.queues import queue_sources
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.meta import Infos, control_topic_spec, log_topic_spec, topic_info
 from sowstream.engine.security import expand_environment
@@ -57,11 +58,8 @@ def queue_fed(config: SowstreamConfig) -> set[str]:
     """The topics whose publishes become queue messages (they keep a store for them): topics a
     queue reads (of its message type), not a queue's available messages."""
     kept = {t.ident for t in config.queue_view_topics.values()}
-    return {
-        t.ident
-        for t in config.topics
-        if t.ident not in kept and any(q.reads(t) for q in config.queues)
-    }
+    readable = [t for t in config.topics if t.ident not in kept]
+    return {t.ident for q in config.queues for t, _ in queue_sources(q, readable)}
 
 
 class Topology:

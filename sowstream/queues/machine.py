@@ -42,12 +42,16 @@ from sowstream.queues.ports import QueueRules
 __all__ = [
     "AckOutcome",
     "AckResult",
+    "BacklogShare",
     "Bookmark",
     "Lease",
+    "QueueAges",
     "QueueMachine",
     "QueueMessage",
     "QueueStats",
     "Removed",
+    "message_lifetime",
+    "queue_ages",
 ]
 
 U64_MAX = 2**64 - 1
@@ -103,6 +107,7 @@ class QueueMessage:
     cancels: int = 0
     leased_to: str | None = None
     lease_expires_ms: int | None = None  # None while leased: the lease never times out
+    leased_at_ms: int | None = None  # when the current lease was granted (None: not leased)
 
     @property
     def key(self) -> Key:
@@ -180,6 +185,36 @@ class QueueStats:
     inactive: int = 0  # beyond TargetQueueDepth: stored, not yet deliverable or browsable
 
 
+class BacklogShare:
+    """One subscription's backlog, shared by the queues it covers (a regular expression over
+    several queues): what it holds from all of them counts against it, and a unit one queue
+    frees lets the others deliver again."""
+
+    def __init__(self) -> None:
+        self._members: dict[int, tuple[QueueMachine, _Subscription]] = {}
+
+    def join(self, machine: QueueMachine, sub: _Subscription) -> None:
+        self._members[id(machine)] = (machine, sub)
+
+    def leave(self, machine: QueueMachine) -> None:
+        self._members.pop(id(machine), None)
+
+    @property
+    def empty(self) -> bool:
+        """Whether no queue counts this subscription any more."""
+        return not self._members
+
+    def held(self) -> int:
+        """Units the subscription holds over every queue it covers."""
+        return sum(sub.own for _, sub in self._members.values())
+
+    def freed(self, by: QueueMachine) -> None:
+        """``by`` freed a unit: the other queues may deliver to the subscription again."""
+        for machine, _ in list(self._members.values()):
+            if machine is not by:
+                machine.wake_up()
+
+
 @dataclass(slots=True)
 class _Subscription:
     key: str
@@ -192,10 +227,17 @@ class _Subscription:
     sent: set[Bookmark] = field(default_factory=set)  # at-most-once, awaiting an ack
     cursor: Key | None = None  # every available message up to here was offered to it
     fresh: set[Key] = field(default_factory=set)  # became available behind the cursor
+    share: BacklogShare | None = None  # over several queues: the backlog they share
+
+    @property
+    def own(self) -> int:
+        """Units held from this queue."""
+        return len(self.leased) + len(self.sent)
 
     @property
     def held(self) -> int:
-        return len(self.leased) + len(self.sent)
+        """Units counted against the backlog (from every queue it covers, with a share)."""
+        return self.own if self.share is None else self.share.held()
 
 
 @dataclass(slots=True)
@@ -203,6 +245,66 @@ class _Sent:
     sub_key: str
     key: Key
     free_at_ms: int | None
+
+
+# Distinct priority values a status answer lists at most (beyond, only their count).
+PRIORITIES_LISTED = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueAges:
+    """Monitoring figures of some queue messages (AMPS's queue statistics): ages in seconds."""
+
+    seconds_behind: float  # age of the oldest message not yet acknowledged (0: none)
+    age_of_oldest_lease: float  # how long the oldest current lease has been held (0: none)
+    priority_count: int  # distinct priority values (0 without Priority)
+    priorities: tuple[int, ...] | None  # those values, or None when more than PRIORITIES_LISTED
+
+
+def queue_ages(messages: Iterable[QueueMessage], now_ms: int, *, prioritised: bool) -> QueueAges:
+    """The figures of ``messages`` (available and leased) at ``now_ms``. A message without a
+    priority value ranks lowest, as the value 0 would: it counts as that value."""
+    oldest: int | None = None
+    lease: int | None = None
+    values: set[int] = set()
+    for message in messages:
+        if oldest is None or message.timestamp_ms < oldest:
+            oldest = message.timestamp_ms
+        at = message.leased_at_ms
+        if at is not None and (lease is None or at < lease):
+            lease = at
+        if prioritised:
+            values.add(message.priority or 0)
+    listed = tuple(sorted(values)) if len(values) <= PRIORITIES_LISTED else None
+    return QueueAges(
+        seconds_behind=_seconds(now_ms, oldest),
+        age_of_oldest_lease=_seconds(now_ms, lease),
+        priority_count=len(values),
+        priorities=listed,
+    )
+
+
+def _seconds(now_ms: int, since_ms: int | None) -> float:
+    return 0.0 if since_ms is None else max(0, now_ms - since_ms) / 1000
+
+
+def message_lifetime(model: str, own_ms: int | None, queue_ms: int | None) -> int | None:
+    """How long a message stays in the queue (None: for ever), by the queue's ExpirationModel.
+
+    ``own_ms`` is the message's own expiration (None: the publish set none; 0: never), and
+    ``queue_ms`` the queue's Expiration (None: none). ``default``: the message's own if set, else
+    the queue's; ``queue``: always the queue's; ``latest``/``earliest``: the later/earlier of
+    the two, where "never" is later than any time. A message without its own expiration has
+    nothing to compare, so it gets the queue's under every model.
+    """
+    if model == "queue" or own_ms is None:
+        return queue_ms
+    if model == "default":
+        return own_ms or None
+    own = own_ms or math.inf
+    queue = queue_ms or math.inf
+    chosen = max(own, queue) if model == "latest" else min(own, queue)
+    return None if chosen == math.inf else int(chosen)
 
 
 def _bookmark_of(key: Key) -> Bookmark:
@@ -246,6 +348,9 @@ class QueueMachine:
         # Bookmarks whose availability may have changed since the engine last took them; None
         # when nothing follows it (a view over the queue does: sowstream.engine.queue_views).
         self.touched: set[Bookmark] | None = None
+        # Called when another queue frees room for a subscription shared with it (the engine
+        # runs the delivery loop then).
+        self.on_wake: Callable[[], None] | None = None
 
         self._delivered = 0
         self._acked = 0
@@ -263,8 +368,13 @@ class QueueMachine:
         identity: str = "",
         filter: str | None = None,
         max_backlog: int | None = None,
+        limit: int | None = None,
+        share: BacklogShare | None = None,
     ) -> int:
-        """Register (or replace) a subscription; returns its effective backlog.
+        """Register (or replace) a subscription; returns its effective backlog: the smallest of
+        ``max_backlog`` (1 if None), the queue's MaxPerSubscriptionBacklog and ``limit`` (the
+        other queues' limits, for a subscription covering several; ``share`` then counts what
+        it holds from all of them against that backlog).
 
         A replace keeps the leases already held and the subscription's place in the fairness
         order; the new filter and backlog apply to what is delivered from now on. A bad filter
@@ -274,16 +384,24 @@ class QueueMachine:
             raise ValueError(f"max_backlog must be at least 1, got {max_backlog}")
         compiled = compile_filter(filter) if filter else None
         backlog = min(max_backlog or 1, self.config.max_per_subscription_backlog)
+        if limit is not None:
+            backlog = min(backlog, limit)
         old = self._subs.get(sub_key)
         if old is None:
-            self._subs[sub_key] = _Subscription(
+            sub = self._subs[sub_key] = _Subscription(
                 sub_key, client, identity, compiled, backlog, self._next_order
             )
             self._next_order += 1
         else:
-            old.client, old.identity, old.filter, old.backlog = client, identity, compiled, backlog
-            old.cursor = None
-            old.fresh.clear()
+            sub = old
+            sub.client, sub.identity, sub.filter, sub.backlog = client, identity, compiled, backlog
+            sub.cursor = None
+            sub.fresh.clear()
+            if sub.share is not None and sub.share is not share:
+                sub.share.leave(self)
+        sub.share = share
+        if share is not None:
+            share.join(self, sub)
         self._dirty = True
         return backlog
 
@@ -294,12 +412,23 @@ class QueueMachine:
         if sub is None:
             return []
         removed: list[Removed] = []
+        share, sub.share = sub.share, None  # the other queues are told once, below
         for bookmark in sorted(sub.leased, key=lambda b: self._messages[b].key):
             self._end_lease(self._messages[bookmark], sub, removed, cancel=False)
         for bookmark in list(sub.sent):
             self._free_sent(bookmark)
+        if share is not None:
+            share.leave(self)
+            share.freed(self)
         self._dirty = True
         return removed
+
+    def wake_up(self) -> None:
+        """Something outside the machine gave a subscription room (a unit of a backlog shared
+        with another queue was freed): the next dispatch looks again, and ``on_wake`` runs."""
+        self._dirty = True
+        if self.on_wake is not None:
+            self.on_wake()
 
     def disconnect(self, client: str, now_ms: int) -> list[Removed]:
         """Drop every subscription of ``client`` (its connection closed)."""
@@ -337,7 +466,9 @@ class QueueMachine:
             self._acked += 1
             self._touch(bookmark)  # never available: a view must not keep an older owner's row
             return False
-        lifetime = self.config.expiration_ms if expiration_ms is None else expiration_ms
+        lifetime = message_lifetime(
+            self.config.expiration_model, expiration_ms, self.config.expiration_ms
+        )
         message = QueueMessage(
             bookmark=bookmark,
             data=data,
@@ -677,6 +808,7 @@ class QueueMachine:
             return Lease(sub.key, message, None, message.deliveries, False)
         message.leased_to = sub.key
         message.lease_expires_ms = expires
+        message.leased_at_ms = now_ms
         sub.leased.add(message.bookmark)
         if expires is not None:
             self._push(expires, _LEASE, message.bookmark, message.deliveries)
@@ -706,8 +838,11 @@ class QueueMachine:
     def _unlease(self, message: QueueMessage, holder: _Subscription | None) -> None:
         if holder is not None:
             holder.leased.discard(message.bookmark)
+            if holder.share is not None:
+                holder.share.freed(self)
         message.leased_to = None
         message.lease_expires_ms = None
+        message.leased_at_ms = None
         self._outstanding -= 1
 
     def _remove(
@@ -743,6 +878,8 @@ class QueueMachine:
         sub = self._subs.get(sent.sub_key)
         if sub is not None:
             sub.sent.discard(bookmark)
+            if sub.share is not None:
+                sub.share.freed(self)
         self._sent_keys.remove(sent.key)
         self._outstanding -= 1
         self._dirty = True
@@ -862,6 +999,6 @@ class QueueMachine:
             returned=self._returned,
             expired_leases=self._expired_leases,
             deferred_acks=len(self._deferred),
-            backlog={key: sub.held for key, sub in self._subs.items()},
+            backlog={key: sub.own for key, sub in self._subs.items()},
             inactive=len(self._inactive),
         )

@@ -50,6 +50,12 @@ class QueueRules(Protocol):
     def expiration_ms(self) -> int | None: ...
 
     @property
+    def expiration_model(self) -> str:
+        """How a message's own expiration and ``expiration_ms`` combine: ``default``,
+        ``queue``, ``latest`` or ``earliest`` (see ``machine.message_lifetime``)."""
+        ...
+
+    @property
     def deferred_ack_expiration_ms(self) -> int: ...
 
     @property

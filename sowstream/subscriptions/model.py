@@ -41,6 +41,9 @@ OOF_ENTITLEMENT = "entitlement"
 PUBLISH = "publish"
 OOF = "oof"
 FAILURE = "failure"  # the engine ended the subscription; sow.reason says why
+# The engine took a queue subscription: sow.ack_type = processed, sow.options its backlog.
+ACK = "ack"
+PROCESSED = "processed"
 # Reasons a command or registration is refused for: its filter, or another option.
 BAD_FILTER = "bad_filter"
 BAD_OPTION = "bad_option"

@@ -14,7 +14,9 @@ import fastavro
 
 from sowstream.errors import WireFormatError
 
-SchemaName = Literal["SowRecord", "Command", "Reply", "TopicInfo", "DeadLetter", "Subscription"]
+SchemaName = Literal[
+    "SowRecord", "Command", "Reply", "TopicInfo", "DeadLetter", "Subscription", "QueueStatus"
+]
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 

@@ -36,7 +36,7 @@ FINGERPRINTS: Mapping[int, Mapping[str, str]] = {
         "Command": "fa067a63d4db3576",
         "Reply": "3acd99937a02480e",
         "Subscription": "0f653371d00e0cfb",
-        "TopicInfo": "3d12d0cb4888e32f",
+        "TopicInfo": "379b6f9e3899a97f",
         "DeadLetter": "7c6da5a49628814b",
     },
 }

@@ -129,8 +129,10 @@ def test_status_lists_every_queue(engine: EngineProcesses) -> None:
     rows = [orjson.loads(line) for line in listed.splitlines()]
     assert [row["queue"] for row in rows] == ["WQ"]
     assert {"depth", "leased", "delivered", "acked", "expired"} <= set(rows[0])
+    assert {"seconds_behind", "age_of_oldest_lease", "priority_count"} <= set(rows[0])
     table = run_ok(engine, "queue", "status").stdout
     assert "WQ" in table and "depth" in table and "delivered" in table
+    assert "behind" in table and "oldest lease" in table and "priorities" in table
 
 
 @pytest.mark.parametrize(

@@ -32,3 +32,19 @@ def test_a_bad_registration_held_for_a_new_topic_is_refused_and_the_rest_served(
         "bad_filter",
     )
     assert text.startswith("topic 'fresh': filter error at position 5")
+
+
+def test_a_name_a_regex_queue_matches_is_not_created_on_first_use() -> None:
+    """It would be created and never queued: refused, naming the queue and what to do."""
+    config = (
+        "engine:\n  auto_create_topics: true\nsow:\n  - Name: orders\n    Key: /id\n"
+        "queues:\n  - Name: MQ\n    UnderlyingTopic: ORDERS_.*\n"
+        "    DefaultPublishTarget: ORDERS_DIRECT\n"
+    )
+    setup = Setup(config=config)
+    auto = AutoTopics(setup.config, setup.topology)
+    problem = auto.refusal("ORDERS_NEW")
+    assert problem is not None
+    assert "matches UnderlyingTopic 'ORDERS_.*' of queue 'MQ'" in problem
+    assert "declare it under sow: or topics:" in problem
+    assert auto.refusal("fresh") is None

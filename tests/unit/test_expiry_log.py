@@ -218,4 +218,3 @@ def test_a_subscription_placed_before_the_removal_comes_through_gets_the_record_
         assert (oof[h.COMMAND], oof[h.REASON], oof[h.OFFSET]) == ("oof", "expired", "1")
 
     asyncio.run(go())
-

@@ -15,6 +15,7 @@ from sowstream.client.client import TopicInfo
 from sowstream.client.subscription import Subscription, _Live
 from sowstream.config import load_config_text
 from sowstream.config.errors import ConfigError
+from sowstream.config.queues import queue_sources
 from sowstream.engine.meta import topic_info
 from sowstream.engine.processor import TopicProcessor
 from sowstream.errors import InvalidCommandError, InvalidMessageError
@@ -155,18 +156,43 @@ def test_an_invalid_pattern_is_refused_naming_it() -> None:
     assert "'[o' is not a valid regular expression" in xml.value.problem
 
 
-def test_pattern_is_for_sow_topics_and_not_for_queues() -> None:
+def test_pattern_is_for_sow_topics_and_queues_read_pattern_topics() -> None:
     with pytest.raises(ConfigError) as plain:
         load_config_text("topics:\n  - Name: o\n    Pattern: 'o.*'\n")
     assert plain.value.element == "topics[0].Pattern"
     assert "only applies to SOW topics" in plain.value.problem
-    with pytest.raises(ConfigError) as queued:
+    # A queue over a Pattern topic (issue 27): by its Name or Pattern, all of its records; by
+    # one name its Pattern owns, that name's records (and publishes to the queue go there).
+    config = load_config_text(
+        "sow:\n  - Name: o\n    Pattern: 'o\\..*'\n    Key: /id\n"
+        "queues:\n  - Name: q\n    UnderlyingTopic: o\n"
+        "  - Name: all\n    UnderlyingTopic: 'o\\..*'\n    DefaultPublishTarget: o.in\n"
+        "  - Name: us\n    UnderlyingTopic: o.us\n"
+    )
+    topics = config.topics
+    assert [(t.name, only) for t, only in queue_sources(config.queue("q"), topics)] == [("o", None)]
+    assert [(t.name, only) for t, only in queue_sources(config.queue("all"), topics)] == [
+        ("o", None)
+    ]
+    assert [(t.name, only) for t, only in queue_sources(config.queue("us"), topics)] == [
+        ("o", "o.us")
+    ]
+    with pytest.raises(ConfigError) as outside:
         load_config_text(
-            "sow:\n  - Name: o\n    Pattern: 'o.*'\n    Key: /id\n"
-            "queues:\n  - Name: q\n    UnderlyingTopic: o\n"
+            "sow:\n  - Name: o\n    Pattern: 'o\\..*'\n    Key: /id\n"
+            "topics:\n  - Name: o_x\n"
+            "queues:\n  - Name: q\n    UnderlyingTopic: 'o_.*'\n    DefaultPublishTarget: o.in\n"
         )
-    assert queued.value.element == "queues[0].UnderlyingTopic"
-    assert "regular expression topic (Pattern)" in queued.value.problem
+    assert outside.value.element == "queues[0].DefaultPublishTarget"
+    assert "'o.in' is not matched by UnderlyingTopic" in outside.value.problem
+    with pytest.raises(ConfigError) as unread:
+        load_config_text(
+            "sow:\n  - Name: o\n    Pattern: 'o\\..*'\n    Key: /id\n"
+            "queues:\n  - Name: q\n    UnderlyingTopic: 'o\\.(us|eu)'\n"
+            "    DefaultPublishTarget: o.us\n"
+        )
+    assert unread.value.element == "queues[0].DefaultPublishTarget"
+    assert "belongs to the regular expression topic 'o'" in unread.value.problem
 
 
 def test_an_exact_declaration_wins_over_a_pattern_and_overlaps_are_refused() -> None:

@@ -77,10 +77,36 @@ def test_spec_05_mq_example_loads() -> None:
     assert mq.underlying_topics(t.name for t in config.topics) == ["ORDERS_DIRECT"]
 
 
-def test_spec_05_mq_example_needs_its_underlying_topic_declared() -> None:
-    err = load_error(SPEC_05_QUEUE_EXAMPLE, "amps.xml")
-    assert err.element == "SOW/Queue[MQ]/UnderlyingTopic"
-    assert "'ORDERS_.*' matches no topic" in err.problem
+def test_spec_05_mq_example_loads_as_printed() -> None:
+    # Issue 27: AMPS needs no declaration of the topics a queue reads. A regular expression
+    # takes topics as they come; its DefaultPublishTarget becomes a topic without a SOW.
+    config = load(SPEC_05_QUEUE_EXAMPLE, "amps.xml")
+    mq = config.queue("MQ")
+    assert mq.publish_target == "ORDERS_DIRECT"
+    (target,) = config.topics
+    assert (target.name, target.sow, target.message_type) == ("ORDERS_DIRECT", False, "json")
+    assert mq.underlying_topics(t.name for t in config.topics) == ["ORDERS_DIRECT"]
+    group = load(SPEC_05_GROUP_LOCAL_QUEUE_EXAMPLE, "amps.xml")
+    assert [t.name for t in group.topics] == ["ORDERS_DIRECT"]
+
+
+@pytest.mark.parametrize("kind", ["yaml", "xml"])
+def test_a_regex_queue_may_match_no_topic_yet(kind: str) -> None:
+    body = {"UnderlyingTopic": "zz.*", "DefaultPublishTarget": "zz1"}
+    text = xml_queue(body, "Queue") if kind == "xml" else yaml_queue(body, "Queue")
+    config = load(text, f"q.{kind}")
+    assert config.queue("Q").publish_target == "zz1"
+    assert config.topic("zz1").sow is False
+    # With a declared target nothing is added; a plain UnderlyingTopic must still be declared.
+    declared = load(text.replace("work_b", "zz1"), f"q.{kind}")
+    assert [t.name for t in declared.topics].count("zz1") == 1
+    err = load_error(
+        xml_queue({"UnderlyingTopic": "nothing"}, "Queue")
+        if kind == "xml"
+        else yaml_queue({"UnderlyingTopic": "nothing"}, "Queue"),
+        f"q.{kind}",
+    )
+    assert "'nothing' matches no topic of this configuration" in err.problem
 
 
 def test_spec_05_group_queue_example_loads_as_printed(caplog: pytest.LogCaptureFixture) -> None:
@@ -301,12 +327,6 @@ RULES = [
         "'work' is not matched by UnderlyingTopic 'work_.*'",
     ),
     (
-        {"UnderlyingTopic": "work.*", "DefaultPublishTarget": "work_c"},
-        "Queue",
-        "DefaultPublishTarget",
-        "'work_c' is not a topic of this configuration",
-    ),
-    (
         {"UnderlyingTopic": "work", "DefaultPublishTarget": "work_b"},
         "Queue",
         "DefaultPublishTarget",
@@ -347,12 +367,6 @@ RULES = [
         "Queue",
         "UnderlyingTopic",
         "'nothing' matches no topic of this configuration",
-    ),
-    (
-        {"UnderlyingTopic": "zz.*", "DefaultPublishTarget": "zz1"},
-        "Queue",
-        "UnderlyingTopic",
-        "'zz.*' matches no topic",
     ),
     (
         {"UnderlyingTopic": "work", "Filter": "/a = 1 AND UNIX_TIMESTAMP() > 5"},
@@ -607,3 +621,37 @@ def test_arbitrary_queues_raise_only_config_error(queue: dict[str, Any], skip: b
     )
     with contextlib.suppress(ConfigError):
         load(f"<SOW>{TOPICS_XML}<Queue>{xml}</Queue></SOW>", skip_unsupported=skip)
+
+
+# --- ExpirationModel ---
+
+
+def test_expiration_model_defaults_and_loads_from_yaml_and_xml() -> None:
+    assert QueueConfig(name="WQ", underlying_topic="work").expiration_model == "default"
+    yaml_text = (
+        "topics:\n  - Name: work\nqueues:\n  - Name: WQ\n    UnderlyingTopic: work\n"
+        "    Expiration: 10s\n    ExpirationModel: Latest\n"
+    )
+    assert load(yaml_text, "q.yaml").queue("WQ").expiration_model == "latest"
+    xml_text = (
+        "<SOW><Topic><Name>work</Name><MessageType>json</MessageType></Topic>"
+        "<Queue><Name>WQ</Name><MessageType>json</MessageType><UnderlyingTopic>work"
+        "</UnderlyingTopic><Expiration>10s</Expiration><ExpirationModel>earliest"
+        "</ExpirationModel></Queue></SOW>"
+    )
+    assert load(xml_text, "amps.xml").queue("WQ").expiration_model == "earliest"
+
+
+def test_bad_expiration_model_is_named() -> None:
+    xml_text = (
+        "<SOW><Topic><Name>work</Name><MessageType>json</MessageType></Topic>"
+        "<Queue><Name>WQ</Name><MessageType>json</MessageType><UnderlyingTopic>work"
+        "</UnderlyingTopic><ExpirationModel>oldest</ExpirationModel></Queue></SOW>"
+    )
+    err = load_error(xml_text, "amps.xml")
+    assert err.element == "SOW/Queue[WQ]/ExpirationModel"
+    assert "ExpirationModel must be one of default, queue, latest, earliest" in err.problem
+    err = load_error(
+        "topics:\n  - Name: work\nqueues:\n  - Name: WQ\n    ExpirationModel: 3\n", "q.yaml"
+    )
+    assert err.element == "queues[0].ExpirationModel"

@@ -993,3 +993,138 @@ def test_target_queue_depth_keeps_later_messages_inactive_until_room() -> None:
     assert q.stats().inactive == 0 and q.stats().depth == 1000
     offsets = [m.bookmark.offset for m in q.browse()]
     assert offsets[-2:] == [1000, 1002]
+
+
+# --- ExpirationModel (AMPS 5.3.5): how a publish's own expiration and the queue's combine ---
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        # m1: no expiration of its own; m2: 3 s; m3: 30 s; m4: 0 (never). Queue: 10 s.
+        ("default", {1: 10, 2: 3, 3: 30, 4: None}),
+        ("queue", {1: 10, 2: 10, 3: 10, 4: 10}),
+        ("latest", {1: 10, 2: 10, 3: 30, 4: None}),
+        ("earliest", {1: 10, 2: 3, 3: 10, 4: 10}),
+    ],
+)
+def test_expiration_model(model: str, expected: dict[int, int | None]) -> None:
+    q = queue(expiration_ms=10 * S, expiration_model=model)
+    publish(q, 1, timestamp_ms=0)
+    publish(q, 2, timestamp_ms=0, expiration_ms=3 * S)
+    publish(q, 3, timestamp_ms=0, expiration_ms=30 * S)
+    publish(q, 4, timestamp_ms=0, expiration_ms=0)
+    got = {}
+    for n in expected:
+        message = q.message(m(n))
+        assert message is not None
+        at = message.expires_at_ms
+        got[n] = None if at is None else at // S
+    assert got == expected
+    removed = q.tick(10 * S)
+    assert sorted(r.message.bookmark.offset for r in removed) == sorted(
+        n for n, s in expected.items() if s is not None and s <= 10
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "own", "queue_ms", "lifetime"),
+    [
+        ("default", None, None, None),
+        ("latest", 5, None, None),  # no queue Expiration: never, which is later
+        ("earliest", 5, None, 5),
+        ("earliest", 0, None, None),
+        ("queue", 5, None, None),
+        ("latest", None, 7, 7),
+    ],
+)
+def test_message_lifetime_without_a_queue_expiration(
+    model: str, own: int | None, queue_ms: int | None, lifetime: int | None
+) -> None:
+    from sowstream.queues.machine import message_lifetime
+
+    assert message_lifetime(model, own, queue_ms) == lifetime
+
+
+# --- Monitoring figures: seconds_behind, age_of_oldest_lease, priority_count ---
+
+
+def test_queue_ages_follow_leases_and_acks() -> None:
+    from sowstream.queues.machine import queue_ages
+
+    q = queue(priority="/p", max_per_subscription_backlog=5)
+    publish(q, 1, {"p": 5}, timestamp_ms=1 * S)
+    publish(q, 2, {"p": 5}, timestamp_ms=2 * S)
+    publish(q, 3, {}, timestamp_ms=3 * S)  # no value: ranks as 0
+    publish(q, 4, {"p": 9}, timestamp_ms=4 * S)
+
+    def ages(now: int) -> tuple[float, float, int, tuple[int, ...] | None]:
+        found = queue_ages(q.browse() + q.leases(), now, prioritised=True)
+        return (
+            found.seconds_behind,
+            found.age_of_oldest_lease,
+            found.priority_count,
+            found.priorities,
+        )
+
+    assert ages(10 * S) == (9.0, 0.0, 3, (0, 5, 9))
+    q.subscribe("S1", client="C1", max_backlog=2)
+    assert deliver(q, 10 * S) == [("S1", 4), ("S1", 1)]
+    assert ages(12 * S) == (11.0, 2.0, 3, (0, 5, 9))
+    q.ack([m(1)], client="C1", now_ms=12 * S)
+    assert deliver(q, 13 * S) == [("S1", 2)]
+    assert ages(14 * S) == (12.0, 4.0, 3, (0, 5, 9))  # m2 (2 s) is the oldest now
+    q.ack([m(4)], client="C1", now_ms=14 * S)
+    assert ages(14 * S)[2:] == (2, (0, 5))
+    q.ack([m(2), m(3)], client="C1", now_ms=14 * S)
+    assert ages(15 * S) == (0.0, 0.0, 0, ())
+    plain = queue()
+    publish(plain, 1, {"p": 1})
+    assert queue_ages(plain.browse(), 5, prioritised=False).priority_count == 0
+
+
+def test_queue_ages_stop_listing_priorities_beyond_the_cap() -> None:
+    from sowstream.queues.machine import PRIORITIES_LISTED, queue_ages
+
+    q = queue(priority="/p")
+    for n in range(PRIORITIES_LISTED + 1):
+        publish(q, n + 1, {"p": n})
+    found = queue_ages(q.browse(), 0, prioritised=True)
+    assert (found.priority_count, found.priorities) == (PRIORITIES_LISTED + 1, None)
+
+
+def test_a_subscription_over_several_queues_takes_the_smallest_limit() -> None:
+    q = queue(max_per_subscription_backlog=5)
+    assert q.subscribe("S1", client="C1", max_backlog=10, limit=2) == 2
+    assert q.subscribe("S2", client="C1", max_backlog=10, limit=8) == 5
+    assert q.subscribe("S3", client="C1", limit=8) == 1
+
+
+def test_a_backlog_shared_by_two_queues_counts_what_both_lease() -> None:
+    from sowstream.queues.machine import BacklogShare
+
+    qa = QueueMachine(QueueConfig(name="QA", underlying_topic="a", max_per_subscription_backlog=5))
+    qb = QueueMachine(QueueConfig(name="QB", underlying_topic="b", max_per_subscription_backlog=5))
+    woken: list[str] = []
+    qa.on_wake = lambda: woken.append("QA")
+    qb.on_wake = lambda: woken.append("QB")
+    share = BacklogShare()
+    for q in (qa, qb):
+        assert q.subscribe("S1", client="C1", max_backlog=2, share=share) == 2
+    for n in range(1, 4):
+        qa.append(Bookmark("a", 0, n), b"a", {"n": n}, n)
+        qb.append(Bookmark("b", 0, n), b"b", {"n": n}, n)
+    assert sent(qa.dispatch(0)[0]) == [("S1", 1), ("S1", 2)]
+    assert qb.dispatch(0)[0] == []  # the subscription holds its 2 already
+    assert woken == []
+    qa.ack([Bookmark("a", 0, 1)], client="C1", now_ms=1)
+    assert woken == ["QB"]  # room again: the other queue is told
+    assert sent(qb.dispatch(1)[0]) == [("S1", 1)]
+    assert qa.dispatch(1)[0] == []
+    assert qa.stats().backlog == {"S1": 1} and qb.stats().backlog == {"S1": 1}
+    qb.unsubscribe("S1", 2)  # its lease returns; the share counts QA's only
+    assert woken == ["QB", "QA"]
+    assert sent(qa.dispatch(2)[0]) == [("S1", 3)]
+    assert share.held() == 2
+    qa.unsubscribe("S1", 3)
+    assert share.empty

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sowstream.config.models import TopicConfig
-from sowstream.config.queues import QueueConfig
+from sowstream.config.queues import QueueConfig, publish_topic, queue_sources
 from sowstream.config.root import SowstreamConfig
 from sowstream.engine.meta import Infos, topic_info
 from sowstream.engine.queue_views import QueueViewFeed
@@ -44,9 +44,11 @@ class QueueUnit:
             config.entitlement_lookup(queue.name),
             codec=unit.compiled.codec if unit is not None else None,
         )
-        for unit in topics.values():
-            if unit.feeds_queues and queue.reads(unit.topic):
-                unit.proc.queues.append(self.runtime)
+        fed = [unit.topic for unit in topics.values() if unit.feeds_queues]
+        for topic, only in queue_sources(queue, fed):
+            topics[topic.ident].proc.queues.append(self.runtime)
+            if only is not None:
+                self.runtime.scopes[topic.name] = only
         # The topic the engine keeps of the queue's available messages, when a view reads it.
         self._available = config.queue_view_topics.get(queue.name)
         if self._available is not None:
@@ -118,18 +120,24 @@ class QueueUnit:
         config, queue = self._config, self.runtime.config
         kept = {t.name for t in config.queue_view_topics.values()}  # never a queue's own topic
         queued = [
-            t.name
-            for t in config.topics
-            if t.message_type == queue.message_type and t.name not in kept
+            t for t in config.topics if t.message_type == queue.message_type and t.name not in kept
         ]
-        target = config.topic(queue.publish_target, queue.message_type)
+        target = publish_topic(queue, queued)
+        assert target is not None  # config.queues.check_queues saw to it
         codec = self._topics[target.ident].compiled.codec if target.ident in self._topics else None
         ident = topic_ident(queue.name, queue.message_type)  # the meta record's key, as a topic's
         info = infos.get(ident) or {
             **topic_info(target, self._ctx.names, codec=codec),
             "name": queue.name,
         }
-        infos[ident] = {**info, "queue_of": queue.underlying_topics(queued)}
+        if target.pattern is not None and target.matches_name(queue.publish_target):
+            # The target is one name of a Pattern topic: publishes to the queue go under it
+            # (the queue is no Pattern topic itself: its name is not one the Pattern owns).
+            # A queue over the Pattern topic's Name keeps the Pattern: a publish to it must
+            # name a topic the Pattern owns, and clients refuse one that does not.
+            info = {**info, "pattern": "", "publish_as": queue.publish_target}
+        sources = [t.name for t, _ in queue_sources(queue, queued)]
+        infos[ident] = {**info, "queue_of": sources}
         if self._available is not None and self._available.ident in infos:
             own = self._available.ident
             infos[own] = {**infos[own], "view_of": [queue.name]}
