@@ -223,16 +223,24 @@ class Follower:
         self.cache = Cache(held_only=True, oof_last=spec.conflation)
         self.error: str | None = None
         self.lock = threading.Lock()
+        self.seen: dict[str, list[str]] = {}  # per record, the messages it had (for the report)
 
     def pump(self) -> None:
         while (msg := self.sub.next(timeout=0)) is not None:
             if msg.command not in ("sow", "publish", "oof"):
                 continue
             with self.lock:
+                story = self.seen.setdefault(msg.sow_key, [])
+                story.append(
+                    f"{msg.command}{'/' + msg.reason if msg.reason else ''}@{msg.bookmark}"
+                )
                 try:
                     self.cache.apply(msg)
                 except AssertionError as exc:
-                    self.error = self.error or f"{msg.command} {msg.sow_key}: {exc}"
+                    self.error = self.error or (
+                        f"{msg.command} {msg.sow_key}: {exc} (its messages: {story[-8:]}; "
+                        f"interruptions: {getattr(self.sub, 'interruptions', [])})"
+                    )
 
     def view(self) -> dict[str, Any]:
         with self.lock:
@@ -630,7 +638,9 @@ def check(
             return state["cache"] == sleeper, differences(state["cache"], sleeper)
 
         if (detail := settled(sleeper_holds, 60)) is not None:
-            problems.append(f"the paused client process: {detail}")
+            keys = [k for k in sow.keys() | sleeper.keys() if k in detail][:2]
+            stories = "".join(f"\n  {k} in the log:\n{history(records, k)}" for k in keys)
+            problems.append(f"the paused client process: {detail}{stories}")
 
         def all_acked() -> tuple[bool, str]:
             with ledger.lock:
