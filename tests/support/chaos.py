@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -638,7 +639,7 @@ def check(
             return state["cache"] == sleeper, differences(state["cache"], sleeper)
 
         if (detail := settled(sleeper_holds, 60)) is not None:
-            keys = [k for k in sow.keys() | sleeper.keys() if k in detail][:2]
+            keys = list(dict.fromkeys(re.findall(r"\b[A-Za-z0-9_-]{16}\b", detail)))[:2]
             stories = "".join(f"\n  {k} in the log:\n{history(records, k)}" for k in keys)
             problems.append(f"the paused client process: {detail}{stories}")
 
