@@ -33,7 +33,8 @@ class QueueUnit:
         self._ctx = ctx
         self._topics = topics
         # The queue's messages are of its topics' type (an avro or protobuf one with their schema).
-        target = config.topic(queue.publish_target, queue.message_type)
+        target = publish_topic(queue, config.topics)
+        assert target is not None  # config.queues.check_queues saw to it
         unit = topics.get(target.ident)
         self.runtime = QueueRuntime(
             queue,
