@@ -31,6 +31,7 @@ from sowstream.sow.aggregate import (
     AggregationError,
     ProjectionLayout,
     accumulator,
+    component_text,
     field_value,
     group_component,
     parse_grouping_field,
@@ -335,16 +336,7 @@ def group_key(values: Sequence[Any]) -> str:
 
 def key_texts(values: Sequence[Any]) -> list[str]:
     """The grouping values as SowKey parts: canonical text ("" for NULL, JSON for several)."""
-    parts: list[str] = []
-    for v in values:
-        component = group_component(v)
-        if component is None:
-            parts.append("")
-        elif isinstance(component, list):
-            parts.append(orjson.dumps(component).decode())
-        else:
-            parts.append(component)
-    return parts
+    return [component_text(group_component(v)) for v in values]
 
 
 def compile_projection(

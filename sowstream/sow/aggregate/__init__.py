@@ -71,7 +71,7 @@ from .accumulators import (
     accumulator,
 )
 from .aggregation import Aggregation, Partials, merge_partials, parse_aggregation
-from .groups import field_value, group_component, spelling_rank
+from .groups import component_text, field_value, group_component, spelling_rank
 from .layout import ProjectionLayout
 from .numbers import finite_number, output_number
 from .parsing import (
@@ -96,6 +96,7 @@ __all__ = [
     "ProjectionLayout",
     "StateError",
     "accumulator",
+    "component_text",
     "field_value",
     "finite_number",
     "group_component",

@@ -31,6 +31,15 @@ def group_component(value: Any) -> Any:
     return canonical_text(value)
 
 
+def component_text(component: Any) -> str:
+    """A group key component as a SowKey part: "" for NULL, JSON for several values."""
+    if component is None:
+        return ""
+    if isinstance(component, list):
+        return orjson.dumps(component).decode()
+    return str(component)
+
+
 def _json_text(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

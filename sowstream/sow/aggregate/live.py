@@ -19,7 +19,7 @@ from sowstream.sow.keys import sow_key_from_values
 
 from .accumulators import StateError
 from .aggregation import Aggregation, Contribution, Partials, merge_partials
-from .groups import spelling_rank
+from .groups import component_text, spelling_rank
 
 __all__ = ["CombinedGroups", "LiveGroups", "group_sow_key"]
 
@@ -199,12 +199,4 @@ class CombinedGroups:
 
 def group_sow_key(domain: str, key: str) -> str:
     """A group's SowKey: its grouping values hashed with ``domain`` (as a view's records)."""
-    texts: list[str] = []
-    for component in orjson.loads(key):
-        if component is None:
-            texts.append("")
-        elif isinstance(component, list):
-            texts.append(orjson.dumps(component).decode())
-        else:
-            texts.append(component)
-    return sow_key_from_values(domain, texts)
+    return sow_key_from_values(domain, [component_text(c) for c in orjson.loads(key)])
