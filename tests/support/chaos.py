@@ -319,7 +319,7 @@ def consume(client: Client, ledger: Ledger, rng: random.Random, stop: threading.
             with contextlib.suppress(SowstreamError):
                 client.ack("JQ", msg.bookmark, action="cancel", wait=False)
             continue
-        for attempt in range(2):
+        for attempt in range(6):  # until it is answered: workers may be killed again meanwhile
             try:
                 removed = client.ack("JQ", msg.bookmark)
             except SowstreamError as exc:
