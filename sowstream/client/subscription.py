@@ -312,10 +312,17 @@ class Subscription:
         return self._window
 
     def release(self) -> None:
-        """The SOW part is complete: let the held live messages through, in arrival order."""
+        """The SOW part is complete: let the held live messages through, each partition's in
+        log order. A partition's owner sends live messages as soon as it reads the registration,
+        and its replay from a bookmark only when it runs the placement, so a replayed message
+        can arrive after a later live one: in arrival order the replayed one would look like a
+        repeat and be dropped."""
         with self._lock:
             held, self._held = self._held, []
             self._holding = False
+            held.sort(
+                key=lambda live: (self._stream(live.topic), live.partition, live.offset, live.seq)
+            )
             for live in held:
                 self._accept(live)
 

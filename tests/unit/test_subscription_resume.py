@@ -70,3 +70,20 @@ def test_what_a_replay_from_there_repeats_is_dropped_and_the_rest_comes_in_order
     sub.release()
     assert _offsets(sub) == [(0, 11), (0, 12)]
     assert sub.resume_bookmarks()[("t", 0)] == "1000|0|12"
+
+
+def test_a_replayed_message_that_arrives_after_a_later_live_one_is_not_lost() -> None:
+    """Found by the chaos run: the partition's owner sent a live message (offset 140) on reading
+    the registration, before it ran the placement whose replay from the bookmark holds offset
+    121; released in arrival order, 121 looked like a repeat and was dropped."""
+    sub = _sub()
+    sub.set_cut("t", 7, 18)
+    sub.release()
+    sub.hold()  # placed again from its resume bookmark (after 18)
+    sub.on_live(_live(7, 140, ts=3_000))  # live, before the placement ran
+    sub.on_live(_live(7, 121, ts=2_000))  # the replay
+    sub.on_live(_live(7, 140, ts=3_000))
+    sub.on_live(_live(3, 5, ts=2_500))
+    sub.set_cut("t", 7, 18)  # the replay's part_end: the bookmark's offset
+    sub.release()
+    assert _offsets(sub) == [(3, 5), (7, 121), (7, 140)]
