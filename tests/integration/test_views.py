@@ -276,6 +276,10 @@ def test_a_delta_subscriber_of_views_holds_what_their_sow_holds(
     eventually(lambda: by_sow_key(publisher, "DESKS"), {})
     for i in range(20):
         publisher.publish("orders", {"orderId": i, "region": f"R{i % 3}", "desk": "a", "qty": i})
+    # The SOW parts hold the groups, so the changes below reach the subscribers as deltas (to a
+    # subscriber placed before the view has them, every group is new: whole records only).
+    eventually(lambda: len(by_sow_key(publisher, "DESKS")), 3)
+    eventually(lambda: len(by_sow_key(publisher, "BY_REGION-C")), 3)
     subs = {
         ("DESKS", ("area", "desk")): client.sow_and_delta_subscribe("DESKS", options="oof"),
         ("BY_REGION-C", ("region",)): client.sow_and_delta_subscribe("BY_REGION-C", options="oof"),
