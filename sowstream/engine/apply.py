@@ -469,7 +469,7 @@ class Applier:
         events = outcome.events if ((self._subs or self._outbox.views) and not replay) else None
         versions = outcome.versions if self._table.history is not None else None
         last = outcome.last
-        applied = 0
+        applied = expired = 0
         for rec in recs:
             if rec.offset <= ps.folded:
                 continue
@@ -527,6 +527,8 @@ class Applier:
                 if versions is not None and new is not stored:
                     versions.append(Version(op.sow_key, stored, new, op.offset, op.timestamp))
                 count = 1 if (op.command in h.PUBLISHES or new is not stored) else 0
+                if op.command == h.SOW_EXPIRE and count and not replay:
+                    expired += 1
                 if events is not None:
                     reason = OOF_EXPIRED if op.command == h.SOW_EXPIRE else OOF_DELETED
                     _note(events, op.sow_key, stored, new, rec, body=bodies.get(key), reason=reason)
@@ -534,6 +536,8 @@ class Applier:
             if not replay and op.reply_to:
                 outcome.acks.append(Ack(rec, count, SUCCESS))
         outcome.last = last
+        if expired:
+            metrics.EXPIRED.labels(topic.name).inc(expired)
         return applied
 
     def _fold_plain(

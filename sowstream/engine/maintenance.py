@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import time
 from typing import Any
 
 from sowstream.config.models import TopicConfig
-from sowstream.engine import metrics
+from sowstream.engine.derived import delivered
 from sowstream.engine.partition import HISTORY_PRUNE_SECONDS
 from sowstream.engine.ports import Sender, wall_clock_ms
 from sowstream.engine.table import PartitionTable
@@ -23,7 +22,6 @@ log = logging.getLogger("sowstream.engine")
 EXPIRE = h.SOW_EXPIRE.encode()
 # How long a written removal has to come back through the log before it is written again.
 RECHECK_MS = 30_000
-SEND_TIMEOUT_S = 30.0
 
 
 class Maintenance:
@@ -52,32 +50,32 @@ class Maintenance:
         for p, ps in table.states():
             if not ps.ready or not ps.expiry or ps.expiry[0][0] > now:
                 continue
-            async with ps.lock:
-                await table.settle(ps)
-                due_now: dict[bytes, SowRecord] = {}
-                while ps.expiry and ps.expiry[0][0] <= now:
-                    when, key = heapq.heappop(ps.expiry)
-                    stored = table.load_record(ps, {}, key)
-                    # Entries go stale when an update moves the expiration later (the new one
-                    # has an entry of its own) or the record goes.
-                    if stored is not None and (stored.expiration or now + 1) <= when:
-                        due_now[key] = stored
+            # No lock: the records are read through the batches in flight, and a removal that
+            # a later update overtakes is a no-op when applied (it names the expiration).
+            due_now: dict[bytes, SowRecord] = {}
+            while ps.expiry and ps.expiry[0][0] <= now:
+                when, key = heapq.heappop(ps.expiry)
+                stored = table.load_record(ps, {}, key)
+                # Entries go stale when an update moves the expiration later (the new one has
+                # an entry of its own) or the record goes.
+                if stored is not None and (stored.expiration or now + 1) <= when:
+                    due_now[key] = stored
             if not due_now:
                 continue
             sent = [await self._request(p, stored) for stored in due_now.values()]
-            failed = await self._failed([f for f in sent if f is not None])
-            if failed is not None:
-                log.error("topic %s partition %d: expiry postponed: %s", self.topic.name, p, failed)
-            else:
+            failed: RuntimeError | None = None
+            try:
+                await delivered([f for f in sent if f is not None], "expiry removals")
                 total += len(due_now)
+            except RuntimeError as exc:
+                failed = exc
+                log.error("topic %s partition %d: expiry postponed: %s", self.topic.name, p, exc)
             for key, stored in due_now.items():
                 # A failed request is tried again next pass. A written one is looked at again
                 # later: by then the pump has applied it and the record is gone, unless the
                 # request was lost with a worker (repeating it is harmless: a no-op if applied).
                 when = (stored.expiration or now) if failed is not None else now + RECHECK_MS
                 heapq.heappush(ps.expiry, (when, key))
-        if total:
-            metrics.EXPIRED.labels(self.topic.name).inc(total)
         return total
 
     async def _request(self, partition: int, stored: SowRecord) -> Any:
@@ -89,16 +87,6 @@ class Maintenance:
         return await self._sender.send(
             self._log_topic, None, key=sow_key.encode(), partition=partition, headers=headers
         )
-
-    @staticmethod
-    async def _failed(sent: list[asyncio.Future[Any]]) -> BaseException | None:
-        """The first delivery error among ``sent`` (None when Kafka took them all)."""
-        if not sent:
-            return None
-        _, late = await asyncio.wait(sent, timeout=SEND_TIMEOUT_S)
-        if late:
-            return TimeoutError(f"{len(late)} removals not acknowledged in {SEND_TIMEOUT_S:.0f}s")
-        return next((f.exception() for f in sent if f.exception() is not None), None)
 
     async def prune_history(self, now_ms: int | None = None) -> int:
         """Drop versions that left the History Window (at most once a minute)."""

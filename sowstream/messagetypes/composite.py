@@ -200,14 +200,7 @@ class CompositeLocalType(_Composite):
         return delta
 
     def merge_fields(self, stored: dict[str, Any], update: dict[str, Any]) -> bytes:
-        merged = dict(stored)
-        for key, value in update.items():
-            current = merged.get(key)
-            if isinstance(value, dict) and isinstance(current, dict):
-                merged[key] = merge_delta(current, value)
-            else:
-                merged[key] = value
-        return self.serialise(merged)
+        return self.serialise(merge_delta(stored, update))
 
 
 class CompositeGlobalType(_Composite):
