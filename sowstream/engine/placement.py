@@ -96,20 +96,68 @@ class Placement:
         if cleared and self._table.holds(partition, ps):
             self._applier.enqueue(partition, ps, Outcome(journal=cleared), sent)
 
-    def _replay_base(
-        self, ps: PartitionState, bookmark: Bookmark
-    ) -> tuple[dict[str, SowRecord], int | None]:
-        """The state a replay starts from and the time it reflects: History's when it covers the
-        bookmark (as of the bookmark rounded down to the Granularity), else empty and None (the
-        replay starts at the bookmark and each record's first message comes whole)."""
+    def _history_covers(self, bookmark: Bookmark) -> bool:
+        """Whether History holds the SOW as it was at ``bookmark``."""
         assert bookmark.at_ms is not None
         history = self._table.history
-        if (
-            history is None
-            or bookmark.at_ms < 0
-            or not covers(history, bookmark.at_ms, wall_clock_ms())
-        ):
-            return {}, None
+        return (
+            history is not None
+            and bookmark.at_ms >= 0
+            and covers(history, bookmark.at_ms, wall_clock_ms())
+        )
+
+    async def _replay_start(
+        self, partition: int, bookmark: Bookmark, state_ms: int | None = None
+    ) -> int:
+        """The first log offset a replay after ``bookmark`` reads. A state read from History
+        reflects ``state_ms`` (the bookmark rounded down to the Granularity): the replay starts
+        right after it, or the changes in between would be lost."""
+        assert self._log_reader is not None and bookmark.at_ms is not None
+        since = bookmark.at_ms if state_ms is None else state_ms
+        by_time = await self._log_reader.offset_for_time(partition, since + 1) if since >= 0 else 0
+        if state_ms is not None and state_ms < bookmark.at_ms:
+            return by_time
+        return bookmark.start_offset(partition, by_time)
+
+    async def _log_base(self, partition: int, start: int) -> dict[str, SowRecord]:
+        """The partition's SOW just before ``start``, folded from the log's first record.
+
+        Without History this is the only exact base for a replay: from an empty one, a
+        ``delta_publish`` would replay as just its fields and the removal of a record the
+        subscriber holds would send nothing. The log is kept whole (``retention.ms`` -1); one
+        whose beginning was deleted by retention gives an empty base, with a warning."""
+        assert self._log_reader is not None
+        state: dict[str, SowRecord] = {}
+        if start <= 0:
+            return state
+        first = await self._log_reader.start_offset(partition)
+        if first > 0:
+            log.warning(
+                "topic %r partition %d: the log's offsets 0..%d were deleted by retention; a "
+                "replay after a bookmark starts from an empty state",
+                self.topic.name,
+                partition,
+                first - 1,
+            )
+            return state
+        async for batch in self._log_reader.batches(partition, start - 1, 0):
+            for rec in batch:
+                if rec.offset < start:
+                    for _ in apply_record(self.compiled, state, rec):
+                        pass
+        return state
+
+    def _replay_base(
+        self, ps: PartitionState, bookmark: Bookmark, folded: dict[str, SowRecord] | None
+    ) -> tuple[dict[str, SowRecord], int | None]:
+        """The state a replay starts from and the time it reflects: ``folded`` (the log folded up
+        to the bookmark, :meth:`_log_base`) and None, or with ``folded`` None History's (as of
+        the bookmark rounded down to the Granularity)."""
+        assert bookmark.at_ms is not None
+        if folded is not None:
+            return folded, None
+        history = self._table.history
+        assert history is not None
         return self._queries.as_of(ps, bookmark), as_of_bound(history, bookmark.at_ms)
 
     async def _replay(
@@ -123,15 +171,10 @@ class Placement:
         """Fold the log after ``bookmark`` up to ``until`` from ``state``: (first offset, changes).
 
         The changes are what live traffic had at the time, so the subscription rules turn them
-        into the messages a subscriber placed at the bookmark received (oof included). A state
-        read from History reflects ``state_ms`` (the bookmark rounded down to the Granularity):
-        the replay starts right after it, or the changes in between would be lost.
+        into the messages a subscriber placed at the bookmark received (oof included).
         """
-        assert self._log_reader is not None and bookmark.at_ms is not None
-        since = bookmark.at_ms if state_ms is None else state_ms
-        by_time = await self._log_reader.offset_for_time(partition, since + 1) if since >= 0 else 0
-        rounded = state_ms is not None and state_ms < bookmark.at_ms
-        start = by_time if rounded else bookmark.start_offset(partition, by_time)
+        assert self._log_reader is not None
+        start = await self._replay_start(partition, bookmark, state_ms)
         changes: list[Change] = []
         async for batch in self._log_reader.batches(partition, until, start):
             for rec in batch:
@@ -201,6 +244,12 @@ class Placement:
             await writer.failure(refusal(exc), str(exc))
             return
         ps = await self._ownership.ready(partition)
+        folded: dict[str, SowRecord] | None = None
+        if bookmark is not None and not aggregated and not self._history_covers(bookmark):
+            # The log up to the bookmark never changes: folded before taking the lock, so a
+            # long log does not hold the partition's batches back.
+            start = await self._replay_start(partition, bookmark)
+            folded = await self._log_base(partition, start) if self.topic.sow else {}
         try:
             await table.wait_applied(partition, ps, cmd.after_offset)
         except PartitionMoved:
@@ -229,9 +278,10 @@ class Placement:
                 groups = await live_groups(table, partition, ps, self._subs, spec.key)
                 partials = groups.partials() if groups is not None else {}
             elif bookmark is not None:
-                # History: the SOW part as it was at the bookmark, then the log from there, so
-                # the subscriber sees what one placed at that moment saw, up to now.
-                past, past_ms = self._replay_base(ps, bookmark)
+                # The SOW part as it was at the bookmark (from History, or the log folded up
+                # to it), then the log from there: the subscriber sees what one placed at that
+                # moment saw, up to now.
+                past, past_ms = self._replay_base(ps, bookmark, folded)
                 if spec.command in WITH_SOW:
                     scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)
                     then = [r for r in past.values() if view.covers(r.sow_key)]

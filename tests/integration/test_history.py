@@ -31,6 +31,7 @@ TOPICS: list[dict[str, Any]] = [
     {"Name": "focus", "Key": ["/id"], "History": HISTORY, "Partitions": 4},
     {"Name": "coarse", "Key": ["/id"], "History": {"Window": "1d", "Granularity": "1s"}},
     {"Name": "nohist", "Key": ["/id"], "Partitions": 4},
+    {"Name": "nofocus", "Key": ["/id"], "Partitions": 4},
     {"Name": "sales", "Key": ["/id"], "History": HISTORY, "Partitions": 4},
 ]
 PLAIN = [{"Name": "feed", "Partitions": 2}]
@@ -183,6 +184,46 @@ def test_historical_sow_and_subscribe_replays_what_a_live_subscriber_saw(
         publisher.publish("focus", {"id": 1, "state": "done", "q": 1})
         (now_live,) = quiet(past)
         assert (now_live.command, now_live.reason) == ("oof", "match")
+        live.close()
+        past.close()
+
+
+@pytest.mark.parametrize("delta", [False, True])
+def test_a_bookmark_replay_without_history_is_what_a_live_subscriber_saw(
+    engine: EngineProcesses, publisher: Client, delta: bool
+) -> None:
+    """Without History the replay's base is the log folded up to the bookmark: a delta_publish
+    replays merged (or as a delta), and a held record that leaves gets its oof with the state
+    the subscriber held, as live."""
+    topic = "nofocus"
+    publisher.sow_delete(topic, filter="1=1")
+    base = 100 if delta else 200
+    for i in range(base, base + 8):
+        publisher.publish(topic, {"id": i, "state": "open" if i % 2 else "done", "q": 0})
+    list(publisher.sow(topic, top_n=0))
+    subscribe = "delta_subscribe" if delta else "subscribe"
+    with engine.client() as live_client, engine.client() as late_client:
+        live = getattr(live_client, subscribe)(topic, "/state = 'open'", options="oof")
+        t0 = mark(publisher, topic)
+        publisher.delta_publish(topic, {"id": base + 1, "q": 1})  # update in focus
+        publisher.delta_publish(topic, {"id": base + 3, "state": "done"})  # leaves: oof match
+        publisher.sow_delete(topic, data={"id": base + 5})  # oof deleted
+        publisher.sow_delete(topic, filter=f"/id = {base + 7}")  # oof deleted, by filter
+        publisher.delta_publish(topic, {"id": base + 2, "state": "open"})  # comes into focus
+        list(publisher.sow(topic, top_n=0))
+        seen = [m for m in quiet(live) if m.command in ("publish", "oof")]
+        past = getattr(late_client, subscribe)(topic, "/state = 'open'", options="oof", bookmark=t0)
+        replayed = [m for m in quiet(past) if m.command in ("publish", "oof")]
+        assert len(seen) == 5
+        assert _per_key(replayed) == _per_key(seen)
+        changed = next(m for m in replayed if m.json()["id"] == base + 1)
+        if delta:
+            assert changed.json() == {"id": base + 1, "q": 1}
+        else:
+            assert changed.json() == {"id": base + 1, "state": "open", "q": 1}
+        gone = next(m for m in replayed if m.json()["id"] == base + 5)
+        assert (gone.command, gone.reason) == ("oof", "deleted")
+        assert gone.json() == {"id": base + 5, "state": "open", "q": 0}
         live.close()
         past.close()
 
