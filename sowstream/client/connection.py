@@ -431,6 +431,16 @@ class Connection:
             **fields,
         )
 
+    def to_underlying(
+        self, command: protocol.Command, topic: str, message_type: str
+    ) -> tuple[str, protocol.Command]:
+        """Where ``command``, about a queue, goes for the queue's topic ``topic``: that topic's
+        control topic; one created on first use shares it, so the command names the topic."""
+        info = self.topic_info(topic, message_type)
+        if info.auto:
+            command = replace(command, options={**command.options, protocol.UNDERLYING: topic})
+        return info.control_topic, command
+
     def answer_options(self, **options: str | None) -> dict[str, str]:
         """The ``options`` of a command answered with SOW records: ``options`` that are set,
         and the ask for raw batches unless this client turned them off."""

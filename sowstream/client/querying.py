@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from sowstream.client.connection import PATTERN_ONLY, Connection
+from sowstream.client.connection import PATTERN_ONLY, Connection, Send
 from sowstream.client.messages import Message
 from sowstream.client.rawscan import RawMessages
 from sowstream.client.topics import TopicInfo, codec_of
@@ -305,11 +305,11 @@ class Querying:
             batch_size=500,
             message_type=kind,
         )
-        sends = [
-            (conn.names.control(topic, kind), partition, body)
-            for topic in info.queue_of
-            for partition in range(conn.topic_info(topic, kind).partitions)
-        ]
+        sends: list[Send] = []
+        for topic in info.queue_of:
+            control, routed = conn.to_underlying(body, topic, kind)
+            partitions = conn.topic_info(topic, kind).partitions
+            sends.extend((control, partition, routed) for partition in range(partitions))
         conn.send(sends)
         # Status rows are json; browsed messages are of the queue's type.
         codec = codec_of([info]) if command == "sow" else None

@@ -87,7 +87,9 @@ class Queueing:
         # Connected, with the control topics' metadata, before the first acknowledgement: the
         # first one would otherwise wait for both while the backlog stays full.
         conn.prepare_acks(
-            conn.names.control(t, info.message_type) for info in infos for t in info.queue_of
+            conn.topic_info(t, info.message_type).control_topic
+            for info in infos
+            for t in info.queue_of
         )
         return sub
 
@@ -124,6 +126,11 @@ class Queueing:
                 except ValueError as exc:
                     raise InvalidCommandError(str(exc)) from None
                 if where.topic not in info.queue_of:
+                    # Maybe a topic created on first use that the queue's regular expression
+                    # took after this client read the queue's definition.
+                    conn.refresh_topics()
+                    info = conn.topic_info(queue)
+                if where.topic not in info.queue_of:
                     raise InvalidCommandError(
                         f"bookmark {text!r} is not a message of queue {queue!r} (its topic "
                         f"{where.topic!r} does not feed it)"
@@ -133,10 +140,9 @@ class Queueing:
         options = {"action": action}
         if not wait:
             options["ack_type"] = "none"  # nobody waits for the answer: ask for none
-        sends: list[Send] = [
-            (
-                conn.names.control(topic, info.message_type),
-                partition,
+        sends: list[Send] = []
+        for (topic, partition), group in targets.items():
+            control, command = conn.to_underlying(
                 conn.command(
                     "queue_ack",
                     command_id,
@@ -145,9 +151,10 @@ class Queueing:
                     filter=filter,
                     options={**options, "bookmarks": ",".join(group)},
                 ),
+                topic,
+                info.message_type,
             )
-            for (topic, partition), group in targets.items()
-        ]
+            sends.append((control, partition, command))
         if not wait:
             conn.send_now(sends)  # and without lingering
             return 0

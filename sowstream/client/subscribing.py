@@ -165,6 +165,7 @@ class Subscribing:
             for spec in specs
         ]
         first = specs[0]
+        placed = False
         try:
             conn.register(specs)
             group = self.place(
@@ -183,8 +184,13 @@ class Subscribing:
                 pass
             if sub.aggregated:
                 sub.reconcile_groups()  # what changed while it was away
+            placed = True
         finally:
-            sub.release()
+            # Not placed (a timeout is asked again, _resume_loop): what is held stays held.
+            # Let through now, a live message of a partition whose replay has not come would
+            # hide that replay, as an earlier position, from the sequence check.
+            if placed or sub.closed:
+                sub.release()
 
     def subscribe(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from confluent_kafka import KafkaException
 
@@ -20,7 +21,9 @@ from sowstream.config.root import SowstreamConfig
 from sowstream.engine.commands import ControlRecord
 from sowstream.engine.directory import TopicDirectory
 from sowstream.engine.meta import log_topic_spec, topic_info, write_meta
+from sowstream.engine.ports import StateTable
 from sowstream.engine.queries import refusal
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.registry import Refuse
 from sowstream.engine.topology import Topology
 from sowstream.engine.units.topic import TopicUnit
@@ -49,6 +52,14 @@ class AutoTopics:
         self.directory = TopicDirectory(ctx.bootstrap, ctx.names.meta, ctx.kafka, self.add)
         # Tells a client its registration is refused (set by the worker's Clients).
         self.refuse: Refuse | None = None
+        # Where topics created on first use that a queue's regular expression matches keep the
+        # queue's messages and acknowledgements, each under its own prefix: one table,
+        # co-partitioned with the shared control topic, declared now (faust adds none later).
+        self._queued: StateTable | None = None
+        if any(q.underlying_is_pattern for q in config.queues):
+            self._queued = ctx.wiring.table(
+                "auto-queued", config.engine.auto_topic_partitions, ctx.rocksdb
+            )
 
     def declare(self, commands: Callable[[ControlRecord], Awaitable[None]]) -> None:
         """Hand the shared control topic's records to ``commands``; follow the meta topic."""
@@ -79,9 +90,17 @@ class AutoTopics:
         except ValueError as exc:  # a definition some other writer put on the meta topic
             log.warning("ignored auto-created topic %r: %s", name, exc)
             return
+        readers = self._readers(name, message_type)
         unit = TopicUnit(
-            topic, self._ctx, entitlement=self._config.entitlement_lookup(name), auto=True
+            topic,
+            self._ctx,
+            entitlement=self._config.entitlement_lookup(name),
+            auto=True,
+            feeds_queues=bool(readers),
+            shared_table=self._queued if readers else None,
         )
+        for queue in readers:  # before the unit starts: every publish reaches its queues
+            unit.proc.queues.append(queue)
         self._topology.add(unit)
         for key, spec in self._unplaced.pop(ident, {}).items():
             try:
@@ -92,6 +111,48 @@ class AutoTopics:
                     self.refuse(key, spec.to_wire(), refusal(exc), f"topic {name!r}: {exc}")
         unit.declare()
         log.info("serving topic %s (created on first use)", ident)
+        if readers:
+            self._ctx.wiring.background(self._describe_queues(readers))
+
+    async def _describe_queues(self, readers: list[QueueRuntime]) -> None:
+        """Publish the definitions of ``readers`` with every topic created on first use that
+        feeds them in ``queue_of`` (clients route acknowledgements and browses by it).
+
+        Every worker does so as it learns of such a topic, so the record ends complete even when
+        two workers create topics of one queue at once."""
+        infos = self._topology.definitions()
+        auto = [u.topic for u in self._topology.topics.values() if u.auto]
+        update: dict[str, Any] = {}
+        for runtime in readers:
+            queue = runtime.config
+            ident = topic_ident(queue.name, queue.message_type)
+            if ident not in infos:
+                continue
+            extra = [t.name for t in auto if queue.reads(t)]
+            listed = list(infos[ident].get("queue_of") or [])
+            update[ident] = {
+                **infos[ident],
+                "queue_of": [*listed, *sorted(set(extra) - set(listed))],
+            }
+        if not update:
+            return
+        ctx = self._ctx
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, write_meta, ctx.bootstrap, ctx.kafka, ctx.names, update
+            )
+        except (SowstreamError, KafkaException) as exc:
+            log.warning("could not publish the topics of queues %s: %s", sorted(update), exc)
+
+    def _readers(self, name: str, message_type: str) -> list[QueueRuntime]:
+        """The queues whose regular expression UnderlyingTopic matches topic ``name``."""
+        return [
+            runtime
+            for runtime in self._topology.queues.values()
+            if runtime.config.underlying_is_pattern
+            and runtime.config.message_type == message_type
+            and runtime.config.matches_topic(name)
+        ]
 
     def hold(self, topic: str, key: str, spec: SubscriptionSpec | None) -> None:
         """A registration (None: its removal) for ``topic``, not known here (yet): kept until the
@@ -132,18 +193,6 @@ class AutoTopics:
                 f"topic {name!r} matches the Pattern {owner.pattern!r} of topic {owner.name!r}: "
                 "its records go to that regular expression topic (publish with the name in the "
                 f"{h.TOPIC} header to {names.log(owner.name, owner.message_type)})"
-            )
-        reader = next(
-            (q for q in config.queues if q.underlying_is_pattern and q.matches_topic(name)), None
-        )
-        if reader is not None:
-            # A topic created on first use keeps no store of its own (its state is rebuilt from
-            # the log), so a queue could not keep its acknowledgements: refused rather than
-            # created and silently left out of the queue.
-            return (
-                f"topic {name!r} matches UnderlyingTopic {reader.underlying_topic!r} of queue "
-                f"{reader.name!r}: declare it under sow: or topics: (and restart the workers) "
-                "so that the queue reads it; topics created on first use do not feed queues"
             )
         if not config.engine.auto_create_topics:
             return (

@@ -61,6 +61,9 @@ class Ownership:
         self._subs = subs
         self._queues = queues
         self._applier = applier
+        # A topic created on first use is younger than every queue reading it: its whole log
+        # is after any queue's RecoveryPoint.
+        self.created_on_first_use = False
 
     async def ready(self, partition: int) -> PartitionState:
         """The partition's state, loading it on first use after an assignment."""
@@ -165,6 +168,8 @@ class Ownership:
     async def _queue_start(self, partition: int, config: QueueConfig) -> int:
         """The first log offset a queue's RecoveryPoint lets in (epoch: the log's first)."""
         assert self._log_reader is not None
+        if self.created_on_first_use:
+            return await self._log_reader.start_offset(partition)
         if config.recovery_point == "now":
             return await self._log_reader.end_offset(partition) + 1
         at_ms = config.recovery_point_ms

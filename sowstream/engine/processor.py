@@ -31,7 +31,12 @@ from sowstream.engine.placement import Placement
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.queries import Queries
 from sowstream.engine.queues import QueueRuntime
-from sowstream.engine.store import MemoryPartition, PartitionStore, RocksPartition
+from sowstream.engine.store import (
+    MemoryPartition,
+    PartitionStore,
+    PrefixedPartition,
+    RocksPartition,
+)
 from sowstream.engine.table import PartitionTable
 from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.ops import RawRecord
@@ -62,12 +67,14 @@ class TopicProcessor:
         entitlement: EntitlementLookup | None = None,
         new_store: Callable[[int], PartitionStore] | None = None,
         native: NativeMode | None = None,
+        key_prefix: bytes | None = None,
     ) -> None:
         """``compiled``: the topic with its message type and stages (its unit compiles them
         once); ``table``: the RocksDB table that keeps the partitions (None: in memory);
         ``new_store`` replaces how a partition's store is made (tests keep stores across
         processors, as RocksDB outlives a worker); ``native``: whether the compiled fold applies
-        the log (engine.native; None: $SOWSTREAM_NATIVE, else on)."""
+        the log (engine.native; None: $SOWSTREAM_NATIVE, else on); ``key_prefix``: the topic's
+        keys in ``table``, which it shares with other topics (those created on first use)."""
         topic = compiled.definition
         self.topic = topic
         self.compiled = compiled
@@ -78,7 +85,7 @@ class TopicProcessor:
         self.views: list[ViewFeed | ConflatedFeed] = []
         self._sender = sender
         if new_store is None:
-            new_store = _store_maker(topic, table)
+            new_store = _store_maker(topic, table, key_prefix)
         self.table = PartitionTable(compiled, sender, new_store, backed=table is not None)
         self.subs = TopicSubscriptions(
             compiled, entitlement, current=self.table.current_record if topic.sow else None
@@ -153,9 +160,13 @@ class TopicProcessor:
         await self._sender.send_reply(reply_to, encode("Reply", body), VERSION_HEADER)
 
 
-def _store_maker(topic: TopicConfig, table: StateTable | None) -> Callable[[int], PartitionStore]:
-    """How a partition's store is made: in the table's RocksDB, or in memory for a
-    transient topic (and without a table)."""
+def _store_maker(
+    topic: TopicConfig, table: StateTable | None, key_prefix: bytes | None = None
+) -> Callable[[int], PartitionStore]:
+    """How a partition's store is made: in the table's RocksDB (under ``key_prefix`` in a
+    shared one), or in memory for a transient topic (and without a table)."""
     if topic.durability == "transient" or table is None:
         return lambda partition: MemoryPartition()
+    if key_prefix is not None:
+        return lambda partition: PrefixedPartition(RocksPartition(table, partition), key_prefix)
     return lambda partition: RocksPartition(table, partition)

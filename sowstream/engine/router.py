@@ -36,7 +36,7 @@ from sowstream.filters import FilterError
 from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
 from sowstream.wire import headers as h
-from sowstream.wire.protocol import ACK, FAILURE, SOW, Command, Reply, ReplyRecord
+from sowstream.wire.protocol import ACK, FAILURE, SOW, UNDERLYING, Command, Reply, ReplyRecord
 from sowstream.wire.topics import topic_ident
 from sowstream.wire.versions import SCHEMA_VERSION, check, version_of
 
@@ -272,13 +272,22 @@ class CommandRouter:
             await self._declare(cmd, record.partition)
             return
         ident = topic_ident(cmd.topic, cmd.message_type)
+        underlying = cmd.option(UNDERLYING)
+        if underlying and ident in self._topology.queues:
+            # About a queue, for one of its topics created on first use (they share this
+            # control topic, so the command names which).
+            ident = topic_ident(underlying, cmd.message_type)
         unit = self._topology.topics.get(ident)
         if unit is None:
             await self._creation.caught_up()  # created by another worker a moment ago?
             unit = self._topology.topics.get(ident)
         if unit is None:
             writer = ReplyWriter.for_command(self._sender, cmd, cmd.topic, record.partition)
-            await writer.failure(UNKNOWN_TOPIC, f"topic {cmd.topic!r} is not known to the engine")
+            named = underlying if underlying and ident != cmd.topic else cmd.topic
+            await writer.failure(UNKNOWN_TOPIC, f"topic {named!r} is not known to the engine")
+            return
+        if unit.feeds_queues and self._is_queue_ack((cmd, record.partition)):
+            await self._queue_acks(unit, [(cmd, record.partition)])
             return
         await self.answer(unit, cmd, record.partition)
 

@@ -41,6 +41,7 @@ __all__ = [
     "ChangelogSender",
     "MemoryPartition",
     "PartitionStore",
+    "PrefixedPartition",
     "RocksPartition",
     "is_record_key",
 ]
@@ -251,3 +252,57 @@ class MemoryPartition:
     def values(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
         data = self._data
         return (value for key in self.keys(start, stop) if (value := data.get(key)) is not None)
+
+
+def _after_prefix(prefix: bytes) -> bytes | None:
+    """The first key after every key starting with ``prefix`` (None: there is none)."""
+    trimmed = prefix.rstrip(b"\xff")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else None
+
+
+class PrefixedPartition:
+    """One topic's share of a partition store that several topics share, its keys under
+    ``prefix``: topics created on first use that feed a queue keep their queue state in one
+    table declared at start (faust's tables cannot be added while the worker runs)."""
+
+    def __init__(self, inner: PartitionStore, prefix: bytes) -> None:
+        self._inner = inner
+        self._prefix = prefix
+        self._end = _after_prefix(prefix)
+
+    def _own(self, changes: Mapping[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+        p = self._prefix
+        return {p + key: value for key, value in changes.items()}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._inner.get(self._prefix + key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._inner.get_many([self._prefix + key for key in keys])
+
+    def write(self, changes: Mapping[bytes, bytes | None]) -> None:
+        self._inner.write(self._own(changes))
+
+    async def replicate(
+        self, changes: Mapping[bytes, bytes | None], sender: ChangelogSender
+    ) -> None:
+        await self._inner.replicate(self._own(changes), sender)
+
+    def scan(
+        self, start: bytes = RECORDS_START, prefix: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        p, cut = self._prefix, len(self._prefix)
+        if prefix is not None:
+            pairs = self._inner.scan(prefix=p + prefix)
+        else:
+            pairs = takewhile(lambda pair: pair[0].startswith(p), self._inner.scan(start=p + start))
+        return ((key[cut:], value) for key, value in pairs)
+
+    def keys(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        cut = len(self._prefix)
+        end = self._prefix + stop if stop is not None else self._end
+        return (key[cut:] for key in self._inner.keys(self._prefix + start, end))
+
+    def values(self, start: bytes, stop: bytes | None) -> Iterator[bytes]:
+        end = self._prefix + stop if stop is not None else self._end
+        return self._inner.values(self._prefix + start, end)

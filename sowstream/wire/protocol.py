@@ -23,6 +23,9 @@ PARTIAL = "partial"  # partial aggregates of one partition
 ACK = "ack"  # a publish, delete or queue acknowledgement was processed
 SUCCESS = "success"
 FAILURE = "failure"
+# The option naming, in a command about a queue, which of its topics the command is for: needed
+# on the control topic topics created on first use share (a declared topic's is its own).
+UNDERLYING = "underlying"
 
 
 @dataclass(frozen=True, slots=True)

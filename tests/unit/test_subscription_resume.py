@@ -4,7 +4,19 @@ repeats is dropped."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+
+from sowstream.client.connection import Connection
+from sowstream.client.messages import Message
+from sowstream.client.querying import Querying
+from sowstream.client.queueing import Queueing
+from sowstream.client.subscribing import Subscribing
 from sowstream.client.subscription import Subscription, _Live
+from sowstream.client.topics import TopicInfo
+from sowstream.errors import CommandTimeoutError
 from sowstream.sow.bookmarks import EPOCH, parse_bookmark
 from sowstream.subscriptions.model import SUBSCRIBE, SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
@@ -87,3 +99,51 @@ def test_a_replayed_message_that_arrives_after_a_later_live_one_is_not_lost() ->
     sub.set_cut("t", 7, 18)  # the replay's part_end: the bookmark's offset
     sub.release()
     assert _offsets(sub) == [(3, 5), (7, 121), (7, 140)]
+
+
+class _Engine:
+    """What placing a subscription again needs of the connection: the topic's definition and a
+    registry that takes registrations (the engine's answers come through ``place`` below)."""
+
+    def __init__(self) -> None:
+        self.on_ended: object = None
+
+    def topic_info(self, topic: str, message_type: str | None = None) -> TopicInfo:
+        return TopicInfo(topic, ("/id",), topic, 8, f"log.{topic}", f"ctl.{topic}")
+
+    def register(self, specs: object) -> None:
+        pass
+
+
+class _FlakyPlacement(Subscribing):
+    """The first placement again times out after partition 7's owner sent a live message (its
+    replay never came: its owner was killed); the second brings the replay."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(Connection, _Engine()), cast(Querying, None), cast(Queueing, None))
+        self.tries = 0
+
+    def place(self, sub: Any, *args: Any, **kwargs: Any) -> Iterator[Message]:
+        self.tries += 1
+        assert kwargs["bookmarks"][("t", 7)] == "0|7|18"
+        sub.on_live(_live(7, 140, ts=3_000))
+        if self.tries == 1:
+            raise CommandTimeoutError("no complete answer to command c within 30s")
+        sub.on_live(_live(7, 121, ts=2_000))  # the replay from the bookmark
+        sub.set_cut("t", 7, 18)
+        return iter(())
+
+
+def test_a_placement_again_that_times_out_keeps_holding_until_one_completes() -> None:
+    """Found by the chaos run: the first try's timeout let the held live message (140) through,
+    and the replay (121) that the second try brought was dropped as a repeat."""
+    sub = _sub()
+    sub.set_cut("t", 7, 18)
+    sub.release()
+    subscribing = _FlakyPlacement()
+    sub.hold()
+    with pytest.raises(CommandTimeoutError):
+        subscribing._place_again(sub)
+    assert _offsets(sub) == []  # still held
+    subscribing._place_again(sub)
+    assert _offsets(sub) == [(7, 121), (7, 140)]

@@ -18,6 +18,12 @@ from sowstream.sow.compiled import CompiledTopic, compile_topic
 from sowstream.subscriptions.matcher import EntitlementLookup
 
 
+def shared_prefix(ident: str) -> bytes:
+    """Where topic ``ident`` keeps its keys in a table it shares: a first byte no key of a
+    table's own has (faust's offset key starts with ``_``) and a NUL no topic name holds."""
+    return b"\x01" + ident.encode() + b"\x00"
+
+
 class TopicUnit:
     """One SOW topic (declared, derived or created on first use) on this worker."""
 
@@ -29,7 +35,10 @@ class TopicUnit:
         entitlement: EntitlementLookup | None = None,
         feeds_queues: bool = False,
         auto: bool = False,
+        shared_table: StateTable | None = None,
     ) -> None:
+        """``shared_table``: for a topic created on first use that feeds a queue, the table it
+        keeps its queue state in, under its own key prefix (:func:`shared_prefix`)."""
         self.topic = topic
         # What every record of the topic goes through, compiled once for all that read them.
         self.compiled: CompiledTopic[TopicConfig] = compile_topic(topic)
@@ -50,12 +59,14 @@ class TopicUnit:
             self.compiled,
             names,
             ctx.sender,
-            table=self.table,
+            table=self.table if shared_table is None else shared_table,
             log_reader=ctx.log_reader(log_topic),
+            key_prefix=None if shared_table is None else shared_prefix(topic.ident),
             entitlement=entitlement,
             native=ctx.native,
         )
         self.proc.applier.authenticator = ctx.authenticator
+        self.proc.ownership.created_on_first_use = auto
         consumer = {
             "bootstrap.servers": ctx.bootstrap,
             "group.id": f"{ctx.app_id}-log-pump",
