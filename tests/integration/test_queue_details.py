@@ -1,7 +1,8 @@
 """Queue details of issue 27 on a real broker: one subscription over several queues (a regular
 expression), the effective backlog in the subscribe's processed ack, ExpirationModel, the queue
 statistics (seconds_behind, age_of_oldest_lease, priority_count), queues over a Pattern topic,
-and chapter 05's MQ example (a regular expression over declared topics and ones created on first use).
+and chapter 05's MQ example (a regular expression over declared topics and topics created on
+first use).
 
 One worker, so AMPS's single-instance numbers hold exactly.
 """
