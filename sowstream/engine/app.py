@@ -94,6 +94,7 @@ class Engine:
             static_membership=static_membership,
         )
         sender, assignment = runtime.sender, runtime.assignment
+        sender.reply_topic_problem = self.names.reply_topic_problem
         ctx = Context(
             wiring=runtime,
             sender=sender,

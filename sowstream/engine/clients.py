@@ -65,6 +65,7 @@ class Clients:
             refuse=self.refuse,
             loaded=ctx.subscriptions_known,
             authenticator=ctx.authenticator,
+            reply_topic_problem=ctx.names.reply_topic_problem,
         )
         self.slow_consumers = SlowConsumerWatch(
             ctx.bootstrap,

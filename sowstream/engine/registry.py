@@ -58,11 +58,14 @@ class SubscriptionRegistry:
         refuse: Refuse | None = None,
         loaded: asyncio.Event | None = None,
         authenticator: Authenticator | None = None,
+        reply_topic_problem: Callable[[str], str | None] | None = None,
     ) -> None:
         """``authenticator`` checks each registration's credential (None: identities are
-        asserted)."""
+        asserted); ``reply_topic_problem`` says why a registration's reply topic is none a
+        client has (:meth:`~sowstream.wire.topics.TopicNames.reply_topic_problem`)."""
         self.topic = topic
         self._authenticator = authenticator
+        self._reply_topic_problem = reply_topic_problem or (lambda topic: None)
         self._bootstrap = bootstrap
         self._extra = dict(extra)
         self._apply = apply
@@ -101,7 +104,7 @@ class SubscriptionRegistry:
         except Exception as exc:  # not a Subscription record: its key may say whom to tell
             log.warning("ignored unreadable registration %r on %s: %s", key, self.topic, exc)
             addressed = addressee(key)
-            if addressed is not None:
+            if addressed is not None and not self._reply_topic_problem(addressed["reply_to"]):
                 self._refused(
                     key,
                     addressed,
@@ -113,6 +116,11 @@ class SubscriptionRegistry:
             return
         if problem is not None:
             self._refused(key, raw, SCHEMA_VERSION, str(problem))
+            return
+        misdirected = self._reply_topic_problem(str(raw.get("reply_to", "")))
+        if misdirected is not None:
+            # Nobody to tell: a refusal would go where the registration points.
+            log.warning("ignored registration %r on %s: %s", key, self.topic, misdirected)
             return
         try:
             spec = SubscriptionSpec.from_wire(raw)

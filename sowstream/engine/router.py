@@ -37,7 +37,7 @@ from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
 from sowstream.wire import headers as h
 from sowstream.wire.protocol import ACK, FAILURE, SOW, UNDERLYING, Command, Reply, ReplyRecord
-from sowstream.wire.topics import topic_ident
+from sowstream.wire.topics import TopicNames, topic_ident
 from sowstream.wire.versions import SCHEMA_VERSION, check, version_of
 
 log = logging.getLogger("sowstream.engine")
@@ -78,10 +78,13 @@ class Refused(NamedTuple):
     message: str
 
 
-def decode_command(record: ControlRecord) -> Command | Refused | None:
+def decode_command(
+    record: ControlRecord, names: TopicNames | None = None
+) -> Command | Refused | None:
     """A control-topic record as a Command; Refused when its schema version is not accepted
     here (read as far as this side's schema goes, to answer it); None (logged) when it cannot
-    be read at all, so there is nobody to answer."""
+    be read at all, or (with ``names``) names no client's reply topic, so there is nobody to
+    answer."""
     payload = record.value or b""
     problem: SchemaVersionError | None = None
     try:
@@ -99,6 +102,17 @@ def decode_command(record: ControlRecord) -> Command | Refused | None:
             record.offset,
             exc,
             f" ({problem})" if problem is not None else "",
+        )
+        return None
+    misdirected = names.reply_topic_problem(cmd.reply_to) if names is not None else None
+    if misdirected is not None:
+        log.warning(
+            "ignored command %s on %s[%d]@%d: %s, so it cannot be answered",
+            cmd.command_id,
+            record.topic,
+            record.partition,
+            record.offset,
+            misdirected,
         )
         return None
     if problem is not None:
@@ -159,7 +173,7 @@ class CommandRouter:
         """Handle control-topic records in order; consecutive queue acknowledgements together."""
         commands: list[Addressed] = []
         for record in records:
-            read = decode_command(record)
+            read = decode_command(record, self._topology.ctx.names)
             held = self._holds(unit, record.partition)
             if isinstance(read, Refused):
                 if held:
@@ -251,7 +265,7 @@ class CommandRouter:
 
     async def auto_command(self, record: ControlRecord) -> None:
         """A command on the shared control topic: create a topic, or one for a created topic."""
-        read = decode_command(record)
+        read = decode_command(record, self._topology.ctx.names)
         if read is None:
             return
         if not self._owns(record.topic, record.partition):

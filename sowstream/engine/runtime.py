@@ -84,6 +84,20 @@ class FaustSender(Sender):
         self.on_missing: Callable[[str], None] | None = None
         # Whether a topic exists (a blocking admin call, run in an executor) while replies wait.
         self.exists: Callable[[str], bool] | None = None
+        # Why a topic is no client's reply topic (None: it is one); set by the engine. Replies
+        # go nowhere else, whatever a command, registration or publish header names.
+        self.reply_topic_problem: Callable[[str], str | None] = lambda topic: None
+        self._misdirected: set[str] = set()
+
+    def _refused_topic(self, topic: str) -> bool:
+        """Whether replies to ``topic`` are refused (warned once per topic)."""
+        problem = self.reply_topic_problem(topic)
+        if problem is None:
+            return False
+        if topic not in self._misdirected:
+            self._misdirected.add(topic)
+            log.warning("replies to %s are dropped: %s", topic, problem)
+        return True
 
     def _producer(self) -> Any:
         """The producer of replies, watched for metadata refreshes (see _refreshed)."""
@@ -164,6 +178,8 @@ class FaustSender(Sender):
     async def send_reply(
         self, topic: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
     ) -> asyncio.Future[Any] | None:
+        if self._refused_topic(topic):
+            return None
         replies = self.replies
         if replies.is_parked(topic):
             # Earlier replies wait for the topic: this one queues behind them (order).
@@ -306,7 +322,7 @@ class FaustSender(Sender):
         # waits until the topic's previous batch has left for the broker (a round trip when a
         # request is in flight), and this runs under the partition lock: a few go one by one,
         # appended to the producer's open batch without waiting.
-        if not messages:
+        if not messages or self._refused_topic(topic):
             return []
         producer = self._producer()
         partitions = producer.client.cluster.partitions_for_topic(topic)

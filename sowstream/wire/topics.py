@@ -131,3 +131,13 @@ class TopicNames:
     def reply(self, client_id: str) -> str:
         """A client's private reply topic."""
         return f"{self.prefix}.reply.{client_id}"
+
+    def reply_topic_problem(self, topic: str) -> str | None:
+        """Why the engine must not write replies to ``topic``, or None for a client's reply topic.
+
+        Commands and registrations name where their answers go: written anywhere else, they
+        would put engine records into a log, a changelog or another topic of the engine's."""
+        stem = f"{self.prefix}.reply."
+        if topic.startswith(stem) and len(topic) > len(stem):
+            return None
+        return f"reply topic {topic!r} is not a client's reply topic ({stem}<client>)"

@@ -14,10 +14,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sowstream.errors import SubscriptionDroppedError
+from sowstream.wire.topics import TopicNames
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.raw import SUBSCRIPTION, RawClient, avro
 
@@ -199,3 +201,34 @@ def test_sowstreams_client_raises_a_refused_subscription_and_removes_it(
                 last.append(msg.value())
         reader.close()
         assert last[-1:] == [None], "the refused registration was not removed"
+
+
+def test_replies_never_go_to_a_topic_that_is_no_clients_reply_topic(
+    engine: EngineProcesses, raw: RawClient
+) -> None:
+    """A command, registration or publish naming the topic's own log as its reply topic gets no
+    reply there (a warning says why): it would write engine records into the transaction log."""
+    log_topic = TopicNames(engine.prefix).log("orders")
+    raw.command("sow", "orders", "ctl.orders", 0, reply_to=log_topic)
+    raw.register("orders", reply_to=log_topic)
+    raw.command("sow_and_subscribe", "orders", "ctl.orders", 1, sub_id="s9", reply_to=log_topic)
+    # A publish asking for its ack on the log (sow.reply_to): applied, its ack not sent there.
+    raw.producer.produce(
+        log_topic,
+        b'{"id": 77}',
+        key=b"77",
+        partition=1,
+        headers={"sow.reply_to": log_topic, "sow.cmd_id": "c1"},
+    )
+    raw.producer.flush(30)
+    time.sleep(3.0)
+    reader = Consumer({"bootstrap.servers": engine.bootstrap, "group.id": uuid.uuid4().hex})
+    reader.assign([TopicPartition(log_topic, p, 0) for p in (0, 1)])
+    records = [m for m in reader.consume(100, 5) if not m.error()]
+    reader.close()
+    # The publish, maybe again under its SowKey (the engine re-keys a misrouted publish): no
+    # reply, which would be an Avro Reply record rather than the JSON published.
+    assert records and all(orjson.loads(m.value()) == {"id": 77} for m in records)
+    cid = raw.command("sow", "orders", "ctl.orders", 1)  # and the engine still answers
+    (a,) = raw.replies(cid, 1)
+    assert a["status"] == "success"

@@ -19,6 +19,9 @@ from sowstream.wire.protocol import Command, Reply
 from sowstream.wire.topics import TopicNames
 from tests.support.sender import RecordingSender
 
+# A client's reply topic, as the engine takes them (it writes replies nowhere else).
+REPLY_TO = TopicNames().reply("c1")
+
 CONFIG = """
 sow:
   - {Name: orders, Key: /id}
@@ -144,7 +147,7 @@ class Setup:
 
 def command(name: str, topic: str = "orders", **fields: Any) -> Command:
     fields.setdefault("command_id", f"id-{name}")
-    return Command(command=name, query_id="q1", reply_to="reply.c1", topic=topic, **fields)
+    return Command(command=name, query_id="q1", reply_to=REPLY_TO, topic=topic, **fields)
 
 
 def record(cmd: Command | bytes, partition: int = 0, offset: int = 0) -> ControlRecord:

@@ -34,8 +34,9 @@ def test_a_bad_registration_held_for_a_new_topic_is_refused_and_the_rest_served(
     assert text.startswith("topic 'fresh': filter error at position 5")
 
 
-def test_a_name_a_regex_queue_matches_is_not_created_on_first_use() -> None:
-    """It would be created and never queued: refused, naming the queue and what to do."""
+def test_a_name_a_regex_queue_matches_is_created_and_feeds_the_queue() -> None:
+    """AMPS needs no declaration of a queue's topics: ORDERS_NEW is created on first use and
+    its publishes go to MQ; a name the expression does not match stays a plain topic."""
     config = (
         "engine:\n  auto_create_topics: true\nsow:\n  - Name: orders\n    Key: /id\n"
         "queues:\n  - Name: MQ\n    UnderlyingTopic: ORDERS_.*\n"
@@ -43,8 +44,11 @@ def test_a_name_a_regex_queue_matches_is_not_created_on_first_use() -> None:
     )
     setup = Setup(config=config)
     auto = AutoTopics(setup.config, setup.topology)
-    problem = auto.refusal("ORDERS_NEW")
-    assert problem is not None
-    assert "matches UnderlyingTopic 'ORDERS_.*' of queue 'MQ'" in problem
-    assert "declare it under sow: or topics:" in problem
-    assert auto.refusal("fresh") is None
+    assert auto.refusal("ORDERS_NEW") is None
+    auto.add("ORDERS_NEW")
+    auto.add("fresh")
+    queued, plain = setup.topology.topics["ORDERS_NEW"], setup.topology.topics["fresh"]
+    assert queued.auto and queued.feeds_queues
+    assert [q.name for q in queued.proc.queues] == ["MQ"]
+    assert queued.proc.ownership.created_on_first_use  # every queue takes its whole log
+    assert not plain.feeds_queues and plain.proc.queues == []
