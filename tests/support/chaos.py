@@ -456,7 +456,7 @@ def run(workdir: Path, seconds: float, seed: int, *, restart_broker: bool = True
     try:
         for name in WORKERS:
             engine.start(name)
-        engine.wait_ready(["orders", "prices", *(v["Name"] for v in VIEWS)])
+        engine.wait_ready(["orders", "prices", *(v["Name"] for v in VIEWS)], timeout=180)
         report.note(started, "engine ready: 3 workers")
         load = Load(engine, random.Random(seed + 1))
         load.thread.start()
