@@ -105,6 +105,8 @@ class Connection:
         # Passed to every confluent-kafka client as-is (TLS, SASL, ...).
         self.kafka_config: Mapping[str, str] = dict(config or {})
         self.reply_topic = self.names.reply(self.name)
+        # The registry offset of the last registration this client wrote (-1: none yet).
+        self.registered_at = -1
         self._producer: Producer | None = None
         # Acknowledgements sent as a queue subscription goes: each one holds back the next
         # lease, so they skip the publish producer's linger (see _ack_producer).
@@ -647,15 +649,31 @@ class Connection:
         """The bookmark of the last message delivered to an ended subscription (MOST_RECENT)."""
         return self._bookmarks.get(sub_id)
 
-    def register(self, specs: list[SubscriptionSpec]) -> None:
-        """Write the registrations to the registry topic (so any worker can serve them)."""
+    def register(self, specs: list[SubscriptionSpec]) -> int:
+        """Write the registrations to the registry topic (so any worker can serve them); returns
+        the registry offset of the last one, which a placement names (``registry_offset``) so
+        the worker reads the registry that far first."""
         producer = self._require()
         topic = self.names.subscriptions
+        offsets: list[int] = []
+
+        def delivered(err: Any, msg: KafkaMessage) -> None:
+            if err is None and msg.offset() is not None:
+                offsets.append(int(msg.offset() or 0))
+
         for spec in specs:
             key, value = spec.key.encode(), encode("Subscription", spec.to_wire())
-            producer.produce(topic, key=key, value=value, headers=self._signed(topic, key, value))
+            producer.produce(
+                topic,
+                key=key,
+                value=value,
+                headers=self._signed(topic, key, value),
+                on_delivery=delivered,
+            )
         if producer.flush(self.timeout):
             raise CommandTimeoutError("could not register the subscription in time")
+        self.registered_at = max([self.registered_at, *offsets])
+        return self.registered_at
 
     def _unregister(self, sub: LiveSubscription) -> None:
         """Tombstone the registrations of a subscription the engine ended or refused (from the

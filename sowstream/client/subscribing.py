@@ -545,6 +545,9 @@ class Subscribing:
         keys = tuple(sorted(held)) if held is not None else None
         conn = self._conn
         conn.flush()  # read-your-writes, as for sow
+        # Placed once the worker has read the registration (it could otherwise be ended by an
+        # earlier removal of the same key that the worker reads after placing it).
+        registered = str(conn.registered_at) if conn.registered_at >= 0 else None
         conn.send(
             (
                 info.control_topic,
@@ -564,7 +567,8 @@ class Subscribing:
                             bookmarks.get((info.name, partition), EPOCH)
                             if bookmarks is not None
                             else bookmark
-                        )
+                        ),
+                        registry_offset=registered,
                     ),
                     sub_id=sub.sub_id,
                     sub_options=options.to_text(),

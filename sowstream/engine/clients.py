@@ -66,6 +66,7 @@ class Clients:
             loaded=ctx.subscriptions_known,
             authenticator=ctx.authenticator,
             reply_topic_problem=ctx.names.reply_topic_problem,
+            progress=ctx.registry,
         )
         self.slow_consumers = SlowConsumerWatch(
             ctx.bootstrap,

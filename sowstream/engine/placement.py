@@ -15,6 +15,7 @@ from sowstream.engine.ownership import Ownership
 from sowstream.engine.partition import Outcome, PartitionMoved, PartitionState
 from sowstream.engine.ports import LogReader, Sender, wall_clock_ms
 from sowstream.engine.queries import TIMEOUT, Queries, refusal, send_partials, wants_raw
+from sowstream.engine.registry import RegistryProgress
 from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidCommandError, InvalidMessageError, SowstreamError
@@ -38,7 +39,7 @@ from sowstream.subscriptions.model import (
 )
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
-from sowstream.wire.protocol import Command
+from sowstream.wire.protocol import REGISTRY_OFFSET, Command
 
 log = logging.getLogger("sowstream.engine")
 
@@ -56,10 +57,12 @@ class Placement:
         applier: Applier,
         ownership: Ownership,
         queries: Queries,
+        registry: RegistryProgress | None = None,
     ) -> None:
         """``log_reader`` replays the log for a bookmark; ``applier`` stores what a conflation
         flush cleared, in order with the batches; ``queries`` reads History and shapes the
-        records of a SOW part as a query's."""
+        records of a SOW part as a query's; ``registry``: how far the worker has read the
+        subscription registry (None: placements do not wait for it)."""
         self.topic: TopicConfig = table.topic
         self.compiled = table.compiled
         self._table = table
@@ -70,6 +73,7 @@ class Placement:
         self._applier = applier
         self._ownership = ownership
         self._queries = queries
+        self._registry = registry
 
     async def flush_conflated(self, now_ms: int | None = None) -> None:
         """Send the messages of conflation intervals that have ended.
@@ -95,6 +99,21 @@ class Placement:
         cleared = self._subs.take_cleared(partition)
         if cleared and self._table.holds(partition, ps):
             self._applier.enqueue(partition, ps, Outcome(journal=cleared), sent)
+
+    async def _registration_read(self, cmd: Command) -> None:
+        """Wait until this worker has read the registration the command follows (its option
+        ``registry_offset``): a removal of the same key read after the placement would end it
+        (:class:`~sowstream.engine.registry.RegistryProgress`)."""
+        text = cmd.option(REGISTRY_OFFSET)
+        if self._registry is None or not text or not text.isdigit():
+            return
+        if not await self._registry.wait_past(int(text)):
+            log.warning(
+                "topic %r: placing %s before the registry is read to offset %s (still behind)",
+                self.topic.name,
+                cmd.sub_id,
+                text,
+            )
 
     def _history_covers(self, bookmark: Bookmark) -> bool:
         """Whether History holds the SOW as it was at ``bookmark``."""
@@ -243,6 +262,7 @@ class Placement:
         except (FilterError, InvalidCommandError) as exc:
             await writer.failure(refusal(exc), str(exc))
             return
+        await self._registration_read(cmd)
         ps = await self._ownership.ready(partition)
         folded: dict[str, SowRecord] | None = None
         if bookmark is not None and not aggregated and not self._history_covers(bookmark):

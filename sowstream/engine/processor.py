@@ -31,6 +31,7 @@ from sowstream.engine.placement import Placement
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.queries import Queries
 from sowstream.engine.queues import QueueRuntime
+from sowstream.engine.registry import RegistryProgress
 from sowstream.engine.store import (
     MemoryPartition,
     PartitionStore,
@@ -68,6 +69,7 @@ class TopicProcessor:
         new_store: Callable[[int], PartitionStore] | None = None,
         native: NativeMode | None = None,
         key_prefix: bytes | None = None,
+        registry: RegistryProgress | None = None,
     ) -> None:
         """``compiled``: the topic with its message type and stages (its unit compiles them
         once); ``table``: the RocksDB table that keeps the partitions (None: in memory);
@@ -115,6 +117,7 @@ class TopicProcessor:
             self.applier,
             self.ownership,
             self.queries,
+            registry,
         )
         self.log_topic = self.applier.log_topic
         self.maintenance = Maintenance(self.table, sender, self.log_topic)

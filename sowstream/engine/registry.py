@@ -45,6 +45,45 @@ Apply = Callable[[str, SubscriptionSpec | None], None]
 Refuse = Callable[[str, Mapping[str, Any], str, str], None]
 
 
+# The longest a placement waits for this worker to read the registration it follows (the reader
+# may be behind while the broker is away): then it goes ahead, as it did before it waited.
+REGISTRY_WAIT_SECONDS = 10.0
+
+
+class RegistryProgress:
+    """How far this worker has read the subscription registry.
+
+    A client that places a subscription names the registry offset of its registration. The
+    placement command travels on a control topic and can overtake the registry: placed before the
+    worker read an earlier removal of the same key (the engine ended the subscription, the client
+    placed it again), the removal would end the new placement, and changes until the new
+    registration is read would reach nobody. So a placement first waits for the registry."""
+
+    def __init__(self) -> None:
+        self.position = 0  # the next registry offset to read
+        self._moved = asyncio.Event()
+
+    def advance(self, position: int) -> None:
+        """The registry is read up to (not including) ``position``."""
+        if position > self.position:
+            self.position = position
+            moved, self._moved = self._moved, asyncio.Event()
+            moved.set()
+
+    async def wait_past(self, offset: int, timeout: float = REGISTRY_WAIT_SECONDS) -> bool:
+        """Wait until the record at ``offset`` is read; False if it is not within ``timeout``."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.position <= offset:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._moved.wait(), remaining)
+            except TimeoutError:
+                return False
+        return True
+
+
 class SubscriptionRegistry:
     """Follows the registry topic and reports every registration and removal to ``apply``."""
 
@@ -59,6 +98,7 @@ class SubscriptionRegistry:
         loaded: asyncio.Event | None = None,
         authenticator: Authenticator | None = None,
         reply_topic_problem: Callable[[str], str | None] | None = None,
+        progress: RegistryProgress | None = None,
     ) -> None:
         """``authenticator`` checks each registration's credential (None: identities are
         asserted); ``reply_topic_problem`` says why a registration's reply topic is none a
@@ -66,6 +106,7 @@ class SubscriptionRegistry:
         self.topic = topic
         self._authenticator = authenticator
         self._reply_topic_problem = reply_topic_problem or (lambda topic: None)
+        self.progress = progress or RegistryProgress()
         self._bootstrap = bootstrap
         self._extra = dict(extra)
         self._apply = apply
@@ -175,6 +216,7 @@ class SubscriptionRegistry:
                         continue
                     self._handle(msg)
                     position = (msg.offset() or 0) + 1
+                self.progress.advance(position)
                 if not self.loaded.is_set() and position >= end:
                     self.loaded.set()
         finally:

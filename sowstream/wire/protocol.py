@@ -26,6 +26,9 @@ FAILURE = "failure"
 # The option naming, in a command about a queue, which of its topics the command is for: needed
 # on the control topic topics created on first use share (a declared topic's is its own).
 UNDERLYING = "underlying"
+# The option of a subscription's placement naming the registry offset of its registration: the
+# worker reads the registry that far before placing it.
+REGISTRY_OFFSET = "registry_offset"
 
 
 @dataclass(frozen=True, slots=True)

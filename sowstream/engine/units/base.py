@@ -21,6 +21,7 @@ from sowstream.engine.inputs import InputPump
 from sowstream.engine.meta import Infos
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.pump import HeldPartitions, KafkaLogReader
+from sowstream.engine.registry import RegistryProgress
 from sowstream.sow.ops import RawRecord
 from sowstream.wire.kafka import TopicSpec
 from sowstream.wire.topics import TopicNames
@@ -111,6 +112,8 @@ class Context:
     logs_open: asyncio.Event = field(default_factory=asyncio.Event)
     # Checks the credentials of commands, registrations and publishes (None: asserted).
     authenticator: Authenticator | None = None
+    # How far the worker has read the subscription registry (placements wait for theirs).
+    registry: RegistryProgress = field(default_factory=RegistryProgress)
 
     def log_reader(self, topic: str) -> LogReader:
         """A reader of Kafka topic ``topic``, for rebuilds, catch-ups and gap reads."""

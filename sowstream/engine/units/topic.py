@@ -62,6 +62,7 @@ class TopicUnit:
             table=self.table if shared_table is None else shared_table,
             log_reader=ctx.log_reader(log_topic),
             key_prefix=None if shared_table is None else shared_prefix(topic.ident),
+            registry=ctx.registry,
             entitlement=entitlement,
             native=ctx.native,
         )
