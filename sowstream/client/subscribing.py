@@ -166,6 +166,8 @@ class Subscribing:
         ]
         first = specs[0]
         placed = False
+        bookmarks = None if sub.aggregated else sub.resume_bookmarks()
+        log.debug("placing subscription %s again from %s", sub.sub_id, bookmarks)
         try:
             conn.register(specs)
             group = self.place(
@@ -178,7 +180,7 @@ class Subscribing:
                 CLIENT_DEFAULT_BATCH_SIZE,
                 None,
                 None,
-                bookmarks=None if sub.aggregated else sub.resume_bookmarks(),
+                bookmarks=bookmarks,
             )
             for _ in group:  # the replays came as live messages, held until now
                 pass

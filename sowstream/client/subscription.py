@@ -12,6 +12,7 @@ sends (``sowstream.sow.aggregate.live.CombinedGroups``) and show each group's ch
 
 from __future__ import annotations
 
+import logging
 import queue
 import re
 import threading
@@ -50,6 +51,9 @@ MessageHandler = Callable[[Message], None]
 CUT_SEQ = 10**9
 
 
+log = logging.getLogger("sowstream.client.subscription")
+
+
 @dataclass
 class _Live:
     """A live message as read from the reply topic."""
@@ -67,6 +71,11 @@ class _Live:
     bookmark: str = ""  # queue deliveries: what to acknowledge
     deliveries: int = 0
     lease_expires: int | None = None
+
+    @property
+    def position(self) -> str:
+        """Where it is in its log, for debug logs: ``command p<partition>@<offset>#<seq> key``."""
+        return f"{self.command} p{self.partition}@{self.offset}#{self.seq} {self.sow_key}"
 
     @classmethod
     def from_headers(cls, value: bytes | None, headers: dict[str, str]) -> _Live:
@@ -183,6 +192,7 @@ class Subscription:
             if self._closed:
                 return
             if self._holding:
+                log.debug("%s: held %s", self.sub_id, live.position)
                 self._held.append(live)
                 return
             self._accept(live)
@@ -204,6 +214,14 @@ class Subscription:
         """The SOW part of ``partition`` reflects the log up to ``watermark``."""
         with self._lock:
             where = (topic, partition)
+            log.debug(
+                "%s: cut %s/%d at %d (was %s)",
+                self.sub_id,
+                topic,
+                partition,
+                watermark,
+                self._last.get(where),
+            )
             self._last[where] = max(self._last.get(where, (-1, 0)), (watermark, CUT_SEQ))
 
     def reset_partition(self, topic: str, partition: int, watermark: int) -> None:
@@ -320,6 +338,7 @@ class Subscription:
         with self._lock:
             held, self._held = self._held, []
             self._holding = False
+            log.debug("%s: released %d held", self.sub_id, len(held))
             held.sort(
                 key=lambda live: (self._stream(live.topic), live.partition, live.offset, live.seq)
             )
@@ -350,6 +369,7 @@ class Subscription:
         where = (self._stream(live.topic), live.partition)
         seq = (live.offset, live.seq)
         if seq <= self._last.get(where, (-1, 0)):
+            log.debug("%s: dropped %s (at %s)", self.sub_id, live.position, self._last.get(where))
             return  # already covered by the snapshot, or a replay after a failover
         self._last[where] = seq
         self._times[where] = live.timestamp

@@ -314,7 +314,19 @@ class Placement:
                             ps, FullScan(), scope, view.entitled, then, unswept=True
                         )
                 start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
-                await self._outbox.deliver(self._subs.replay(spec.key, replayed), wait=True)
+                messages = self._subs.replay(spec.key, replayed)
+                log.info(
+                    "topic %s partition %d: subscription %s replayed from offset %d to %d "
+                    "(%d changes, %d messages)",
+                    self.topic.name,
+                    partition,
+                    spec.key,
+                    start,
+                    watermark,
+                    len(replayed),
+                    len(messages),
+                )
+                await self._outbox.deliver(messages, wait=True)
                 watermark = start - 1  # the client keeps messages after this: the replay on
             elif replace or spec.command in WITH_SOW:
                 scope = QueryOptions(view.filter, (), None, 0, opts.batch_size)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import random
 import re
@@ -262,6 +263,10 @@ def subscriber_process(args: argparse.Namespace) -> None:
     """A subscriber in a process of its own (to be killed or paused); its copy goes to a file."""
     spec = SubscriberSpec.from_args(args.spec)
     out = Path(args.out)
+    # What the client held, dropped and let through, to the process's log: a wrong copy at the
+    # end can be followed message by message.
+    logging.basicConfig(stream=sys.stdout, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("sowstream.client").setLevel(logging.DEBUG)
     with Client(args.bootstrap, prefix=args.prefix, timeout=30, name=args.name) as client:
         follower = Follower(spec, spec.place(client))
         if args.queue:
