@@ -436,6 +436,24 @@ class PumpedConsumer(AIOKafkaConsumer):
         super().resume_partitions(self._fetched(tps))
 
 
+# How long a flush (faust flushes on every revocation) waits for replies: one to a reply topic
+# that is gone waits in aiokafka's accumulator for minutes, and held the revocation, the worker
+# missed the rebalance and stayed out of the group.
+REPLY_FLUSH_SECONDS = 5.0
+
+
+async def bounded_flush(flush: Callable[[], Awaitable[None]], what: str, seconds: float) -> bool:
+    """Wait for ``flush`` at most ``seconds``; False (logged) when it had not finished. What it
+    was flushing is still sent: nothing waits for it any more, which is safe for replies (a
+    batch's watermark is stored only after its own replies are acknowledged)."""
+    try:
+        await asyncio.wait_for(flush(), seconds)
+    except TimeoutError:
+        log.warning("%s not all delivered within %.0fs of a flush: going on", what, seconds)
+        return False
+    return True
+
+
 # How long a step of the worker's start waits for a broker that went away meanwhile.
 UNREACHABLE_WAIT_SECONDS = 300.0
 
@@ -493,7 +511,7 @@ class EngineProducer(faust_aiokafka.Producer):
 
     async def flush(self) -> None:
         if self._replies is not None:
-            await self._replies.flush()
+            await bounded_flush(self._replies.flush, "replies", REPLY_FLUSH_SECONDS)
         await super().flush()
 
     async def create_topic(self, topic: str, partitions: int, replication: int, **kw: Any) -> None:
