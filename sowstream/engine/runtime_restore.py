@@ -14,6 +14,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -26,6 +27,18 @@ from faust.types.transports import ConsumerT
 from sowstream.engine.restore import BATCHED_MIN_RECORDS, PartitionCopy, copy_changelog
 
 log = logging.getLogger("sowstream.engine")
+
+
+def seekable(offsets: Mapping[TP, int | None], tps: set[TP]) -> Counter[TP]:
+    """Where recovery seeks each changelog partition: faust turns -1 (nothing read) into 0 but
+    passes on an offset it could not learn (None, while the broker restarts), and aiokafka's
+    seek raised ValueError for it: the recovery crashed and stopped the worker. Unknown reads
+    the changelog from its start, as nothing read does."""
+    out: Counter[TP] = Counter()
+    for tp in tps:
+        offset = offsets.get(tp)
+        out[tp] = offset if offset is not None and offset >= 0 else -1
+    return out
 
 
 class BatchedRecovery(Recovery):
@@ -49,6 +62,11 @@ class BatchedRecovery(Recovery):
         if getattr(coro, "cr_code", None) is _BUILD_OFFSETS:
             timeout = None
         await super()._wait(coro, timeout=timeout)
+
+    async def _seek_offsets(
+        self, consumer: ConsumerT, tps: set[TP], offsets: Any, title: str
+    ) -> None:
+        await super()._seek_offsets(consumer, tps, seekable(offsets, tps), title)
 
     async def _build_offsets(
         self, consumer: ConsumerT, tps: set[TP], destination: Any, title: str
