@@ -3,6 +3,7 @@ fed by the processors of the topics it reads."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 from sowstream.config.models import TopicConfig
@@ -15,6 +16,29 @@ from sowstream.engine.units.base import Context, Partitions
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.wire.kafka import TopicSpec
 from sowstream.wire.topics import topic_ident
+
+log = logging.getLogger("sowstream.engine.queues")
+
+
+def per_worker(queue: QueueConfig) -> list[str]:
+    """What of ``queue`` holds per worker, not over the whole queue, when several workers serve
+    it (backlogs and priority order hold over all of them, through credits)."""
+    out = []
+    if queue.max_backlog is not None:
+        out.append(f"MaxBacklog {queue.max_backlog} caps the leases of each worker")
+    if queue.barrier_expression is not None:
+        out.append("a barrier waits only for the older messages of its worker's partitions")
+    if queue.target_queue_depth is not None:
+        out.append(f"TargetQueueDepth {queue.target_queue_depth} counts each worker's messages")
+    return out
+
+
+def warn_per_worker(queue: QueueConfig) -> None:
+    """Warn, naming the queue, about what holds per worker when several serve it."""
+    for what in per_worker(queue):
+        log.warning(
+            "queue %s: served by several workers, %s, not the whole queue", queue.name, what
+        )
 
 
 class QueueUnit:
@@ -46,10 +70,16 @@ class QueueUnit:
             codec=unit.compiled.codec if unit is not None else None,
         )
         fed = [unit.topic for unit in topics.values() if unit.feeds_queues]
-        for topic, only in queue_sources(queue, fed):
+        sources = queue_sources(queue, fed)
+        for topic, only in sources:
             topics[topic.ident].proc.queues.append(self.runtime)
             if only is not None:
                 self.runtime.scopes[topic.name] = only
+        self.runtime.partitions = frozenset(
+            (topic.name, p) for topic, _ in sources for p in range(topic.partitions)
+        )
+        if len(self.runtime.partitions) > 1:
+            warn_per_worker(queue)
         # The topic the engine keeps of the queue's available messages, when a view reads it.
         self._available = config.queue_view_topics.get(queue.name)
         if self._available is not None:
