@@ -138,6 +138,8 @@ class QueueRuntime:
         self.partitions: frozenset[tuple[str, int]] = frozenset()
         self.credits = CreditDesk(self.machine, config.name)
         self._noticed: dict[str, bytes] = {}  # per subscription, the last report sent
+        # Holding every partition, reports change only with these: no need to build them.
+        self._notices_due = True
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:
         """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
@@ -218,6 +220,7 @@ class QueueRuntime:
                 else "partitions held elsewhere too: leasing within credits",
             )
         self.credits.set_whole(whole)
+        self._notices_due = True
         self.kick()
 
     def append(
@@ -261,6 +264,7 @@ class QueueRuntime:
             share=share,
         )
         self._subs[spec.key] = spec
+        self._notices_due = True
         self._sender.prepare(spec.reply_to)
         self.kick()
         return backlog
@@ -411,10 +415,14 @@ class QueueRuntime:
         key = f"{cmd.reply_to}|{cmd.sub_id}|{topic_ident(cmd.topic, cmd.message_type)}"
         if not self.credits.apply(key, grant):
             self._noticed.pop(key, None)  # report again: the subscriber may be behind
+        self._notices_due = True
         self.kick()
 
     async def send_notices(self) -> int:
         """Send each subscription the report it is owed when it changed; returns how many."""
+        if self.credits.whole and not self._notices_due:
+            return 0  # leasing within backlogs: the reports stay as they were
+        self._notices_due = False
         sent = 0
         for key, spec in list(self._subs.items()):
             body = self.credits.notice(key).to_bytes()

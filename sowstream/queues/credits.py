@@ -246,12 +246,27 @@ class CreditLedger:
         elif len(wanted) > max(free, 0):
             uncovered = len(wanted) - max(free, 0)
             for where, slot in sorted(self._slots.items()):
-                idle = slot.report.credit - len(slot.report.best)
-                if idle > 0 and not slot.report.more and not slot.revoking() and uncovered > 0:
+                idle = self._idle(slot)
+                if idle > 0 and uncovered > 0:
                     take = min(idle, uncovered)
                     grants[where] = grants.get(where, 0) - take
                     uncovered -= take
+        elif free == 0 and not wanted and self._slots:
+            # Waiting credit spread unevenly (a partition heard late, leases ended in one
+            # place): move one unit from the partition with most to the one with least.
+            least = min(self._slots.values(), key=_Slot.given)
+            richest = max(self._slots.items(), key=lambda item: self._idle(item[1]))
+            if self._idle(richest[1]) > 0 and richest[1].given() - least.given() >= 2:
+                grants[richest[0]] = -1
         return [self._grant(where, n) for where, n in sorted(grants.items()) if n]
+
+    @staticmethod
+    def _idle(slot: _Slot) -> int:
+        """Credit reported there beyond what its listed messages need (0 while taking back)."""
+        report = slot.report
+        if report.more or slot.revoking() or slot.pending:
+            return 0
+        return max(0, report.credit - len(report.best))
 
     def _grant(self, where: Where, credits: int) -> CreditGrant:
         self._seq += 1

@@ -25,7 +25,6 @@ from tests.integration.test_queues import (
     test_default_backlog_is_one_and_an_ack_brings_the_next,
     test_lease_timeout_redelivers_with_a_higher_count,
     test_priority_orders_delivery,
-    test_round_robin_with_backlogs_clamped_by_the_queue,
     test_strict_leasing_ignores_an_ack_from_another_client,
 )
 from tests.support.engine import EngineProcesses, running_engine
@@ -55,7 +54,6 @@ __all__ = [  # the chapter's examples, collected here again against three worker
     "test_default_backlog_is_one_and_an_ack_brings_the_next",
     "test_lease_timeout_redelivers_with_a_higher_count",
     "test_priority_orders_delivery",
-    "test_round_robin_with_backlogs_clamped_by_the_queue",
     "test_strict_leasing_ignores_an_ack_from_another_client",
 ]
 
@@ -87,13 +85,14 @@ def wait_available(client: Client, queue: str, n: int) -> None:
 
 
 def publish_spread(publisher: Client, client: Client, topic: str, queue: str, n: int) -> None:
-    """Publish ``n`` messages keyed over every partition, and wait until the queue has them."""
+    """Publish ``n`` messages keyed over the partitions, and wait until the queue has them."""
     for i in range(n):
         publisher.publish(topic, {"n": i})
     publisher.flush()
     wait_available(client, queue, n)
-    workers = {m.sow_key.split("|")[1] for m in client.sow(queue) if m.command == "sow"}
-    assert len(workers) == SPREAD, f"the messages should be on every partition: {workers}"
+    where = {m.sow_key.split("|")[1] for m in client.sow(queue) if m.command == "sow"}
+    # Two partitions per worker: three of them are on two workers at least.
+    assert len(where) >= 3, f"the messages should be spread over the workers: {where}"
 
 
 @pytest.mark.parametrize(
@@ -143,3 +142,31 @@ def test_the_highest_priority_goes_first_whichever_worker_holds_it(
         assert client.ack("RANKED", msg.bookmark) == 1
     assert order == sorted(priorities, reverse=True)
     sub.close()
+
+
+def test_q2_backlogs_clamped_by_the_queue_hold_over_the_workers(
+    client: Client, publisher: Client
+) -> None:
+    """Q2 over three workers: MaxPerSubscriptionBacklog 5 clamps max_backlog=10, and each
+    subscriber holds its backlog in total. Which subscriber gets which message is round-robin
+    among those with credit where the message is, so the chapter's exact interleaving
+    (docs/queues.md, "Several workers") is not checked here; the counts are."""
+    one_worker.drain_queue(client, "JQ")
+    s1 = client.subscribe("JQ", options="max_backlog=10")
+    s2 = client.subscribe("JQ", options="max_backlog=2")
+    time.sleep(1.0)  # both registered before the first message
+    for n in range(1, 10):
+        publisher.publish("jobs", {"n": n}, sow_key=None)
+    publisher.flush()
+    got1 = take(s1, 5, timeout=20)
+    got2 = take(s2, 2, timeout=20)
+    assert s1.next(timeout=1.0) is None and s2.next(timeout=0.5) is None
+    client.ack("JQ", [m.bookmark for m in got1 + got2])
+    rest = []
+    deadline = time.monotonic() + 20
+    while len(rest) < 2 and time.monotonic() < deadline:
+        rest += [m for m in (s1.next(timeout=0.2), s2.next(timeout=0.2)) if m is not None]
+    assert sorted(m.json()["n"] for m in got1 + got2 + rest) == list(range(1, 10))
+    client.ack("JQ", [m.bookmark for m in rest])
+    s1.close()
+    s2.close()

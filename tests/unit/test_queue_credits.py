@@ -339,3 +339,21 @@ def test_a_worker_leases_from_a_partition_only_within_its_credit() -> None:
     assert lease.message.bookmark == Bookmark("work", 0, 1)
     q.drop_partition("work", 0)
     assert q.credit_view("S", [("work", 0)], 5)[("work", 0)].leased == 0
+
+
+def test_waiting_credit_spreads_out_again_when_a_partition_is_heard_late() -> None:
+    ledger = CreditLedger(ALL3[:2], wait_until=0.0)
+    ledger.backlog = 4
+    ledger.notice(notice(entry(0, credit=4)))  # partition 1 was not heard in time
+    ledger.notice(notice(entry(0, credit=4), entry(1)))
+    (take,) = ledger.plan(0.0)
+    assert (take.partition, take.credits) == (0, -1)
+    ledger.notice(notice(entry(0, credit=3, applied=take.seq)))
+    (give,) = ledger.plan(0.0)
+    assert (give.partition, give.credits) == (1, 1)
+    ledger.notice(notice(entry(1, credit=1, applied=give.seq)))
+    (take,) = ledger.plan(0.0)  # 3 against 1: once more
+    ledger.notice(notice(entry(0, credit=2, applied=take.seq)))
+    (give,) = ledger.plan(0.0)
+    ledger.notice(notice(entry(1, credit=2, applied=give.seq)))
+    assert ledger.plan(0.0) == []  # 2 and 2: settled
