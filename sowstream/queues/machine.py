@@ -37,6 +37,7 @@ from sortedcontainers import SortedList
 
 from sowstream.filters import Filter, compile_filter, compile_value, parse_filter
 from sowstream.filters.values import to_number
+from sowstream.queues.barriers import BarrierGate
 from sowstream.queues.ports import QueueRules
 
 __all__ = [
@@ -361,6 +362,9 @@ class QueueMachine:
         # Credit mode (several workers serve the queue): a subscription is leased only within
         # the credit granted for each partition (sowstream.queues.credits); off, its backlog.
         self._credited = False
+        # Over several workers, a queue with barriers: what the other workers' partitions let
+        # through (sowstream.queues.barriers); None: this worker's partitions are all there is.
+        self.gate: BarrierGate | None = None
         # Bookmarks whose availability may have changed since the engine last took them; None
         # when nothing follows it (a view over the queue does: sowstream.engine.queue_views).
         self.touched: set[Bookmark] | None = None
@@ -714,7 +718,9 @@ class QueueMachine:
         if not self._barriers:
             return False
         first = self._barriers[0]
-        return self._live[0] == first and not (self._sent_keys and self._sent_keys[0] < first)
+        if self._live[0] != first or (self._sent_keys and self._sent_keys[0] < first):
+            return False
+        return self.gate is None or self.gate.may_release(first[1])
 
     def _release_barriers(self, leases: list[Lease], removed: list[Removed]) -> None:
         # A barrier goes out once nothing older is left (nor, at-most-once, unacknowledged), to
@@ -755,6 +761,8 @@ class QueueMachine:
                 break
             if stop_after is not None and key > stop_after:
                 break
+            if self.gate is not None and not self.gate.may_lease(key[1]):
+                continue  # held by another worker's partition (reopen() looks again)
             message = self._messages[_bookmark_of(key)]
             if message.expires_at_ms is not None and message.expires_at_ms <= now_ms:
                 self._remove(message, "time_limit", removed)
@@ -997,6 +1005,8 @@ class QueueMachine:
                 where = (key[2], key[3])
                 if where not in wanted or where in more:
                     continue
+                if self.gate is not None and not self.gate.may_lease(key[1]):
+                    continue
                 message = self._messages[_bookmark_of(key)]
                 if message.expires_at_ms is not None and message.expires_at_ms <= self._now:
                     continue
@@ -1023,6 +1033,39 @@ class QueueMachine:
             )
             for where in wanted
         }
+
+    # ------------------------------------------------------------------ barriers
+
+    def reopen(self) -> None:
+        """What ``gate`` lets through changed: the next dispatch looks at every message again
+        (one it held back lies behind the subscriptions' cursors)."""
+        for sub in self._subs.values():
+            sub.cursor = None
+            sub.fresh.clear()
+        self._dirty = True
+
+    def oldest(self, topic: str, partition: int) -> tuple[int | None, int | None]:
+        """Log times of the partition's oldest message not yet acknowledged (available,
+        leased, a barrier, sent at-most-once, beyond TargetQueueDepth) and of its oldest
+        barrier waiting; None where there is none."""
+        oldest: int | None = None
+        barrier: int | None = None
+        times = [
+            (m.timestamp_ms, m.barrier)
+            for m in [*self._messages.values(), *self._inactive.values()]
+            if m.bookmark.topic == topic and m.bookmark.partition == partition
+        ]
+        times += [
+            (sent.key[1], False)
+            for b, sent in self._sent.items()
+            if b.topic == topic and b.partition == partition
+        ]
+        for at, is_barrier in times:
+            if oldest is None or at < oldest:
+                oldest = at
+            if is_barrier and (barrier is None or at < barrier):
+                barrier = at
+        return oldest, barrier
 
     # ------------------------------------------------------------------ ownership
 
