@@ -30,6 +30,7 @@ from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageType, registry
+from sowstream.queues.barriers import PartitionPosition
 from sowstream.queues.credits import CREDIT_NOTICE, CreditDesk, CreditGrant
 from sowstream.queues.machine import (
     AckOutcome,
@@ -221,7 +222,19 @@ class QueueRuntime:
             )
         self.credits.set_whole(whole)
         self._notices_due = True
+        gate = self.machine.gate
+        if gate is not None:
+            gate.hold(self.counts)
+            self.machine.reopen()
         self.kick()
+
+    def note_position(self, position: PartitionPosition) -> None:
+        """Another worker (or this one) reported how far a partition is: barriers and the
+        messages after them may go now."""
+        gate = self.machine.gate
+        if gate is not None and gate.note(position):
+            self.machine.reopen()
+            self.kick()
 
     def append(
         self,

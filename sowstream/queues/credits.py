@@ -308,6 +308,10 @@ class CreditDesk:
             del self._applied[key]
         return epoch
 
+    def epoch(self, topic: str, partition: int) -> int | None:
+        """The epoch of a partition held here (None: not held)."""
+        return self._epochs.get((topic, partition))
+
     def drop(self, topic: str, partition: int) -> None:
         self._epochs.pop((topic, partition), None)
         for key in [k for k in self._applied if k[1] == (topic, partition)]:

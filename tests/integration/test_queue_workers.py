@@ -39,12 +39,19 @@ PLAIN: list[dict[str, Any]] = [
     {"Name": "spread", "Key": ["/n"], "Partitions": SPREAD},
     {"Name": "spread3", "Key": ["/n"], "Partitions": SPREAD},
     {"Name": "ranked", "Key": ["/n"], "Partitions": SPREAD},
+    {"Name": "barx", "Key": ["/n"], "Partitions": SPREAD},
 ]
 QUEUES: list[dict[str, Any]] = [
     *one_worker.QUEUES,
     {"Name": "ONE", "UnderlyingTopic": "spread"},  # MaxPerSubscriptionBacklog 1, the default
     {"Name": "THREE", "UnderlyingTopic": "spread3", "MaxPerSubscriptionBacklog": 3},
     {"Name": "RANKED", "UnderlyingTopic": "ranked", "Priority": "/p"},
+    {
+        "Name": "BX",
+        "UnderlyingTopic": "barx",
+        "BarrierExpression": "/sync IS NOT NULL",
+        "MaxPerSubscriptionBacklog": 10,
+    },
 ]
 
 __all__ = [  # the chapter's examples, collected here again against three workers
@@ -170,3 +177,46 @@ def test_q2_backlogs_clamped_by_the_queue_hold_over_the_workers(
     client.ack("JQ", [m.bookmark for m in rest])
     s1.close()
     s2.close()
+
+
+def test_a_barrier_waits_for_older_messages_on_every_worker(
+    client: Client, publisher: Client
+) -> None:
+    """Q13 over three workers: six messages spread over the partitions, a barrier, three more.
+    The barrier goes out only once all six are acknowledged, wherever they are, and the three
+    after it (on any partition) wait until it has gone."""
+    sub = client.subscribe("BX", options="max_backlog=10")
+    other = client.subscribe("BX", options="max_backlog=10")
+    time.sleep(1.5)  # registered, and credit granted, before the first message
+    for n in range(1, 7):
+        publisher.publish("barx", {"n": n})
+        time.sleep(0.02)  # distinct log times
+    publisher.flush()
+    time.sleep(0.05)
+    publisher.publish("barx", {"n": 100, "sync": 1})
+    publisher.flush()
+    time.sleep(0.05)
+    for n in range(7, 10):
+        publisher.publish("barx", {"n": n})
+        time.sleep(0.02)
+    publisher.flush()
+    first: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(first) < 6 and time.monotonic() < deadline:
+        first += [m for m in (sub.next(timeout=0.2), other.next(timeout=0.2)) if m is not None]
+    assert sorted(m.json()["n"] for m in first) == list(range(1, 7))
+    assert len({m.bookmark.split("|")[1] for m in first}) >= 3, "spread over the workers"
+    assert sub.next(timeout=2.0) is None and other.next(timeout=0.2) is None
+    client.ack("BX", [m.bookmark for m in first[:5]])
+    assert sub.next(timeout=2.0) is None and other.next(timeout=0.2) is None  # one still out
+    client.ack("BX", first[5].bookmark)
+    barriers = take(sub, 1, timeout=20) + take(other, 1, timeout=20)
+    assert [m.json()["n"] for m in barriers] == [100, 100]
+    rest: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(rest) < 3 and time.monotonic() < deadline:
+        rest += [m for m in (sub.next(timeout=0.2), other.next(timeout=0.2)) if m is not None]
+    assert sorted(m.json()["n"] for m in rest) == [7, 8, 9]
+    client.ack("BX", [m.bookmark for m in rest])
+    sub.close()
+    other.close()
