@@ -302,8 +302,9 @@ def test_an_ack_read_before_the_worker_has_its_message_waits_for_it(
 def test_fairness_across_workers(engine: EngineProcesses, queue: str, even: bool) -> None:
     """Each worker applies the model to its own partitions' messages, among the subscriptions
     with credit there (with room for everything, their backlogs wait as credit on every
-    partition). Two subscribers with room for everything: round-robin and proportional (ties go to the first registered) end up with
-    half each, give or take one per partition; fast gives everything to the first registered."""
+    partition). Two subscribers with room for everything: round-robin and proportional (ties
+    go to the first registered) end up with half each, give or take one per partition; fast
+    gives everything to the first registered."""
     with engine.client() as a, engine.client() as b, engine.client() as publisher:
         sa = a.subscribe(queue, options="max_backlog=100")
         time.sleep(1.0)  # registered first on every worker

@@ -11,6 +11,7 @@ import pytest
 from sowstream.config.queues import QueueConfig
 from sowstream.engine.partition import AppliedPublish
 from sowstream.engine.queues import QueueRuntime
+from sowstream.engine.units.queue import per_worker, warn_per_worker
 from sowstream.errors import InvalidCommandError
 from sowstream.queues.credits import CREDIT_NOTICE, CreditGrant, CreditNotice
 from sowstream.subscriptions.model import SubscriptionSpec
@@ -93,3 +94,18 @@ def test_a_worker_holding_some_partitions_leases_only_within_credit() -> None:
         assert await queue.deliver_once() == 1  # within the backlog of 2
 
     asyncio.run(go())
+
+
+def test_what_holds_per_worker_is_warned_at_start_naming_the_queue(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    capped = QueueConfig(
+        name="CAPPED", underlying_topic="work", max_backlog=4, target_queue_depth=5000
+    )
+    with caplog.at_level("WARNING", logger="sowstream.engine.queues"):
+        warn_per_worker(capped)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all(line.startswith("queue CAPPED: ") for line in lines)
+    assert "MaxBacklog 4" in lines[0] and "TargetQueueDepth 5000" in lines[1]
+    # Backlogs, priority and barriers hold over the workers: nothing to warn about.
+    assert per_worker(QueueConfig(name="Q", underlying_topic="work", priority="/p")) == []
