@@ -205,13 +205,19 @@ class CreditLedger:
                 slot.report = entry
                 slot.pending = [(s, n) for s, n in slot.pending if s > entry.applied]
 
+    def _credited(self) -> dict[Where, _Slot]:
+        """The partitions of the queues served by several workers (a queue one worker holds
+        whole leases within the backlog there by itself)."""
+        whole = {where[0] for where, slot in self._slots.items() if slot.report.whole}
+        return {where: slot for where, slot in self._slots.items() if where[0] not in whole}
+
     def used(self) -> int:
         """Units counted against the backlog: credit given or on its way, and leases."""
-        return sum(slot.used() for slot in self._slots.values())
+        return sum(slot.used() for slot in self._credited().values())
 
     def whole(self) -> bool:
-        """Whether one worker holds every partition (it leases within the backlog itself)."""
-        return any(slot.report.whole for slot in self._slots.values())
+        """Whether every queue heard of is held whole by one worker: nothing to grant."""
+        return bool(self._slots) and not self._credited()
 
     def plan(self, now: float) -> list[CreditGrant]:
         """The grants (and take-backs) to send now; they count as in flight from here on.
@@ -220,13 +226,14 @@ class CreditLedger:
         partitions; units left over wait as credit on the partitions holding least (so a
         message arriving there is leased at once). When messages wait uncovered and no unit is
         free, idle credit (beyond what a partition's listed messages need) is taken back."""
-        if self.backlog is None or self.whole():
+        slots = self._credited()
+        if self.backlog is None or not slots:
             return []
         if not self._expected <= self._slots.keys() and now < self._wait_until:
             return []
         free = self.backlog - self.used()
         wanted: list[tuple[_Key, Where]] = []
-        for where, slot in self._slots.items():
+        for where, slot in slots.items():
             covered = slot.given()
             for rank, ts, offset in slot.report.best[covered:]:
                 wanted.append(((rank, ts, where[1], where[2], offset), where))
@@ -235,27 +242,25 @@ class CreditLedger:
         for _, where in wanted[: max(free, 0)]:
             grants[where] = grants.get(where, 0) + 1
         free -= sum(grants.values())
-        if free > 0 and self._slots:
+        if free > 0 and slots:
             # Nothing better to do with them: spread them where least is given.
             while free > 0:
-                where = min(
-                    self._slots, key=lambda w: (self._slots[w].given() + grants.get(w, 0), w)
-                )
+                where = min(slots, key=lambda w: (slots[w].given() + grants.get(w, 0), w))
                 grants[where] = grants.get(where, 0) + 1
                 free -= 1
         elif len(wanted) > max(free, 0):
             uncovered = len(wanted) - max(free, 0)
-            for where, slot in sorted(self._slots.items()):
+            for where, slot in sorted(slots.items()):
                 idle = self._idle(slot)
                 if idle > 0 and uncovered > 0:
                     take = min(idle, uncovered)
                     grants[where] = grants.get(where, 0) - take
                     uncovered -= take
-        elif free == 0 and not wanted and self._slots:
+        elif free == 0 and not wanted and slots:
             # Waiting credit spread unevenly (a partition heard late, leases ended in one
             # place): move one unit from the partition with most to the one with least.
-            least = min(self._slots.values(), key=_Slot.given)
-            richest = max(self._slots.items(), key=lambda item: self._idle(item[1]))
+            least = min(slots.values(), key=_Slot.given)
+            richest = max(slots.items(), key=lambda item: self._idle(item[1]))
             if self._idle(richest[1]) > 0 and richest[1].given() - least.given() >= 2:
                 grants[richest[0]] = -1
         return [self._grant(where, n) for where, n in sorted(grants.items()) if n]

@@ -357,3 +357,21 @@ def test_waiting_credit_spreads_out_again_when_a_partition_is_heard_late() -> No
     (give,) = ledger.plan(0.0)
     ledger.notice(notice(entry(1, credit=2, applied=give.seq)))
     assert ledger.plan(0.0) == []  # 2 and 2: settled
+
+
+def test_over_two_queues_one_held_whole_the_other_still_gets_credit() -> None:
+    ledger = CreditLedger([("WQ", "work", 0), ("XQ", "x", 0), ("XQ", "x", 1)], wait_until=0.0)
+    ledger.backlog = 2
+    ledger.notice(notice(entry(0, whole=True)))  # WQ: one worker holds it whole
+    ledger.notice(
+        CreditNotice(
+            "XQ",
+            (
+                PartitionCredit("x", 0, 1, False, 0, 0, 0, ((1, 5, 0),)),
+                PartitionCredit("x", 1, 1, False, 0, 0, 0),
+            ),
+        )
+    )
+    assert not ledger.whole()
+    grants = ledger.plan(0.0)
+    assert [(g.queue, g.partition, g.credits) for g in grants] == [("XQ", 0, 1), ("XQ", 1, 1)]
