@@ -63,9 +63,12 @@ class PositionExchange:
             await asyncio.sleep(REPORT_INTERVAL)
 
     async def report_once(self) -> int:
-        """One report per partition held now (skipping one not applied in time)."""
+        """One report per partition held now (skipping one not applied in time), unless this
+        worker holds them all."""
         runtime = self._runtime
         sent = 0
+        if runtime.credits.whole:
+            return 0  # every partition is here: nobody else needs to know
         for topic, partition in list(runtime.counts):
             at = int(time.time() * 1000)
             try:
