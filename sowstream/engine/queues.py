@@ -46,6 +46,7 @@ from sowstream.queues.store import (
     StoredMessage,
     ack_marker,
     entry_key,
+    epoch_key,
     offset_of,
     read_ack_marker,
 )
@@ -163,11 +164,13 @@ class QueueRuntime:
         *,
         start: int = 0,
         backfill: Iterable[AppliedPublish] = (),
+        after: int = 0,
     ) -> dict[bytes, bytes | None]:
         """Take a partition's stored queue messages; the log after ``watermark`` follows, but
         nothing before ``start`` (the resolved RecoveryPoint) enters the queue. ``backfill``
-        offers publishes the partition applied before the queue existed (``append``'s form);
-        returns the store entries of those that became messages."""
+        offers publishes the partition applied before the queue existed (``append``'s form).
+        ``after`` is the credit epoch the partition's last owner stored: this one's is later.
+        Returns the store entries to write: the messages the backfill made, and the epoch."""
         if (topic, partition) not in self.counts:
             # Not held: whatever the machine has of it (an ack applied while it was not held,
             # remembered as deferred) is stale, and would swallow a stored message.
@@ -188,12 +191,13 @@ class QueueRuntime:
             )
         self.machine.mark_appended(topic, partition, start - 1)
         self.counts[(topic, partition)] = Counter()
-        self.credits.take(topic, partition, time.time_ns() // 1000)
+        epoch = self.credits.take(topic, partition, max(time.time_ns() // 1000, after + 1))
         self._held_changed()
         memory = self._markers[(topic, partition)] = AckMemory()
         for at, offset in sorted(markers):
             memory.remember(offset, at)
         changes = self.append(topic, partition, backfill)
+        changes[epoch_key(self.name)] = str(epoch).encode()
         self.machine.mark_appended(topic, partition, watermark)
         self.kick()
         return changes

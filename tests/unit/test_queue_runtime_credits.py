@@ -5,6 +5,7 @@ credit granted for the current epoch, and leases within backlogs once it holds e
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.units.queue import per_worker, warn_per_worker
 from sowstream.errors import InvalidCommandError
 from sowstream.queues.credits import CREDIT_NOTICE, CreditGrant, CreditNotice
+from sowstream.queues.store import epoch_key
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
@@ -109,3 +111,12 @@ def test_what_holds_per_worker_is_warned_at_start_naming_the_queue(
     assert "MaxBacklog 4" in lines[0] and "TargetQueueDepth 5000" in lines[1]
     # Backlogs, priority and barriers hold over the workers: nothing to warn about.
     assert per_worker(QueueConfig(name="Q", underlying_topic="work", priority="/p")) == []
+
+
+def test_a_new_owner_takes_an_epoch_after_the_stored_one_whatever_its_clock() -> None:
+    config = QueueConfig(name="WQ", underlying_topic="work")
+    queue = QueueRuntime(config, TopicNames("p"), RecordingSender(), _stored, lambda *_: None)
+    ahead = time.time_ns() // 1000 + 10**9  # the last owner's clock ran 1000 s ahead
+    changes = queue.load("work", 0, [], -1, after=ahead)
+    assert changes[epoch_key("WQ")] == str(ahead + 1).encode()
+    assert queue.credits.epoch("work", 0) == ahead + 1
