@@ -41,6 +41,7 @@ from sowstream.errors import (
     UnknownTopicError,
 )
 from sowstream.messagetypes import registry
+from sowstream.queues.credits import CREDIT_NOTICE
 from sowstream.subscriptions.model import (
     ACK,
     FAILURE,
@@ -608,6 +609,10 @@ class Connection:
             if command == ACK:
                 if isinstance(sub, QueueSubscription):
                     sub.on_processed(headers.get(h.OPTIONS, ""))
+                return
+            if command == CREDIT_NOTICE:
+                if isinstance(sub, QueueSubscription):
+                    sub.on_credit(value or b"")
                 return
             try:
                 if command == LOG_RESET:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 from sowstream.client.messages import Message
 from sowstream.client.subscription import MessageHandler, _Live, next_message
 from sowstream.errors import InvalidCommandError, SowstreamError
 from sowstream.messagetypes import MessageType
+from sowstream.queues.credits import CreditGrant, CreditLedger, CreditNotice, Where
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 
@@ -27,6 +29,11 @@ from sowstream.subscriptions.options import parse_options
 # "expire", and whether to wait until the engine has applied them).
 AckSender = Callable[[str, list[str], str, bool], None]
 _ACTIONS = ("", "cancel", "expire")
+# Sends credit grants to the partitions' owners (queue_credit commands; no answer).
+CreditSender = Callable[[list[CreditGrant]], None]
+# How long the first grant waits to have heard from every partition of the queues (a partition
+# whose owner is away must not hold the others up for longer).
+CREDIT_WAIT = 1.0
 
 log = logging.getLogger("sowstream.client")
 
@@ -46,6 +53,8 @@ class QueueSubscription:
         on_message: MessageHandler | None = None,
         unsubscribe: Callable[[QueueSubscription], None] | None = None,
         codec: MessageType | None = None,
+        partitions: Iterable[Where] = (),
+        send_credits: CreditSender | None = None,
     ) -> None:
         if ack_batch_size < 1:
             raise ValueError(f"ack_batch_size must be at least 1, got {ack_batch_size}")
@@ -71,6 +80,15 @@ class QueueSubscription:
         # The effective backlog the engine reported in its processed ack (None: not yet).
         self._max_backlog: int | None = None
         self._acked = threading.Event()
+        # Over several workers the backlog is shared out as credit (sowstream.queues.credits):
+        # the ledger follows the workers' reports and decides the grants.
+        self._ledger = CreditLedger(partitions, time.monotonic() + CREDIT_WAIT)
+        self._credit_lock = threading.Lock()
+        self._send_credits = send_credits
+        if send_credits is not None:
+            timer = threading.Timer(CREDIT_WAIT + 0.05, self._grant)
+            timer.daemon = True
+            timer.start()
 
     last_bookmark = ""  # a queue subscription never resumes from a bookmark
 
@@ -119,7 +137,34 @@ class QueueSubscription:
             return  # not options this client reads: nothing to learn from it
         if found is not None and self._max_backlog is None:
             self._max_backlog = found
+            with self._credit_lock:
+                self._ledger.backlog = found
             self._acked.set()
+            self._grant()
+
+    def on_credit(self, data: bytes) -> None:
+        """A worker's credit report arrived: grant what it makes possible."""
+        try:
+            notice = CreditNotice.from_bytes(data)
+        except ValueError as exc:
+            log.warning("queue subscription %s: %s", self.sub_id, exc)
+            return
+        with self._credit_lock:
+            self._ledger.notice(notice)
+        self._grant()
+
+    def _grant(self) -> None:
+        send = self._send_credits
+        if send is None or self._closed:
+            return
+        # Planned and sent under the lock: grants to one partition leave in sequence order.
+        with self._credit_lock:
+            grants = self._ledger.plan(time.monotonic())
+            if grants:
+                try:
+                    send(grants)
+                except SowstreamError as exc:
+                    log.warning("queue subscription %s: credit not sent: %s", self.sub_id, exc)
 
     @property
     def max_backlog(self) -> int | None:

@@ -16,6 +16,7 @@ from sowstream.errors import (
     InvalidCommandError,
 )
 from sowstream.filters import compile_filter
+from sowstream.queues.credits import CREDIT_COMMAND, CreditGrant
 from sowstream.queues.machine import Bookmark as QueueBookmark
 from sowstream.sow.query import (
     validate_query,
@@ -55,6 +56,32 @@ class Queueing:
                 f"subscription id {sub_id!r} is in use: pass options='replace' to change it"
             )
         sub_id = sub_id or uuid.uuid4().hex[:16]
+        partitions = [
+            (info.name, topic, p)
+            for info in infos
+            for topic in info.queue_of
+            for p in range(conn.topic_info(topic, info.message_type).partitions)
+        ]
+        types = {info.name: info.message_type for info in infos}
+        owner = sub_id  # a str for the closure below
+
+        def send_credits(grants: list[CreditGrant]) -> None:
+            conn.send_now(
+                (
+                    conn.names.control(g.topic, types[g.queue]),
+                    g.partition,
+                    conn.command(
+                        CREDIT_COMMAND,
+                        uuid.uuid4().hex,
+                        g.queue,
+                        sub_id=owner,
+                        message_type=types[g.queue],
+                        options=g.options(),
+                    ),
+                )
+                for g in grants
+            )
+
         # Over several queues each registration names the expression, so every queue's worker
         # caps the backlog with the smallest MaxPerSubscriptionBacklog of them all.
         specs = [
@@ -81,6 +108,8 @@ class Queueing:
             on_message=on_message,
             unsubscribe=conn.drop_subscription,
             codec=codec_of(infos),
+            partitions=partitions,
+            send_credits=send_credits,
         )
         conn.add_subscription(sub)
         conn.register(specs)

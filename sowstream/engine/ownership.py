@@ -26,7 +26,7 @@ from sowstream.engine.store import (
 )
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidMessageError
-from sowstream.queues.store import queue_prefix, start_key
+from sowstream.queues.store import epoch_key, queue_prefix, start_key
 from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
 from sowstream.sow.ops import RawRecord, parse_body
 from sowstream.sow.record import SowRecord
@@ -136,8 +136,14 @@ class Ownership:
         entries = ps.store.scan(prefix=queue_prefix(queue.name))
         key = start_key(queue.name)
         raw = ps.store.get(key)
+        epoch = ps.store.get(epoch_key(queue.name))  # the last owner's: ours comes after it
+        after = int(epoch) if epoch else 0
         if raw is not None or self._log_reader is None:
-            queue.load(self.topic.name, partition, entries, ps.watermark, start=int(raw or 0))
+            changes = queue.load(
+                self.topic.name, partition, entries, ps.watermark, start=int(raw or 0), after=after
+            )
+            ps.store.write(changes)
+            await ps.store.replicate(changes, self._sender)
             return
         start = await self._queue_start(partition, queue.config)
         backfill: list[AppliedPublish | None] = []
@@ -151,6 +157,7 @@ class Ownership:
             max(ps.watermark, start - 1),
             start=start,
             backfill=[item for item in backfill if item is not None],
+            after=after,
         )
         changes[key] = str(start).encode()
         ps.store.write(changes)
@@ -162,7 +169,7 @@ class Ownership:
             partition,
             start,
             queue.config.recovery_point,
-            len(changes) - 1,
+            len(changes) - 2,
         )
 
     async def _queue_start(self, partition: int, config: QueueConfig) -> int:

@@ -30,6 +30,8 @@ from sowstream.engine.queue_views import QueueViewFeed
 from sowstream.errors import InvalidCommandError
 from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageType, registry
+from sowstream.queues.barriers import PartitionPosition
+from sowstream.queues.credits import CREDIT_NOTICE, CreditDesk, CreditGrant
 from sowstream.queues.machine import (
     AckOutcome,
     AckResult,
@@ -44,13 +46,14 @@ from sowstream.queues.store import (
     StoredMessage,
     ack_marker,
     entry_key,
+    epoch_key,
     offset_of,
     read_ack_marker,
 )
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
 from sowstream.wire.protocol import Command
-from sowstream.wire.topics import TopicNames
+from sowstream.wire.topics import TopicNames, topic_ident
 
 log = logging.getLogger("sowstream.engine.queues")
 
@@ -59,6 +62,7 @@ EXPIRY_REASONS = frozenset({"time_limit", "forced_expire", "max_cancels", "max_d
 # options.ack_type of a queue_ack that wants no answer (a client acknowledging as it goes).
 NO_ANSWER = "none"
 _PUBLISH = h.PUBLISH.encode()
+_CREDIT_NOTICE = CREDIT_NOTICE.encode()
 # The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
 IDLE_WAIT = 1.0
 # How often old ack markers are deleted (each sweep is one store write per partition).
@@ -130,6 +134,14 @@ class QueueRuntime:
         self.view_feed: QueueViewFeed | None = None
         # Per Pattern topic the queue reads one name of: that name (config.queue_sources).
         self.scopes: dict[str, str] = {}
+        # Every log partition of the queue's topics (set by the engine). A worker that holds
+        # them all leases within each backlog; one that holds some leases within the credit
+        # its subscribers grant (sowstream.queues.credits). Empty: always the first.
+        self.partitions: frozenset[tuple[str, int]] = frozenset()
+        self.credits = CreditDesk(self.machine, config.name)
+        self._noticed: dict[str, bytes] = {}  # per subscription, the last report sent
+        # Holding every partition, reports change only with these: no need to build them.
+        self._notices_due = True
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:
         """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
@@ -152,11 +164,13 @@ class QueueRuntime:
         *,
         start: int = 0,
         backfill: Iterable[AppliedPublish] = (),
+        after: int = 0,
     ) -> dict[bytes, bytes | None]:
         """Take a partition's stored queue messages; the log after ``watermark`` follows, but
         nothing before ``start`` (the resolved RecoveryPoint) enters the queue. ``backfill``
-        offers publishes the partition applied before the queue existed (``append``'s form);
-        returns the store entries of those that became messages."""
+        offers publishes the partition applied before the queue existed (``append``'s form).
+        ``after`` is the credit epoch the partition's last owner stored: this one's is later.
+        Returns the store entries to write: the messages the backfill made, and the epoch."""
         if (topic, partition) not in self.counts:
             # Not held: whatever the machine has of it (an ack applied while it was not held,
             # remembered as deferred) is stale, and would swallow a stored message.
@@ -177,10 +191,13 @@ class QueueRuntime:
             )
         self.machine.mark_appended(topic, partition, start - 1)
         self.counts[(topic, partition)] = Counter()
+        epoch = self.credits.take(topic, partition, max(time.time_ns() // 1000, after + 1))
+        self._held_changed()
         memory = self._markers[(topic, partition)] = AckMemory()
         for at, offset in sorted(markers):
             memory.remember(offset, at)
         changes = self.append(topic, partition, backfill)
+        changes[epoch_key(self.name)] = str(epoch).encode()
         self.machine.mark_appended(topic, partition, watermark)
         self.kick()
         return changes
@@ -192,6 +209,36 @@ class QueueRuntime:
             self.view_feed.drop(topic, partition)
         self.counts.pop((topic, partition), None)
         self._markers.pop((topic, partition), None)
+        self.credits.drop(topic, partition)
+        self._held_changed()
+
+    def _held_changed(self) -> None:
+        """The partitions held here changed: lease within backlogs (all of them held here) or
+        within credit (some elsewhere)."""
+        whole = self.partitions <= self.counts.keys()
+        if whole != self.credits.whole:
+            log.info(
+                "queue %s: %s",
+                self.name,
+                "every partition held here: leasing within backlogs"
+                if whole
+                else "partitions held elsewhere too: leasing within credits",
+            )
+        self.credits.set_whole(whole)
+        self._notices_due = True
+        gate = self.machine.gate
+        if gate is not None:
+            gate.hold(self.counts)
+            self.machine.reopen()
+        self.kick()
+
+    def note_position(self, position: PartitionPosition) -> None:
+        """Another worker (or this one) reported how far a partition is: barriers and the
+        messages after them may go now."""
+        gate = self.machine.gate
+        if gate is not None and gate.note(position):
+            self.machine.reopen()
+            self.kick()
 
     def append(
         self,
@@ -234,6 +281,7 @@ class QueueRuntime:
             share=share,
         )
         self._subs[spec.key] = spec
+        self._notices_due = True
         self._sender.prepare(spec.reply_to)
         self.kick()
         return backlog
@@ -253,13 +301,19 @@ class QueueRuntime:
     async def unsubscribe(self, key: str) -> None:
         """The subscription ended: its leases go back to the queue (or expire)."""
         if self._subs.pop(key, None) is not None:
+            self._forget(key)
             await self._removed(self.machine.unsubscribe(key, _now_ms()))
             self.kick()
+
+    def _forget(self, key: str) -> None:
+        self.credits.forget(key)
+        self._noticed.pop(key, None)
 
     async def disconnect(self, reply_to: str) -> None:
         """The client vanished: every lease it held goes back at once."""
         for key in [k for k, s in self._subs.items() if s.reply_to == reply_to]:
             del self._subs[key]
+            self._forget(key)
         await self._removed(self.machine.disconnect(reply_to, _now_ms()))
         self.kick()
 
@@ -366,6 +420,41 @@ class QueueRuntime:
             if earlier is not None and (self.config.leasing != "strict" or earlier == client):
                 outcome.results[bookmark] = AckResult.ACKED
 
+    # -- credits ----------------------------------------------------------------------------------
+
+    def credit(self, cmd: Command, topic: str, partition: int) -> None:
+        """Apply a ``queue_credit`` command read on ``topic``'s control partition ``partition``
+        (no answer: the next report shows it). Raises InvalidCommandError naming a bad option."""
+        try:
+            grant = CreditGrant.from_options(self.name, topic, partition, cmd.options)
+        except ValueError as exc:
+            raise InvalidCommandError(f"queue {self.name!r}: {exc}") from None
+        key = f"{cmd.reply_to}|{cmd.sub_id}|{topic_ident(cmd.topic, cmd.message_type)}"
+        if not self.credits.apply(key, grant):
+            self._noticed.pop(key, None)  # report again: the subscriber may be behind
+        self._notices_due = True
+        self.kick()
+
+    async def send_notices(self) -> int:
+        """Send each subscription the report it is owed when it changed; returns how many."""
+        if self.credits.whole and not self._notices_due:
+            return 0  # leasing within backlogs: the reports stay as they were
+        self._notices_due = False
+        sent = 0
+        for key, spec in list(self._subs.items()):
+            body = self.credits.notice(key).to_bytes()
+            if self._noticed.get(key) == body:
+                continue
+            self._noticed[key] = body
+            headers = [
+                (h.COMMAND, _CREDIT_NOTICE),
+                (h.SUB_ID, spec.sub_id.encode()),
+                (h.TOPIC, self._name_bytes),
+            ]
+            await self._sender.send_reply(spec.reply_to, body, headers)
+            sent += 1
+        return sent
+
     # -- delivery ---------------------------------------------------------------------------------
 
     def kick(self) -> None:
@@ -384,6 +473,7 @@ class QueueRuntime:
             self._wake.clear()
             try:
                 await self.deliver_once()
+                await self.send_notices()
                 now = _now_ms()
                 await self.sweep_markers(now)
                 self._gauge(now)

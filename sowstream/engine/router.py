@@ -33,6 +33,7 @@ from sowstream.errors import (
     SowstreamError,
 )
 from sowstream.filters import FilterError
+from sowstream.queues.credits import CREDIT_COMMAND
 from sowstream.queues.machine import Bookmark
 from sowstream.subscriptions.model import SUBSCRIBE_COMMANDS
 from sowstream.wire import headers as h
@@ -379,6 +380,12 @@ class CommandRouter:
         The answer names the underlying topic, not the queue: a queue over several topics gets
         one answer per (topic, partition), and clients tell the answers apart by that pair."""
         topic = unit.topic.name
+        if cmd.command == CREDIT_COMMAND:
+            try:
+                queue.credit(cmd, topic, partition)
+            except InvalidCommandError as exc:
+                log.warning("topic %s partition %d: %s", topic, partition, exc)
+            return  # a grant has no answer: the subscriber's next report shows it
         writer = ReplyWriter.for_command(self._sender, cmd, topic, partition)
         try:
             if cmd.command == SOW:

@@ -37,6 +37,7 @@ from sortedcontainers import SortedList
 
 from sowstream.filters import Filter, compile_filter, compile_value, parse_filter
 from sowstream.filters.values import to_number
+from sowstream.queues.barriers import BarrierGate
 from sowstream.queues.ports import QueueRules
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "AckResult",
     "BacklogShare",
     "Bookmark",
+    "CreditView",
     "Lease",
     "QueueAges",
     "QueueMachine",
@@ -228,6 +230,8 @@ class _Subscription:
     cursor: Key | None = None  # every available message up to here was offered to it
     fresh: set[Key] = field(default_factory=set)  # became available behind the cursor
     share: BacklogShare | None = None  # over several queues: the backlog they share
+    # Credit mode: units it may still be leased per log partition (granted by the subscriber).
+    credits: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def own(self) -> int:
@@ -238,6 +242,16 @@ class _Subscription:
     def held(self) -> int:
         """Units counted against the backlog (from every queue it covers, with a share)."""
         return self.own if self.share is None else self.share.held()
+
+
+@dataclass(frozen=True, slots=True)
+class CreditView:
+    """One subscription on one log partition in credit mode (what its owner reports)."""
+
+    credit: int  # units it may still be leased there
+    leased: int  # units it holds there (leases, and unacknowledged at-most-once sends)
+    best: tuple[Key, ...]  # the best available messages it matches there, in delivery order
+    more: bool  # more than ``best`` lists
 
 
 @dataclass(slots=True)
@@ -345,6 +359,12 @@ class QueueMachine:
         self._deadline_seq = 0
         self._now = 0
         self._dirty = False
+        # Credit mode (several workers serve the queue): a subscription is leased only within
+        # the credit granted for each partition (sowstream.queues.credits); off, its backlog.
+        self._credited = False
+        # Over several workers, a queue with barriers: what the other workers' partitions let
+        # through (sowstream.queues.barriers); None: this worker's partitions are all there is.
+        self.gate: BarrierGate | None = None
         # Bookmarks whose availability may have changed since the engine last took them; None
         # when nothing follows it (a view over the queue does: sowstream.engine.queue_views).
         self.touched: set[Bookmark] | None = None
@@ -698,7 +718,9 @@ class QueueMachine:
         if not self._barriers:
             return False
         first = self._barriers[0]
-        return self._live[0] == first and not (self._sent_keys and self._sent_keys[0] < first)
+        if self._live[0] != first or (self._sent_keys and self._sent_keys[0] < first):
+            return False
+        return self.gate is None or self.gate.may_release(first[1])
 
     def _release_barriers(self, leases: list[Lease], removed: list[Removed]) -> None:
         # A barrier goes out once nothing older is left (nor, at-most-once, unacknowledged), to
@@ -714,7 +736,7 @@ class QueueMachine:
 
     def _scan(self, now_ms: int, leases: list[Lease], removed: list[Removed]) -> None:
         limit = self.config.max_backlog
-        room = [s for s in self._subs.values() if s.held < s.backlog]
+        room = [s for s in self._subs.values() if self._has_room(s)]
         if not room or (limit is not None and self._outstanding >= limit):
             return
         stop_after = self._barriers[0] if self._barriers else None
@@ -739,12 +761,16 @@ class QueueMachine:
                 break
             if stop_after is not None and key > stop_after:
                 break
+            if self.gate is not None and not self.gate.may_lease(key[1]):
+                continue  # held by another worker's partition (reopen() looks again)
             message = self._messages[_bookmark_of(key)]
             if message.expires_at_ms is not None and message.expires_at_ms <= now_ms:
                 self._remove(message, "time_limit", removed)
                 continue
             candidates = []
             for sub in room:
+                if self._credited and sub.credits.get((key[2], key[3]), 0) <= 0:
+                    continue  # no credit here: not offered (its cursor resets on a grant)
                 if sub.cursor is None or key > sub.cursor:
                     sub.cursor = key
                 elif key in sub.fresh:
@@ -759,10 +785,15 @@ class QueueMachine:
                 continue
             chosen = self._choose(candidates)
             leases.append(self._lease(message, chosen, now_ms, removed))
-            if chosen.held >= chosen.backlog:
+            if not self._has_room(chosen):
                 room.remove(chosen)
             if limit is not None and self._outstanding >= limit:
                 break
+
+    def _has_room(self, sub: _Subscription) -> bool:
+        if sub.held >= sub.backlog:
+            return False
+        return not self._credited or any(n > 0 for n in sub.credits.values())
 
     def _matches(self, sub: _Subscription, message: QueueMessage) -> bool:
         if sub.filter is not None and not sub.filter.matches(message.body):
@@ -793,6 +824,9 @@ class QueueMachine:
         message.deliveries += 1
         self._delivered += 1
         self._outstanding += 1
+        if self._credited:
+            where = (message.bookmark.topic, message.bookmark.partition)
+            sub.credits[where] = sub.credits.get(where, 0) - 1
         period = self.config.lease_period_ms
         expires = now_ms + period if period is not None else None
         if self._at_most_once:
@@ -918,6 +952,121 @@ class QueueMachine:
         if now_ms > self._now:
             self._now = now_ms
 
+    # ------------------------------------------------------------------ credits
+
+    @property
+    def credited(self) -> bool:
+        """Whether subscriptions are leased only within granted credit (credit mode)."""
+        return self._credited
+
+    def set_credited(self, on: bool) -> None:
+        """Enter or leave credit mode; either way every credit is cleared (credit is granted
+        for a mode, and a worker entering it starts with none)."""
+        if on == self._credited:
+            return
+        self._credited = on
+        for sub in self._subs.values():
+            sub.credits.clear()
+            sub.cursor = None
+            sub.fresh.clear()
+        self._dirty = True
+
+    def grant(self, sub_key: str, topic: str, partition: int, credits: int) -> bool:
+        """Add ``credits`` (negative: take back, never below zero) to what the subscription may
+        be leased from ``(topic, partition)``; False when not in credit mode or not
+        subscribed."""
+        sub = self._subs.get(sub_key)
+        if not self._credited or sub is None:
+            return False
+        where = (topic, partition)
+        sub.credits[where] = max(0, sub.credits.get(where, 0) + credits)
+        if credits > 0:
+            # Messages skipped for want of credit lie behind its cursor: look at all again.
+            sub.cursor = None
+            sub.fresh.clear()
+            self._dirty = True
+        return True
+
+    def credit_view(
+        self, sub_key: str, partitions: Iterable[tuple[str, int]], limit: int
+    ) -> dict[tuple[str, int], CreditView]:
+        """Per partition, the subscription's credit, what it holds, and up to ``limit`` of the
+        best available messages it matches (leasable now: none behind a held barrier)."""
+        sub = self._subs.get(sub_key)
+        wanted = set(partitions)
+        found: dict[tuple[str, int], list[Key]] = {where: [] for where in wanted}
+        more: set[tuple[str, int]] = set()
+        if sub is not None:
+            stop_after = self._barriers[0] if self._barriers else None
+            full = 0
+            for key in self._available:
+                if stop_after is not None and key > stop_after:
+                    break
+                where = (key[2], key[3])
+                if where not in wanted or where in more:
+                    continue
+                if self.gate is not None and not self.gate.may_lease(key[1]):
+                    continue
+                message = self._messages[_bookmark_of(key)]
+                if message.expires_at_ms is not None and message.expires_at_ms <= self._now:
+                    continue
+                if not self._matches(sub, message):
+                    continue
+                keys = found[where]
+                if len(keys) < limit:
+                    keys.append(key)
+                    continue
+                more.add(where)
+                full += 1
+                if full == len(wanted):
+                    break
+        held: Counter[tuple[str, int]] = Counter()
+        if sub is not None:
+            for b in (*sub.leased, *sub.sent):
+                held[(b.topic, b.partition)] += 1
+        return {
+            where: CreditView(
+                credit=sub.credits.get(where, 0) if sub is not None else 0,
+                leased=held[where],
+                best=tuple(found[where]),
+                more=where in more,
+            )
+            for where in wanted
+        }
+
+    # ------------------------------------------------------------------ barriers
+
+    def reopen(self) -> None:
+        """What ``gate`` lets through changed: the next dispatch looks at every message again
+        (one it held back lies behind the subscriptions' cursors)."""
+        for sub in self._subs.values():
+            sub.cursor = None
+            sub.fresh.clear()
+        self._dirty = True
+
+    def oldest(self, topic: str, partition: int) -> tuple[int | None, int | None]:
+        """Log times of the partition's oldest message not yet acknowledged (available,
+        leased, a barrier, sent at-most-once, beyond TargetQueueDepth) and of its oldest
+        barrier waiting; None where there is none."""
+        oldest: int | None = None
+        barrier: int | None = None
+        times = [
+            (m.timestamp_ms, m.barrier)
+            for m in [*self._messages.values(), *self._inactive.values()]
+            if m.bookmark.topic == topic and m.bookmark.partition == partition
+        ]
+        times += [
+            (sent.key[1], False)
+            for b, sent in self._sent.items()
+            if b.topic == topic and b.partition == partition
+        ]
+        for at, is_barrier in times:
+            if oldest is None or at < oldest:
+                oldest = at
+            if is_barrier and (barrier is None or at < barrier):
+                barrier = at
+        return oldest, barrier
+
     # ------------------------------------------------------------------ ownership
 
     def drop_partition(self, topic: str, partition: int) -> None:
@@ -941,6 +1090,8 @@ class QueueMachine:
         for bookmark in [b for b in self._inactive if here(b)]:
             del self._inactive[bookmark]
         self._high.pop((topic, partition), None)
+        for sub in self._subs.values():
+            sub.credits.pop((topic, partition), None)  # a next owner starts without any
         self._dirty = True
 
     # ------------------------------------------------------------------ reading

@@ -23,6 +23,7 @@ import orjson
 # Under the store's reserved prefix, beside History ("\x00h/") and conflation entries ("\x00c/").
 QUEUE_PREFIX = b"\x00q/"
 QUEUE_START_PREFIX = b"\x00Q/"
+EPOCH_PREFIX = b"\x00E/"
 
 # How long an ack marker stays: longer than a takeover (session timeout plus restore) and than a
 # client's command timeout, so the repeats it exists for find it.
@@ -45,6 +46,13 @@ def start_key(queue: str) -> bytes:
     resolved when the queue first met the partition); outside :func:`queue_prefix`."""
     raw = queue.encode()
     return QUEUE_START_PREFIX + _LENGTH.pack(len(raw)) + raw
+
+
+def epoch_key(queue: str) -> bytes:
+    """Store key of the last credit epoch a queue's owner gave the partition
+    (sowstream.queues.credits): a next owner takes a later one, whatever its clock says."""
+    raw = queue.encode()
+    return EPOCH_PREFIX + _LENGTH.pack(len(raw)) + raw
 
 
 def entry_key(queue: str, offset: int) -> bytes:

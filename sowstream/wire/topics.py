@@ -124,6 +124,11 @@ class TopicNames:
         """Expiry events of a queue (time limit, forced, MaxCancels, MaxDeliveries) as JSON."""
         return f"{self.prefix}.queue.{kafka_part(queue)}.expired"
 
+    def queue_positions(self, queue: str) -> str:
+        """Where the workers serving a queue with barriers tell each other how far each of
+        their partitions is (sowstream.queues.barriers.PartitionPosition, JSON)."""
+        return f"{self.prefix}.queue.{kafka_part(queue)}.positions"
+
     def view_input(self, view: str, message_type: str = JSON) -> str:
         """Change events of a view's underlying topics, keyed by the view's routing key."""
         return f"{self.prefix}.view-in.{kafka_topic_part(view, message_type)}"

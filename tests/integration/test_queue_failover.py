@@ -1,7 +1,8 @@
-"""Queues over two workers and four partitions: fairness, and a worker killed under load.
+"""Queues over three workers and four partitions: fairness, and a worker killed under load.
 
-Each worker runs the queue for the partitions it owns, like one AMPS instance each: fairness is
-the queue's model applied by every worker to its own messages. Under a SIGKILL, three subscribers
+Each worker runs the queue for the partitions it owns, within the credit each subscription
+grants it (sowstream.queues.credits): fairness is the queue's model applied by every worker to
+its own messages among the subscriptions with credit there. Under a SIGKILL, three subscribers
 acknowledge, cancel or ignore messages at random (ignored ones come back when their lease ends);
 one worker is killed in the middle and started again. At the end every published message was
 acknowledged, and none was leased again after its acknowledgement was confirmed.
@@ -36,7 +37,7 @@ from tests.support.messages import take
 
 pytestmark = pytest.mark.integration
 
-# Keyed by /n, so the jobs spread over the four partitions (and so over both workers).
+# Keyed by /n, so the jobs spread over the four partitions (and so over the three workers).
 PLAIN: list[dict[str, Any]] = [{"Name": "jobs", "Key": ["/n"], "Partitions": 4}]
 LEASE_MS = 2_000
 QUEUES: list[dict[str, Any]] = [
@@ -57,6 +58,7 @@ QUEUES: list[dict[str, Any]] = [
     ),
 ]
 MESSAGES = 400
+WORKERS = ("w1", "w2", "w3")
 
 
 @pytest.fixture
@@ -70,8 +72,8 @@ def engine(
         plain_topics=PLAIN,
         queues=QUEUES,
     )
-    procs.start("w1")
-    procs.start("w2")
+    for worker in WORKERS:
+        procs.start(worker)
     try:
         procs.wait_ready(["JQ"])  # a browse answered by every partition
         yield procs
@@ -126,7 +128,7 @@ def stored(engine: EngineProcesses, bookmark: Bookmark) -> list[str]:
     """Each worker's local store of the bookmark's partition: its watermark and what is under
     the message's queue key (the message, an ack marker or nothing), read without locking."""
     out = []
-    for worker in ("w1", "w2"):
+    for worker in WORKERS:
         for path in sorted(engine.data_dir(worker).glob(f"**/sow-jobs-{bookmark.partition}.db")):
             try:
                 db = Rdict(
@@ -232,7 +234,7 @@ def test_sigkill_under_load_loses_nothing_and_redelivers_only_unacknowledged(
     after_ack = ledger.after_ack()
     if missing or after_ack:
         story = ledger.story(sorted({*missing[:3], *after_ack[:3]}), engine)
-        logs = "\n".join(f"--- {w}\n{engine.log_tail(w, 60)}" for w in ("w1", "w2"))
+        logs = "\n".join(f"--- {w}\n{engine.log_tail(w, 60)}" for w in WORKERS)
         pytest.fail(
             f"seed {seed}: never acknowledged: {missing[:20]}; leased again after its ack was "
             f"confirmed: {after_ack[:20]}\n{story}\n{logs}"
@@ -298,12 +300,14 @@ def test_an_ack_read_before_the_worker_has_its_message_waits_for_it(
     ids=["round-robin", "proportional", "fast"],
 )
 def test_fairness_across_workers(engine: EngineProcesses, queue: str, even: bool) -> None:
-    """Each worker applies the model to its own partitions' messages. Two subscribers with room
-    for everything: round-robin and proportional (ties go to the first registered) end up with
-    half each, give or take one per partition; fast gives everything to the first registered."""
+    """Each worker applies the model to its own partitions' messages, among the subscriptions
+    with credit there (with room for everything, their backlogs wait as credit on every
+    partition). Two subscribers with room for everything: round-robin and proportional (ties
+    go to the first registered) end up with half each, give or take one per partition; fast
+    gives everything to the first registered."""
     with engine.client() as a, engine.client() as b, engine.client() as publisher:
         sa = a.subscribe(queue, options="max_backlog=100")
-        time.sleep(1.0)  # registered first on both workers
+        time.sleep(1.0)  # registered first on every worker
         sb = b.subscribe(queue, options="max_backlog=100")
         time.sleep(1.5)  # both registered before the first message
         for n in range(1000, 1040):
