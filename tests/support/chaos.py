@@ -43,7 +43,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from sowstream.broker.local import LocalBroker
 from sowstream.client import Client
-from sowstream.errors import SowstreamError
+from sowstream.errors import CommandTimeoutError, SowstreamError
 from sowstream.filters import compile_filter
 from tests.support.engine import EngineProcesses
 from tests.support.subscriber import Cache, without_nulls
@@ -58,6 +58,8 @@ DESKS = "abcde"
 LEASE_MS = 3_000
 CLIENT_TIMEOUT_S = 6
 WORKERS = ("w1", "w2", "w3")
+# Tries of a subscription placement that times out because a worker was killed just then.
+PLACE_ATTEMPTS = 5
 FILTERS = [None, "/qty > 500", "/desk = 'a'", "/desk IN ('b', 'c') AND /qty < 700"]
 
 TOPICS: list[dict[str, Any]] = [
@@ -193,12 +195,24 @@ class SubscriberSpec:
         )
 
     def place(self, client: Client) -> Any:
+        """Subscribe, asking again as an application would while a worker is being killed (a
+        partition's answer does not come in time; the client removed the failed attempt)."""
         place = getattr(client, self.command)
-        if self.top_n is not None:
-            return place(
-                "orders", self.filter, options=self.options, top_n=self.top_n, order_by="/id"
-            )
-        return place("orders", self.filter, options=self.options)
+        for attempt in range(PLACE_ATTEMPTS):
+            try:
+                if self.top_n is not None:
+                    return place(
+                        "orders",
+                        self.filter,
+                        options=self.options,
+                        top_n=self.top_n,
+                        order_by="/id",
+                    )
+                return place("orders", self.filter, options=self.options)
+            except CommandTimeoutError:
+                if attempt == PLACE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def wanted(self, sow: dict[str, Any]) -> dict[str, Any]:
         """What the subscriber must hold when the topic holds ``sow`` (SowKey -> body)."""
