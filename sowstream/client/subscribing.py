@@ -14,10 +14,7 @@ from sowstream.client.messages import Message
 from sowstream.client.querying import Querying
 from sowstream.client.queue import QueueSubscription
 from sowstream.client.queueing import Queueing
-from sowstream.client.subscription import (
-    MessageHandler,
-    Subscription,
-)
+from sowstream.client.subscription import RESUME, MessageHandler, Subscription
 from sowstream.client.topics import TopicInfo, codec_of
 from sowstream.config.models import match_topic_names
 from sowstream.errors import (
@@ -90,7 +87,7 @@ class Subscribing:
             return False
         log.warning("subscription %s ended by the engine (%s): placing it again", sub.sub_id, text)
         if isinstance(sub, Subscription):
-            sub.hold()  # until the replay is in, so messages stay in order and none twice
+            sub.hold(RESUME)  # until the replay is in, so messages stay in order and none twice
         with self._resume_lock:
             if sub.sub_id in self._resuming:
                 self._again.add(sub.sub_id)
@@ -118,7 +115,7 @@ class Subscribing:
                 if time.monotonic() + pause < deadline and not sub.closed:
                     log.warning("placing subscription %s again: %s; retrying", sub.sub_id, exc)
                     if isinstance(sub, Subscription):
-                        sub.hold()  # as for the first try: the replay goes before what is live
+                        sub.hold(RESUME)  # still: the replay goes before what is live
                     time.sleep(pause)
                     pause = min(pause * 2, 10.0)
                     continue
@@ -133,7 +130,7 @@ class Subscribing:
                     return
                 self._again.discard(sub.sub_id)
             if isinstance(sub, Subscription):
-                sub.hold()
+                sub.hold(RESUME)
 
     def _give_up(
         self, sub: Subscription | QueueSubscription, reason: str, text: str, exc: Exception
@@ -192,7 +189,7 @@ class Subscribing:
             # Let through now, a live message of a partition whose replay has not come would
             # hide that replay, as an earlier position, from the sequence check.
             if placed or sub.closed:
-                sub.release()
+                sub.release(RESUME)
 
     def subscribe(
         self,

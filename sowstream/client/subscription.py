@@ -50,6 +50,11 @@ MessageHandler = Callable[[Message], None]
 # filter removed there (seq 1..n).
 CUT_SEQ = 10**9
 
+# Reasons to hold live messages back (Subscription.hold): a SOW part or a placement being read,
+# and a placement again after the engine ended the subscription.
+PLACEMENT = "placement"
+RESUME = "resume"
+
 
 log = logging.getLogger("sowstream.client.subscription")
 
@@ -135,7 +140,11 @@ class Subscription:
         self._unsubscribe = unsubscribe
         self._queue: queue.Queue[Message | BaseException | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._holding = True  # until the SOW part (or the placement) completes
+        # Why live messages are held back (released when none is left): the SOW part or the
+        # placement being read, a replace, a placement again after the engine ended it. Each
+        # reason is released by its own step, so one finishing does not let go what another
+        # still holds (the first placement ending while the engine already ended it).
+        self._holds: set[str] = {PLACEMENT}
         self._held: list[_Live] = []
         self._last: dict[tuple[str, int], tuple[int, int]] = {}
         self._times: dict[tuple[str, int], int] = {}  # log time of the last message let through
@@ -191,7 +200,7 @@ class Subscription:
         with self._lock:
             if self._closed:
                 return
-            if self._holding:
+            if self._holds:
                 log.debug("%s: held %s", self.sub_id, live.position)
                 self._held.append(live)
                 return
@@ -205,10 +214,10 @@ class Subscription:
 
     # -- placement (application thread) ------------------------------------------------------------
 
-    def hold(self) -> None:
-        """Hold live messages back while a SOW part or replace is read."""
+    def hold(self, reason: str = PLACEMENT) -> None:
+        """Hold live messages back while a SOW part, a replace or a placement again is read."""
         with self._lock:
-            self._holding = True
+            self._holds.add(reason)
 
     def set_cut(self, topic: str, partition: int, watermark: int) -> None:
         """The SOW part of ``partition`` reflects the log up to ``watermark``."""
@@ -329,15 +338,18 @@ class Subscription:
         """The page window of a paginated subscription."""
         return self._window
 
-    def release(self) -> None:
-        """The SOW part is complete: let the held live messages through, each partition's in
-        log order. A partition's owner sends live messages as soon as it reads the registration,
-        and its replay from a bookmark only when it runs the placement, so a replayed message
-        can arrive after a later live one: in arrival order the replayed one would look like a
-        repeat and be dropped."""
+    def release(self, reason: str = PLACEMENT) -> None:
+        """What ``reason`` held for is complete: once nothing else holds, let the held live
+        messages through, each partition's in log order. A partition's owner sends live
+        messages as soon as it reads the registration, and its replay from a bookmark only
+        when it runs the placement, so a replayed message can arrive after a later live one: in
+        arrival order the replayed one would look like a repeat and be dropped."""
         with self._lock:
+            self._holds.discard(reason)
+            if self._holds:
+                log.debug("%s: %s done, still holding for %s", self.sub_id, reason, self._holds)
+                return
             held, self._held = self._held, []
-            self._holding = False
             log.debug("%s: released %d held", self.sub_id, len(held))
             held.sort(
                 key=lambda live: (self._stream(live.topic), live.partition, live.offset, live.seq)

@@ -14,7 +14,7 @@ from sowstream.client.messages import Message
 from sowstream.client.querying import Querying
 from sowstream.client.queueing import Queueing
 from sowstream.client.subscribing import Subscribing
-from sowstream.client.subscription import Subscription, _Live
+from sowstream.client.subscription import RESUME, Subscription, _Live
 from sowstream.client.topics import TopicInfo
 from sowstream.errors import CommandTimeoutError
 from sowstream.sow.bookmarks import EPOCH, parse_bookmark
@@ -141,9 +141,25 @@ def test_a_placement_again_that_times_out_keeps_holding_until_one_completes() ->
     sub.set_cut("t", 7, 18)
     sub.release()
     subscribing = _FlakyPlacement()
-    sub.hold()
+    sub.hold(RESUME)
     with pytest.raises(CommandTimeoutError):
         subscribing._place_again(sub)
     assert _offsets(sub) == []  # still held
     subscribing._place_again(sub)
     assert _offsets(sub) == [(7, 121), (7, 140)]
+
+
+def test_the_first_placement_ending_does_not_release_what_a_resume_holds() -> None:
+    """Found by the chaos run: the engine ended the subscription while its first placement was
+    still being read; that placement's end let live messages through while the placement again
+    was on its way, and its replay (offset 87) was dropped behind them (100)."""
+    sub = _sub()  # held by its first placement
+    sub.set_cut("t", 0, 52)
+    sub.hold(RESUME)  # the engine ended it: placing it again from the cuts known so far
+    sub.release()  # the first placement completes
+    sub.on_live(_live(0, 100, ts=3_000))  # live, from the new registration
+    assert _offsets(sub) == []
+    sub.on_live(_live(0, 87, ts=2_000))  # the replay
+    sub.set_cut("t", 0, 52)
+    sub.release(RESUME)
+    assert _offsets(sub) == [(0, 87), (0, 100)]
