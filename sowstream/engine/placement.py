@@ -186,14 +186,17 @@ class Placement:
         bookmark: Bookmark,
         until: int,
         state_ms: int | None = None,
+        start: int | None = None,
     ) -> tuple[int, list[Change]]:
         """Fold the log after ``bookmark`` up to ``until`` from ``state``: (first offset, changes).
 
         The changes are what live traffic had at the time, so the subscription rules turn them
         into the messages a subscriber placed at the bookmark received (oof included).
+        ``start``: the first offset, when the caller looked it up already.
         """
         assert self._log_reader is not None
-        start = await self._replay_start(partition, bookmark, state_ms)
+        if start is None:
+            start = await self._replay_start(partition, bookmark, state_ms)
         changes: list[Change] = []
         async for batch in self._log_reader.batches(partition, until, start):
             for rec in batch:
@@ -265,11 +268,12 @@ class Placement:
         await self._registration_read(cmd)
         ps = await self._ownership.ready(partition)
         folded: dict[str, SowRecord] | None = None
+        replay_from: int | None = None  # the replay's first offset, once looked up
         if bookmark is not None and not aggregated and not self._history_covers(bookmark):
             # The log up to the bookmark never changes: folded before taking the lock, so a
             # long log does not hold the partition's batches back.
-            start = await self._replay_start(partition, bookmark)
-            folded = await self._log_base(partition, start) if self.topic.sow else {}
+            replay_from = await self._replay_start(partition, bookmark)
+            folded = await self._log_base(partition, replay_from) if self.topic.sow else {}
         try:
             await table.wait_applied(partition, ps, cmd.after_offset)
         except PartitionMoved:
@@ -313,7 +317,9 @@ class Placement:
                         matched = await table.matching(
                             ps, FullScan(), scope, view.entitled, then, unswept=True
                         )
-                start, replayed = await self._replay(partition, past, bookmark, watermark, past_ms)
+                start, replayed = await self._replay(
+                    partition, past, bookmark, watermark, past_ms, replay_from
+                )
                 messages = self._subs.replay(spec.key, replayed)
                 log.info(
                     "topic %s partition %d: subscription %s replayed from offset %d to %d "
