@@ -113,9 +113,8 @@ class Subscribing:
                 # No answer yet: a partition's owner is changing (a worker died just now). The
                 # placement is idempotent, so it is simply asked again, for a while.
                 if time.monotonic() + pause < deadline and not sub.closed:
+                    # What is held stays held (_place_again releases only once placed).
                     log.warning("placing subscription %s again: %s; retrying", sub.sub_id, exc)
-                    if isinstance(sub, Subscription):
-                        sub.hold(RESUME)  # still: the replay goes before what is live
                     time.sleep(pause)
                     pause = min(pause * 2, 10.0)
                     continue
