@@ -91,6 +91,8 @@ class FaustSender(Sender):
 
     def _refused_topic(self, topic: str) -> bool:
         """Whether replies to ``topic`` are refused (warned once per topic)."""
+        if self.replies.is_tracked(topic):
+            return False  # sent to before, so checked before (the hot path: one set lookup)
         problem = self.reply_topic_problem(topic)
         if problem is None:
             return False
