@@ -123,6 +123,15 @@ class Assignment(Protocol):
     def settled(self) -> bool:
         """False during a rebalance or a table recovery, when ownership is about to change."""
 
+    @property
+    def generation(self) -> int:
+        """The consumer group generation this assignment belongs to (-1 before the first)."""
+
+    async def still_current(self, generation: int) -> bool:
+        """Whether the group is still at ``generation`` with this worker in it, asked of its
+        coordinator now: what was written under it before is then in every later owner's
+        restore (see :mod:`sowstream.engine.fence`)."""
+
 
 class StateTable(Protocol):
     """A RocksDB table the runtime keeps: one database per partition, replicated to a compacted

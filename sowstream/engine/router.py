@@ -21,7 +21,7 @@ from sowstream.engine.gates import COMMANDS, Gates
 from sowstream.engine.partition import PartitionMoved
 from sowstream.engine.ports import Assignment, Sender, wall_clock_ms
 from sowstream.engine.queries import TIMEOUT
-from sowstream.engine.queues import NO_ANSWER, QueueRuntime
+from sowstream.engine.queues import NO_ANSWER, AckAnswer, QueueRuntime
 from sowstream.engine.replies import ReplyWriter
 from sowstream.engine.topology import Topology
 from sowstream.engine.units.base import ControlInbox
@@ -408,8 +408,13 @@ class CommandRouter:
 
     async def _queue_acks(self, unit: TopicUnit, commands: list[Addressed]) -> None:
         """Apply ``queue_ack`` commands together: per queue one pass and one store write per log
-        partition; then each command is answered (unless it asked for no answer)."""
+        partition; then each command is answered (unless it asked for no answer).
+
+        An answer says the acknowledgement is stored for good; it is sent only when the group
+        is still at the generation the partitions were held under (``still_current``): a worker
+        the group went on without writes what no later owner reads."""
         topic = unit.topic.name
+        generation = self._assignment.generation
         by_queue: dict[str, list[Addressed]] = {}
         for cmd, partition in await self._held_acks(unit, commands):
             by_queue.setdefault(topic_ident(cmd.topic, cmd.message_type), []).append(
@@ -417,6 +422,17 @@ class CommandRouter:
             )
         for name, acks in by_queue.items():
             outcomes = await self._topology.queues[name].acknowledge_all(acks, topic)
+            if any(isinstance(o, AckAnswer) for o in outcomes) and not (
+                await self._assignment.still_current(generation)
+            ):
+                log.warning(
+                    "topic %s: the group moved past generation %d while queue %s's "
+                    "acknowledgements were stored: left unanswered, for the owner to answer",
+                    topic,
+                    generation,
+                    name,
+                )
+                outcomes = [o if isinstance(o, InvalidCommandError) else None for o in outcomes]
             for (cmd, partition), outcome in zip(acks, outcomes, strict=True):
                 if outcome is None:
                     # Not stored (the partition moved meanwhile): no answer, so no client takes

@@ -26,7 +26,8 @@ from typing import Any, cast
 
 import aiokafka
 import faust
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, RebalanceInProgressError
+from aiokafka.protocol.group import HeartbeatRequest
 from faust.auth import SASLCredentials, SSLCredentials
 from faust.exceptions import NotReady
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -37,6 +38,7 @@ from faust.types.auth import CredentialsT
 from sowstream.config.models import EngineConfig, RocksDBConfig
 from sowstream.engine import metrics
 from sowstream.engine.commands import ControlRecord
+from sowstream.engine.fence import GroupCheck
 from sowstream.engine.ports import Sender
 from sowstream.engine.pump import LOG_BATCH_MAX
 from sowstream.engine.replytopics import Parking, ReplyTopics
@@ -364,11 +366,54 @@ def track_topic(producer: Any, topic: str) -> None:
     producer.client.add_topic(topic)
 
 
+# Heartbeat answers that leave ``generation`` current: the group is at it, or preparing the
+# next one (which is formed, and assigns partitions anew, only after every member rejoined or
+# was dropped).
+_STILL_AT_GENERATION = frozenset({0, RebalanceInProgressError.errno})
+
+
+async def heartbeat_at(coordinator: Any, generation: int) -> bool:
+    """Whether the group of aiokafka's ``coordinator`` is still at ``generation`` with this
+    member in it, asked with a heartbeat of that generation: the coordinator answers
+    ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID once the group has moved on without it. Changes
+    nothing in the coordinator (its own heartbeats go on)."""
+    member = coordinator.member_id
+    if generation < 0 or not member:
+        return False
+    request = HeartbeatRequest(coordinator.group_id, generation, member)
+    try:
+        response = await coordinator._send_req(request)
+    except KafkaError:
+        return False
+    return int(response.error_code) in _STILL_AT_GENERATION
+
+
 class FaustAssignment:
     """The consumer group's assignment of this worker, as faust's assignor holds it."""
 
     def __init__(self, app: faust.App) -> None:
         self._app = app
+        self._check = GroupCheck(self._probe)
+
+    def _coordinator(self) -> Any:
+        consumer = getattr(getattr(self._app.consumer, "_thread", None), "_consumer", None)
+        return getattr(consumer, "_coordinator", None)
+
+    @property
+    def generation(self) -> int:
+        coordinator = self._coordinator()
+        return int(coordinator.generation) if coordinator is not None else -1
+
+    async def still_current(self, generation: int) -> bool:
+        return await self._check.still_current(generation)
+
+    async def _probe(self, generation: int) -> bool:
+        coordinator = self._coordinator()
+        if coordinator is None:
+            return False
+        # aiokafka lives in faust's consumer thread, on its own event loop.
+        thread: Any = cast(Any, self._app.consumer)._thread
+        return bool(await thread.call_thread(heartbeat_at, coordinator, generation))
 
     @property
     def settled(self) -> bool:

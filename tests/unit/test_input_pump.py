@@ -24,8 +24,14 @@ class Held:
         self.owned = owned
         self.settled = settled
 
+    generation = 1
+    current = True  # what the group's coordinator would answer (still at ``generation``)
+
     def owns(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self.owned
+
+    async def still_current(self, generation: int) -> bool:
+        return self.current and generation == self.generation
 
     def partitions(self, topic: str) -> set[int]:
         return {p for t, p in self.owned if t == topic}

@@ -315,3 +315,25 @@ def test_queue_commands_on_a_topic_that_is_no_queue_are_refused_in_their_answers
     assert ack.message == "queue_ack on 'orders', which is not a queue: it takes a queue's name"
     assert (end.command, end.status, end.reason) == ("part_end", "failure", "invalid")
     assert end.message == "queue_status on 'orders', which is not a queue: it takes a queue's name"
+
+
+def test_queue_acks_stored_after_the_group_moved_on_are_left_unanswered() -> None:
+    """A worker the group went on without (a missed rebalance) writes what no later owner
+    reads: an answer would tell the client its ack is stored for good when it is not."""
+    ack = command(
+        "queue_ack", topic="work", command_id="fenced", options={"bookmarks": "orders|0|5"}
+    )
+    current = Setup()
+    asyncio.run(current.router.handle(current.orders, [record(ack)]))
+    (reply,) = current.replies()
+    assert (reply.command_id, reply.status) == ("fenced", "success")
+
+    moved = Setup()
+    moved.held.current = False
+    asyncio.run(moved.router.handle(moved.orders, [record(ack)]))
+    assert moved.replies() == []
+    # A refusal confirms nothing, so it needs no fence.
+    bad = command("queue_ack", topic="work", command_id="bad", options={"bookmarks": "x"})
+    asyncio.run(moved.router.handle(moved.orders, [record(bad, offset=1)]))
+    (refused,) = moved.replies()
+    assert (refused.command_id, refused.reason) == ("bad", "invalid")
