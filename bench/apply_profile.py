@@ -41,6 +41,8 @@ from sowstream.sow.compiled import compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord, apply_keyed, decode_log_record
 from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.model import SubscriptionSpec
+from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
 
@@ -233,6 +235,17 @@ def main() -> None:
     )
     parser.add_argument("--delta", action="store_true", help="every timed update a delta_publish")
     parser.add_argument("--no-steps", action="store_true", help="skip the step-by-step timings")
+    parser.add_argument(
+        "--subscriptions",
+        type=int,
+        default=0,
+        help="filtered subscriptions (/customer = 'cN', oof; 10%% of updates match at 100)",
+    )
+    parser.add_argument(
+        "--parse-bodies",
+        action="store_true",
+        help="match subscriptions on parsed bodies, not on the values the compiled fold reads",
+    )
     args = parser.parse_args()
     gc.set_threshold(50_000, 20, 100)  # as the worker sets it (sowstream.engine.app)
     modes: list[NativeMode] = ["off", "on"] if args.native == "both" else [args.native]
@@ -254,6 +267,12 @@ def run(args: argparse.Namespace, mode: NativeMode, *, steps_too: bool) -> None:
         if mode == "on" and proc.applier._native is None:
             raise SystemExit("--native on: the compiled fold is not installed (make native)")
         asyncio.run(apply_all(proc, load))
+        for n in range(args.subscriptions):
+            flt = f"/customer = 'c{n}'"
+            spec = SubscriptionSpec(f"s{n}", "r", "orders", "subscribe", flt, parse_options("oof"))
+            proc.subs.upsert(spec)
+        if args.parse_bodies:
+            proc.subs.watched_paths = lambda: ()  # type: ignore[method-assign]
         headers = {h.COMMAND: h.DELTA_PUBLISH} if args.delta else None
         passes = [
             log_records(make_updates(args.updates, args.keys, seed=10 + i), offsets, headers)
@@ -270,7 +289,9 @@ def run(args: argparse.Namespace, mode: NativeMode, *, steps_too: bool) -> None:
         print(
             f"apply path, native {mode}, {args.updates:,} "
             f"{'delta_publish ' if args.delta else ''}updates over {args.keys:,} keys"
-            f"{' memo ' + ','.join(args.memo) if args.memo else ''}, best of {args.passes}: "
+            f"{' memo ' + ','.join(args.memo) if args.memo else ''}"
+            f"{f', {args.subscriptions} subscriptions' if args.subscriptions else ''}"
+            f"{' (bodies parsed)' if args.parse_bodies else ''}, best of {args.passes}: "
             f"{cpu / args.updates * 1e6:.2f} µs/record of main-thread CPU "
             f"({args.updates / cpu:,.0f}/s; wall clock {wall / args.updates * 1e6:.2f} µs; "
             "all passes: " + ", ".join(f"{c / args.updates * 1e6:.2f}" for c, _ in timings) + ")"

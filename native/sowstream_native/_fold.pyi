@@ -22,8 +22,14 @@ class Chunk:
     def reads(self) -> list[bytes]:
         """The store keys whose current records the fold reads, in first-use order."""
     def fold(
-        self, olds: list[Any], index_paths: list[str]
-    ) -> tuple[int, list[Op], list[tuple[bytes, bytes | None, bool]]]:
+        self, olds: list[Any], index_paths: list[str], watch_paths: list[str] = ...
+    ) -> tuple[
+        int,
+        list[Op],
+        list[tuple[bytes, bytes | None, bool]],
+        list[tuple[tuple[Any, ...] | None, tuple[Any, ...] | None] | None],
+    ]:
         """(declined_at, ops, per key touched: its final stored form and whether its values at
-        ``index_paths`` stayed the same); ``olds``: per key of :meth:`reads`, None, its stored
+        ``index_paths`` stayed the same, per op: the scalars at ``watch_paths`` before and after
+        it, None where absent or not read); ``olds``: per key of :meth:`reads`, None, its stored
         form (format 1) or a record object."""

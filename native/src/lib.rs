@@ -516,13 +516,22 @@ impl Chunk {
         py: Python<'_>,
         paths: &[Vec<String>],
         first: &Option<Py<PyBytes>>,
+        first_map: Option<&Map<String, Value>>,
         state: &Option<State>,
     ) -> bool {
         let (Some(first), Some(state)) = (first, state) else {
             return first.is_none() && state.is_none();
         };
-        let Ok(old) = parse_object(first.as_bytes(py)) else {
-            return false;
+        let parsed_first;
+        let old = match first_map {
+            Some(m) => m,
+            None => match parse_object(first.as_bytes(py)) {
+                Ok(m) => {
+                    parsed_first = m;
+                    &parsed_first
+                }
+                Err(_) => return false,
+            },
         };
         let parsed;
         let new = match (&state.parsed, state.body_of) {
@@ -543,7 +552,7 @@ impl Chunk {
             },
         };
         paths.iter().all(
-            |steps| match (scalar_at(&old, steps), scalar_at(new, steps)) {
+            |steps| match (scalar_at(old, steps), scalar_at(new, steps)) {
                 (Some(a), Some(b)) => same_scalar(a, b),
                 _ => false,
             },
@@ -565,6 +574,47 @@ fn scalar_at<'a>(body: &'a Map<String, Value>, steps: &[String]) -> Option<Optio
         }
     }
     None
+}
+
+/// The values at ``paths`` as `FilterIndex.candidates` reads a body: one per path, the scalar
+/// there (None when absent, null, or not a scalar: no subscription key matches those), or None
+/// for the whole when a path meets an array (the caller parses the body itself).
+fn watched_values<'py>(
+    py: Python<'py>,
+    body: &Map<String, Value>,
+    paths: &[Vec<String>],
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut values: Vec<Bound<'py, PyAny>> = Vec::with_capacity(paths.len());
+    for steps in paths {
+        let mut map = body;
+        let mut found: Option<&Value> = None;
+        for (i, step) in steps.iter().enumerate() {
+            match map.get(step) {
+                Some(Value::Array(_)) => return Ok(None),
+                Some(Value::Object(inner)) if i + 1 < steps.len() => map = inner,
+                Some(v) if i + 1 == steps.len() => {
+                    found = Some(v);
+                    break;
+                }
+                _ => break,
+            }
+        }
+        values.push(match found {
+            Some(Value::String(text)) => PyString::new(py, text).into_any(),
+            Some(Value::Bool(flag)) => pyo3::types::PyBool::new(py, *flag).to_owned().into_any(),
+            Some(Value::Number(n)) => {
+                if let Some(i) = n.as_i64() {
+                    i.into_pyobject(py)?.into_any()
+                } else if let Some(u) = n.as_u64() {
+                    u.into_pyobject(py)?.into_any()
+                } else {
+                    n.as_f64().unwrap_or(f64::NAN).into_pyobject(py)?.into_any()
+                }
+            }
+            _ => py.None().into_bound(py),
+        });
+    }
+    Ok(Some(PyTuple::new(py, values)?))
 }
 
 /// Same type and value, floats bit for bit; a zero float is never the same (serde reads -0 as
@@ -679,22 +729,31 @@ impl Chunk {
     /// (the chunk's length if none), one tuple per record folded (see the module's stub), and
     /// ``(key, stored form or None, indexed values unchanged)`` per key touched, its final
     /// state, in first-touch order (``index_paths``: the hash and memo index paths).
+    #[pyo3(signature = (olds, index_paths, watch_paths=Vec::new()))]
     fn fold<'py>(
         &self,
         py: Python<'py>,
         olds: &Bound<'py, PyList>,
         index_paths: Vec<String>,
+        watch_paths: Vec<String>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let index_steps: Vec<Vec<String>> = index_paths
-            .iter()
-            .map(|p| {
-                p.strip_prefix('/')
-                    .unwrap_or(p)
-                    .split('/')
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .collect();
+        let steps_of = |paths: &[String]| -> Vec<Vec<String>> {
+            paths
+                .iter()
+                .map(|p| {
+                    p.strip_prefix('/')
+                        .unwrap_or(p)
+                        .split('/')
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .collect()
+        };
+        let index_steps = steps_of(&index_paths);
+        let watch_steps = steps_of(&watch_paths);
+        let watching = !watch_steps.is_empty();
+        // Per op (aligned with ``ops``): the values at ``watch_paths`` before and after it.
+        let watched = PyList::empty(py);
         let mut states: Vec<Option<State>> = Vec::with_capacity(olds.len());
         for old in olds.iter() {
             if old.is_none() {
@@ -723,6 +782,8 @@ impl Chunk {
             .iter()
             .map(|s| s.as_ref().map(|s| s.data.clone_ref(py)))
             .collect();
+        // The records as found, parsed where the watched values needed them.
+        let mut first_maps: Vec<Option<Map<String, Value>>> = vec![None; states.len()];
         let mut touched: Vec<usize> = Vec::new();
         let mut seen = vec![false; states.len()];
         let ops = PyList::empty(py);
@@ -732,6 +793,9 @@ impl Chunk {
                 Decoded::Skip => continue,
                 Decoded::Dead { reason, text } => {
                     ops.append((DEAD, i, *reason, text.as_str()))?;
+                    if watching {
+                        watched.append(py.None())?;
+                    }
                     continue;
                 }
                 Decoded::Op(op) => op,
@@ -741,6 +805,9 @@ impl Chunk {
             }
             if op.rekey {
                 ops.append((REKEY, i, op.sow_key.as_str()))?;
+                if watching {
+                    watched.append(py.None())?;
+                }
                 continue;
             }
             let key = self.keys[op.key_slot].bind(py);
@@ -753,9 +820,42 @@ impl Chunk {
                         touched.push(slot);
                     }
                     ops.append((UNCHANGED, i, key, op.sow_key.as_str()))?;
+                    if watching {
+                        watched.append(py.None())?;
+                    }
                     continue;
                 }
             }
+            let before_values = if watching {
+                match stored.as_mut() {
+                    None => None,
+                    Some(s) => {
+                        let body = match (&s.parsed, s.body_of) {
+                            (Some(p), _) => Some(p),
+                            (None, Some(j)) => match &self.decoded[j] {
+                                Decoded::Op(Op {
+                                    body: Some(Value::Object(m)),
+                                    ..
+                                }) => Some(m),
+                                _ => None,
+                            },
+                            // The record as found: parsed once, and kept for the index check.
+                            (None, None) => {
+                                if first_maps[slot].is_none() {
+                                    first_maps[slot] = parse_object(s.data.as_bytes(py)).ok();
+                                }
+                                first_maps[slot].as_ref()
+                            }
+                        };
+                        match body {
+                            Some(b) => watched_values(py, b, &watch_steps)?,
+                            None => None,
+                        }
+                    }
+                }
+            } else {
+                None
+            };
             let (data, parsed): (Option<Py<PyBytes>>, Option<Map<String, Value>>) = match op.cmd {
                 Cmd::Delete => (None, None),
                 Cmd::Publish => (op.value.as_ref().map(|v| v.clone_ref(py)), None),
@@ -809,6 +909,15 @@ impl Chunk {
                 seen[slot] = true;
                 touched.push(slot);
             }
+            if watching {
+                let after = match (&data, &parsed, &op.body) {
+                    (None, _, _) => None,
+                    (Some(_), Some(p), _) => watched_values(py, p, &watch_steps)?,
+                    (Some(_), None, Some(Value::Object(m))) => watched_values(py, m, &watch_steps)?,
+                    _ => None,
+                };
+                watched.append((before_values, after))?;
+            }
             match data {
                 None => {
                     *stored = None;
@@ -842,7 +951,13 @@ impl Chunk {
         for slot in touched {
             let key = self.keys[slot].bind(py);
             let same = index_steps.is_empty()
-                || self.same_indexed(py, &index_steps, &firsts[slot], &states[slot]);
+                || self.same_indexed(
+                    py,
+                    &index_steps,
+                    &firsts[slot],
+                    first_maps[slot].as_ref(),
+                    &states[slot],
+                );
             match &states[slot] {
                 None => writes.append((key, py.None(), same))?,
                 Some(s) => {
@@ -864,6 +979,7 @@ impl Chunk {
                 declined_at.into_pyobject(py)?.into_any(),
                 ops.into_any(),
                 writes.into_any(),
+                watched.into_any(),
             ],
         )
     }

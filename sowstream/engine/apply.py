@@ -65,7 +65,7 @@ from sowstream.sow.patterns import name_regex
 from sowstream.sow.planner import plan
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.matcher import TopicSubscriptions
-from sowstream.subscriptions.model import OOF_DELETED, OOF_EXPIRED, Change
+from sowstream.subscriptions.model import OOF_DELETED, OOF_EXPIRED, Change, Watched
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.kafka import LARGEST_LOG_RECORD
@@ -390,8 +390,15 @@ class Applier:
         parse = table.parse
         memo = frozenset(ps.memo)
         index_paths = [*table.index_paths, *sorted(memo)]
-        declined_at, ops, writes, olds = native.run(
-            recs, ps.folded, lambda keys: table.load_many(ps, overlay, keys), index_paths
+        # The paths subscriptions are indexed by: the fold reads each op's values there, and
+        # matching parses only the bodies of changes some subscription may take.
+        watch_at = self._subs.watched_paths() if events is not None and self._subs else ()
+        declined_at, ops, writes, olds, watched = native.run(
+            recs,
+            ps.folded,
+            lambda keys: table.load_many(ps, overlay, keys),
+            index_paths,
+            watch_at,
         )
 
         def found(key: bytes) -> SowRecord | None:
@@ -402,7 +409,7 @@ class Applier:
             return old  # type: ignore[return-value]
 
         applied = 0
-        for op in ops:
+        for n, op in enumerate(ops):
             kind = op[0]
             rec = recs[op[1]]
             if kind == DEAD:
@@ -431,7 +438,14 @@ class Applier:
             if queues and new is not None and rec.headers.get(h.COMMAND) != h.SOW_DELETE:
                 outcome.enqueued.append(queued(rec, new.data, parse(new.data), self.topic.name))
             if events is not None:
-                _note(events, op[3], stored, new, rec)
+                _note(
+                    events,
+                    op[3],
+                    stored,
+                    new,
+                    rec,
+                    watched=(watch_at, watched[n]) if watched else None,
+                )
             applied += 1
             if not replay and rec.headers.get(h.REPLY_TO):
                 outcome.acks.append(Ack(rec, count, SUCCESS))
@@ -743,8 +757,10 @@ def _note(
     seq: int = 0,
     body: dict[str, Any] | None = None,
     reason: str = OOF_DELETED,
+    watched: tuple[tuple[str, ...], Watched | None] | None = None,
 ) -> None:
-    """Record an op's effect for subscribers (``body``: ``new`` parsed, if known)."""
+    """Record an op's effect for subscribers (``body``: ``new`` parsed, if known; ``watched``:
+    the paths the compiled fold read values at, and the values)."""
     if new is stored:
         # Already applied before a crash: re-announce the stored result of exactly this op
         # (its message may not have gone out); subscribers drop it if they have it.
@@ -764,6 +780,8 @@ def _note(
             reason,
             seq=seq,
             _after_body=body,
+            watched_at=watched[0] if watched is not None else None,
+            watched=watched[1] if watched is not None else None,
         )
     )
 

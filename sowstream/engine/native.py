@@ -21,6 +21,7 @@ from sowstream.engine.partition import Outcome
 from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
+from sowstream.subscriptions.model import Watched
 
 log = logging.getLogger("sowstream.engine")
 
@@ -113,23 +114,26 @@ class NativeFold:
         folded: int,
         load: Callable[[list[bytes]], list[SowRecord | bytes | None]],
         index_paths: list[str],
+        watch_paths: Sequence[str] = (),
     ) -> tuple[
         int,
         list[tuple[Any, ...]],
         list[tuple[bytes, bytes | None, bool]],
         dict[bytes, SowRecord | bytes | None],
+        list[Watched | None],
     ]:
         """Fold ``recs`` (records at or below ``folded`` are skipped): ``(declined_at, ops,
-        writes, olds)``. ``load`` reads the current records of the keys touched (a record, its
-        stored form, or None); ``writes`` says per key whether the values at ``index_paths``
-        stayed the same.
+        writes, olds, watched)``. ``load`` reads the current records of the keys touched (a
+        record, its stored form, or None); ``writes`` says per key whether the values at
+        ``index_paths`` stayed the same; ``watched`` holds per op the scalars at ``watch_paths``
+        before and after it (see :class:`~sowstream.subscriptions.model.Change`).
 
         A Rust panic arrives as ``pyo3_runtime.PanicException``; the caller catches it."""
         chunk = self._chunk(self._spec, recs if isinstance(recs, list) else list(recs), folded)
         keys = chunk.reads()
         found = load(keys)
-        declined_at, ops, writes = chunk.fold(found, index_paths)
-        return declined_at, ops, writes, dict(zip(keys, found, strict=True))
+        declined_at, ops, writes, watched = chunk.fold(found, index_paths, list(watch_paths))
+        return declined_at, ops, writes, dict(zip(keys, found, strict=True)), watched
 
 
 def native_fold(compiled: CompiledTopic[TopicConfig], mode: NativeMode) -> NativeFold | None:

@@ -198,6 +198,14 @@ class FilterIndex:
         self._paths: dict[str, _PathIndex] = {}
         self._unindexed: set[str] = set()
         self._placements: dict[str, _Placement] = {}
+        # The indexed paths, a new tuple whenever they change: values read at an older one
+        # are not used (``candidates_at``).
+        self.paths: tuple[str, ...] = ()
+        self._indexes: tuple[_PathIndex, ...] = ()
+
+    def _paths_changed(self) -> None:
+        self.paths = tuple(self._paths)
+        self._indexes = tuple(self._paths.values())
 
     def add(self, sub_id: str, expr: ast.Expr | None) -> None:
         """File ``sub_id`` by its filter (None matches everything); re-adding replaces it."""
@@ -214,6 +222,7 @@ class FilterIndex:
         index = self._paths.get(path)
         if index is None:
             index = self._paths[path] = _PathIndex(path)
+            self._paths_changed()
         for bucket, value in keys:
             index.buckets[bucket].setdefault(value, set()).add(sub_id)
         self._placements[sub_id] = _Placement(path, tuple(keys))
@@ -235,12 +244,24 @@ class FilterIndex:
                     del index.buckets[bucket][value]
         if not index:
             del self._paths[placement.path]  # keep lookups to paths someone still files under
+            self._paths_changed()
 
     def candidates(self, record: Mapping[str, Any]) -> set[str]:
         """The subscriptions whose filter may match ``record`` (a superset of those that do)."""
         out = set(self._unindexed)
         for index in self._paths.values():
             for value in index.values(record):
+                index.collect(value, out)
+        return out
+
+    def candidates_at(self, paths: tuple[str, ...], values: tuple[Any, ...]) -> set[str] | None:
+        """``candidates`` of a record known by its scalars at ``paths`` (one per path: None
+        when absent, null or not a scalar); None when ``paths`` are no longer the index's."""
+        if paths is not self.paths:
+            return None
+        out = set(self._unindexed)
+        for index, value in zip(self._indexes, values, strict=True):
+            if value is not None:
                 index.collect(value, out)
         return out
 

@@ -251,6 +251,11 @@ class TopicSubscriptions:
         else:
             self._always.discard(key)
 
+    def watched_paths(self) -> tuple[str, ...]:
+        """The paths subscriptions are indexed by: what the compiled fold reads of each change
+        for ``dispatch`` (the tuple is replaced whenever they change)."""
+        return self._index.paths
+
     def remove(self, key: str) -> SubscriptionSpec | None:
         """Unregister; returns the removed spec."""
         active = self._subs.pop(key, None)
@@ -282,17 +287,32 @@ class TopicSubscriptions:
             out.extend(self._settle_restored(partition, changes))
         codec = self._codec
         for change in changes:
+            keys = self._always | self._candidates(change)
+            if not keys:
+                continue
             before = change.before_body(codec)
             after = change.after_body(codec)
-            keys = self._always.copy()
-            if before is not None:
-                keys |= self._index.candidates(before)
-            if after is not None:
-                keys |= self._index.candidates(after)
             for key in keys:
                 active = self._subs.get(key)
                 if active is not None:
                     self._match(active, change, before, after, now_ms, out)
+        return out
+
+    def _candidates(self, change: Change) -> set[str]:
+        """The indexed subscriptions that may take ``change``: from the values the compiled
+        fold read at the indexed paths where it did, else from the parsed bodies."""
+        index = self._index
+        watched = change.watched if change.watched_at is index.paths else None
+        out: set[str] = set()
+        for i, state in enumerate((change.before, change.after)):
+            if state is None:
+                continue
+            values = watched[i] if watched is not None else None
+            found = index.candidates_at(index.paths, values) if values is not None else None
+            if found is None:
+                body = change.before_body(self._codec) if i == 0 else change.after_body(self._codec)
+                found = index.candidates(body) if body is not None else set()
+            out |= found
         return out
 
     def _match(

@@ -147,6 +147,12 @@ class SubscriptionSpec:
         return NameScope(self.topic_regex, self.sow_keys)
 
 
+# What the compiled fold read of an op's record at the paths subscriptions are indexed by
+# (FilterIndex.paths): the scalars before and after it, a tuple per state (None: no state, or
+# not read), so that only the changes a subscription may take have their bodies parsed.
+Watched = tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]
+
+
 @dataclass(slots=True)
 class Change:
     """What one log operation (or an expiry) did to one record of a partition.
@@ -169,6 +175,8 @@ class Change:
     seq: int = 0
     _before_body: dict[str, Any] | None = None
     _after_body: dict[str, Any] | None = None
+    watched_at: tuple[str, ...] | None = None  # the paths ``watched`` was read at
+    watched: Watched | None = None
 
     def before_body(self, mtype: MessageType) -> dict[str, Any] | None:
         """The previous state parsed by the topic's message type (cached)."""

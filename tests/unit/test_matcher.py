@@ -201,3 +201,20 @@ def test_conflated_delta_removes_nested_fields_a_replacement_dropped() -> None:
     for before, after in itertools.pairwise(states):
         ts.dispatch([change(before, after)], 0)
     assert bodies(ts.flush(1000)) == [("publish", "", {"id": 1, "k": {"x": 1, "y": None}})]
+
+
+def test_values_the_compiled_fold_read_decide_the_candidates_while_the_paths_hold() -> None:
+    """A change carrying the values at the indexed paths is matched from them: a body no
+    subscription may take is not parsed at all; values read at older paths are not used."""
+    ts = subs(spec(flt="/sym = 'IBM'"))
+    paths = ts.watched_paths()
+    assert paths == ("/sym",)
+    unparsable = Change("k1", None, SowRecord("k1", b"{not json", 0, 0), 0, next(_offset), 0)
+    unparsable.watched_at, unparsable.watched = paths, (None, ("MSFT",))
+    assert ts.dispatch([unparsable], 0) == []  # no candidate: the body was never read
+    taken = change(None, {"id": 1, "sym": "IBM"})
+    taken.watched_at, taken.watched = paths, (None, ("IBM",))
+    assert [d.command for d in ts.dispatch([taken], 0)] == ["publish"]
+    stale = change(None, {"id": 2, "sym": "IBM"})
+    stale.watched_at, stale.watched = ("/sym",), (None, ("MSFT",))  # equal, not the same tuple
+    assert [d.sow_key for d in ts.dispatch([stale], 0)] == ["k2"]

@@ -28,10 +28,12 @@ from sowstream.engine import metrics, native
 from sowstream.engine.native import digest, native_fold
 from sowstream.engine.partition import Outcome, PartitionState
 from sowstream.engine.processor import TopicProcessor
+from sowstream.filters import parse_filter
 from sowstream.messagetypes.changes import merge_delta
 from sowstream.sow.compiled import CompiledTopic, compile_topic
 from sowstream.sow.keys import generated_sow_key
 from sowstream.sow.ops import RawRecord
+from sowstream.subscriptions.index import FilterIndex
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire import headers as h
@@ -160,9 +162,24 @@ def records(draw: st.DrawFn, kind: str) -> list[RawRecord]:
     return out
 
 
+# Filters the subscriptions index by equality at these paths: the compiled fold reads each
+# change's values there, and matching takes its candidates from them.
+FILTERS = ["/v = 1", "/a/b = 'x'", "/g = 2", "/a = true", "/v IN ('1', 2.5, 'é', -0.0)", "/w = 'a'"]
+
+
+def filter_index() -> FilterIndex:
+    index = FilterIndex()
+    for n, text in enumerate(FILTERS):
+        index.add(f"f{n}", parse_filter(text))
+    return index
+
+
 async def processor(kind: str, mode: str) -> tuple[TopicProcessor, PartitionState]:
     proc = TopicProcessor(compiled(kind), TopicNames("p"), RecordingSender(), native=mode)  # type: ignore[arg-type]
     proc.subs.upsert(SubscriptionSpec("s", "r", "t", "subscribe", None, parse_options("")))
+    for n, text in enumerate(FILTERS):
+        options = parse_options("oof")
+        proc.subs.upsert(SubscriptionSpec(f"f{n}", "r", "t", "subscribe", text, options))
     ps = await proc.ready(0)
     if kind == "keyed":
         ps.memo.add("/w")  # a memo index kept by every write, beside the hash index on /g
@@ -189,11 +206,37 @@ def both(kind: str, recs: list[RawRecord], cuts: list[int]) -> list[tuple[Any, .
             ps_c.folded = max(ps_c.folded, b.last)
             assert digest(b) == digest(a)
             assert b.changes == a.changes
+            check_watched(b)
+            # What subscribers are sent is the same, whether candidates came from the values the
+            # compiled fold read or from parsed bodies.
+            assert compiled_.subs.dispatch(b.events, 0) == python.subs.dispatch(a.events, 0)
             seen.append(digest(a))
         assert sorted(ps_c.store.scan()) == sorted(ps_py.store.scan())
         return seen
 
     return asyncio.run(go())
+
+
+def check_watched(outcome: Outcome) -> None:
+    """Every change's values read by the compiled fold give the candidates its bodies give."""
+    index = filter_index()
+    codec = compiled("keyed").codec
+    for change in outcome.events:
+        if change.watched is None:
+            continue
+        assert change.watched_at == index.paths
+        states = (
+            (change.before, change.before_body(codec)),
+            (change.after, change.after_body(codec)),
+        )
+        for (state, body), values in zip(states, change.watched, strict=True):
+            if state is None or values is None:
+                continue
+            assert body is not None
+            assert index.candidates_at(index.paths, values) == index.candidates(body), (
+                body,
+                values,
+            )
 
 
 @pytest.mark.parametrize("kind", sorted(TOPICS))
@@ -248,7 +291,7 @@ def test_the_compiled_fold_declines_nothing_it_covers(
     recs = [r for r in log_of(ops) if _spelt_by_orjson(r.value)]
     fold = native_fold(compiled("keyed"), "on")
     assert fold is not None
-    declined_at, _, _, _ = fold.run(recs, -1, lambda keys: [None] * len(keys), [])
+    declined_at, *_ = fold.run(recs, -1, lambda keys: [None] * len(keys), [])
     assert declined_at == len(recs)
     both("keyed", recs, [len(recs) // 2])
 
@@ -402,7 +445,7 @@ def test_a_merged_record_is_spelt_as_orjson_spells_it(values: list[Any]) -> None
     recs = log_of(bodies)
     fold = native_fold(compiled("keyed"), "on")
     assert fold is not None
-    declined_at, ops, _, _ = fold.run(recs, -1, lambda keys: [None] * len(keys), [])
+    declined_at, ops, *_ = fold.run(recs, -1, lambda keys: [None] * len(keys), [])
     merged: dict[str, Any] = orjson.loads(recs[0].value or b"")
     assert ops[0][4] == recs[0].value
     for rec, op in zip(recs[1:], ops[1:], strict=False):

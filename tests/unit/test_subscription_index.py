@@ -342,3 +342,20 @@ def test_a_conjunct_equality_is_always_indexed(p: str, lit: str, rest: list[str]
     index = FilterIndex()
     index.add("s", parse_filter(" AND ".join([f"{p} = {lit}", *rest])))
     assert index.unindexed == set()
+
+
+def test_candidates_from_values_read_at_the_indexed_paths_until_the_paths_change() -> None:
+    """The compiled fold reads a record's values at ``paths``; they stand in for the record
+    only while the index still has exactly those paths."""
+    index = index_of(a="/sym = 'IBM'", b="/qty = 5", c="/desk = 'x' OR /qty > 1")
+    paths = index.paths
+    assert set(paths) == {"/sym", "/qty"}
+    values = tuple({"/sym": "IBM", "/qty": 5.0}[p] for p in paths)
+    assert index.candidates_at(paths, values) == {"a", "b", "c"}
+    assert index.candidates_at(paths, (None, None)) == {"c"}
+    index.add("d", parse_filter("/px = 1"))
+    assert index.paths is not paths
+    assert index.candidates_at(paths, values) is None  # read at paths the index no longer has
+    index.remove("d")
+    assert index.candidates_at(paths, values) is None  # the same paths, but a new tuple
+    assert index.candidates_at(index.paths, values) == {"a", "b", "c"}
