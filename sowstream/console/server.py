@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 from aiohttp.typedefs import Handler
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
@@ -331,6 +331,9 @@ class Console:
         app.router.add_get("/api/fleet", self.fleet_now)
         app.router.add_get("/ws", self.websocket)
         app.on_startup.append(self._start)
+        # Pages are closed on shutdown, before aiohttp waits for the handlers to finish: an open
+        # websocket would otherwise hold a stopping console for the whole shutdown timeout.
+        app.on_shutdown.append(self._close_pages)
         app.on_cleanup.append(self._stop)
         return app
 
@@ -561,11 +564,14 @@ class Console:
     async def _start(self, app: web.Application) -> None:
         self._poller = asyncio.create_task(self._poll())
 
+    async def _close_pages(self, app: web.Application) -> None:
+        for ws in list(self.pages):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"console stopping")
+
     async def _stop(self, app: web.Application) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        for ws in list(self.pages):
-            await ws.close()
+        await self._close_pages(app)
         await asyncio.to_thread(self.clients.close)
         self.fleet.close()
 

@@ -388,6 +388,38 @@ async def heartbeat_at(coordinator: Any, generation: int) -> bool:
     return int(response.error_code) in _STILL_AT_GENERATION
 
 
+class AssignmentProgress:
+    """Whether the worker's current assignment has been taken up: assigned after the last
+    revocation, and its recovery over with the stream flow resumed.
+
+    faust's own flags race when one rebalance follows another: a recovery of the assignment
+    just revoked can still finish (resume the flow, end "the rebalance") after the revocation,
+    which made a worker in the middle of the next rebalance look settled; it then loaded newly
+    assigned partitions from stores not yet restored (a queue took a whole log again)."""
+
+    def __init__(self) -> None:
+        self.assigned = False  # an assignment arrived since the last revocation
+        self.flow_resumed = False  # ... and its recovery resumed the stream flow
+
+    def revoked(self) -> None:
+        """A rebalance begins (faust calls this first, from the consumer's thread)."""
+        self.assigned = self.flow_resumed = False
+
+    def assignment(self) -> None:
+        """The rebalance's new assignment arrived; its recovery is still to run."""
+        self.assigned, self.flow_resumed = True, False
+
+    def resumed(self) -> None:
+        """faust resumed the stream flow: for the current assignment only if one arrived."""
+        if self.assigned:
+            self.flow_resumed = True
+
+    def settled(self, in_recovery: bool) -> bool:
+        # Records read between the flow's resumption and faust's end of the rebalance are this
+        # worker's (commands left unanswered there were lost: test_conflation under load).
+        return self.flow_resumed and not in_recovery
+
+
 class FaustAssignment:
     """The consumer group's assignment of this worker, as faust's assignor holds it."""
 
@@ -417,12 +449,8 @@ class FaustAssignment:
 
     @property
     def settled(self) -> bool:
-        app = self._app
-        if app.in_recovery:
-            return False
-        # Commands read between the flow's resumption and the end of the rebalance were left
-        # unanswered by their own partition's new owner (found by test_conflation under load).
-        return not app.rebalancing or getattr(app, "flow_resumed", False)
+        progress: AssignmentProgress = cast(Any, self._app).progress
+        return progress.settled(bool(self._app.in_recovery))
 
     def owns(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self._app.assignor.assigned_actives()
@@ -475,9 +503,7 @@ class PumpedConsumer(AIOKafkaConsumer):
 
     def resume_flow(self) -> None:
         super().resume_flow()
-        # faust resumes the flow once the new assignment's recovery is over, and only says the
-        # rebalance has ended a few steps later: records read in between are this worker's.
-        self.app.flow_resumed = True  # type: ignore[attr-defined]
+        self.app.progress.resumed()  # type: ignore[attr-defined]
 
     def resume_partitions(self, tps: Iterable[Any]) -> None:
         super().resume_partitions(self._fetched(tps))
@@ -579,8 +605,7 @@ class EngineApp(faust.App):
         super().__init__(*args, **kwargs)
         self._early_tasks: list[Callable[[], Awaitable[None]]] = []
         self.pumped_topics: set[str] = set()  # assigned by the group, never fetched by faust
-        # The stream flow resumed after this rebalance's recovery (see FaustAssignment.settled).
-        self.flow_resumed = False
+        self.progress = AssignmentProgress()  # see FaustAssignment.settled
 
     def _new_consumer(self) -> Any:
         return PumpedConsumer(
@@ -593,8 +618,12 @@ class EngineApp(faust.App):
         )
 
     def on_rebalance_start(self) -> None:
-        self.flow_resumed = False  # first: faust calls this as soon as a rebalance begins
+        self.progress.revoked()  # first: faust calls this as soon as a rebalance begins
         super().on_rebalance_start()
+
+    async def _on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        self.progress.assignment()
+        await super()._on_partitions_assigned(assigned, generation_id)
 
     def early_task(self, fun: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
         """Run ``fun`` from the app's first start on (a decorator, like ``app.task``)."""

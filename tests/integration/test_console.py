@@ -7,6 +7,7 @@ entitlement checks are plain HTTP: no browser is needed to see a 401.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -20,7 +21,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import WSMsgType
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
@@ -552,3 +555,25 @@ def test_a_websocket_from_another_origin_is_refused(console: ConsoleProcess) -> 
         },
     )
     assert status == 403
+
+
+def test_a_console_with_a_page_open_stops_at_once(engine: EngineProcesses, tmp_path: Path) -> None:
+    """Stopping the console (SIGTERM, as Kubernetes and Ctrl-C do) closes its open pages with
+    "going away" rather than waiting for them to leave."""
+    console = ConsoleProcess(engine, tmp_path)
+
+    async def page_sees() -> tuple[WSMsgType, int | None]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"{console.url}/ws", origin=console.url) as ws,
+        ):
+            console.proc.terminate()
+            message = await ws.receive(timeout=15)
+            return message.type, ws.close_code
+
+    try:
+        kind, code = asyncio.run(page_sees())
+        assert (kind, code) == (WSMsgType.CLOSE, 1001)
+        console.proc.wait(15)
+    finally:
+        console.stop()

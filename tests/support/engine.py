@@ -145,9 +145,17 @@ class EngineProcesses:
             proc.wait(10)
 
     def stop_all(self) -> None:
-        """Stop every worker."""
-        for name in list(self.procs):
-            self.stop(name)
+        """Stop every worker, all told at once (each takes a few seconds to leave its group)."""
+        procs, self.procs = self.procs, {}
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
     def alive(self, name: str) -> bool:
         """Whether worker ``name`` is running."""
