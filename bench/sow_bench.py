@@ -56,6 +56,15 @@ def make_updates(n: int, keys: int, seed: int = 1) -> list[bytes]:
     return out
 
 
+def make_deltas(n: int, keys: int, seed: int = 5) -> list[bytes]:
+    """``delta_publish`` bodies: a record's key and two of its fields, changed."""
+    rng = random.Random(seed)
+    return [
+        orjson.dumps({"id": rng.randrange(keys), "qty": rng.randrange(1000), "seq": i})
+        for i in range(n)
+    ]
+
+
 def relay_rate(bootstrap: str, source: str, n: int) -> float:
     """Bare confluent-kafka consume -> produce of the same n log records."""
     return relay_log(bootstrap, source, f"{source}.relay", n)
@@ -325,6 +334,9 @@ def main() -> None:
     parser.add_argument("--subscriptions", type=int, default=100, help="filtered, 10%% match")
     parser.add_argument("--skip-scaling", action="store_true", help="no two-worker run")
     parser.add_argument(
+        "--delta", action="store_true", help="also time a catch-up of all-delta_publish updates"
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=0,
@@ -440,6 +452,25 @@ def main() -> None:
                 result["subs_rate"] = subs_rate
                 for sub in subs:
                     sub.close()
+
+            # 3b. the same number of updates, every one a delta_publish of a few fields (its
+            # merge with the stored record is the worker's work), caught up with no subscriptions
+            if args.delta:
+                worker.terminate()
+                worker.wait(60)
+                deltas = make_deltas(args.updates, args.keys)
+                for body in deltas:
+                    client.delta_publish("orders", body)
+                client.flush()
+                worker = start_worker(config, port)
+                delta_cpu = WorkerCpu(worker.pid)
+                result["delta_rate"] = catch_up_rate([port], len(deltas), cpu=delta_cpu)
+                result["delta_cpu_us"] = delta_cpu.us_per_update
+                result["delta_main_cpu_us"] = delta_cpu.main_us_per_update
+                console.print(
+                    f"every update a delta_publish: applied at {result['delta_rate']:,.0f}/s, "
+                    f"{delta_cpu.us_per_update:.1f} us CPU per update"
+                )
 
             full_n, full_t = timed_query(client, "orders", None)
             range_n, range_t = timed_query(client, "orders", "/qty > 900")

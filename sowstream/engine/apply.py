@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sowstream.auth import Authenticator
@@ -193,12 +193,18 @@ class Applier:
                     # Revoked: nothing of these batches is stored, so the new owner replays them.
                     ps.in_flight.clear()
                 else:
-                    self._commit(ps, head.outcome)
-                    if life is not None:
-                        life.mark("stored")
+                    # The changelog first, then the local store: a worker killed in between
+                    # restarts with neither (the log is applied again from the watermark
+                    # before), never with a batch only its own store holds, which a later
+                    # owner restoring the changelog would miss while the watermark it was
+                    # followed by says it is applied.
+                    write_locally = self._commit(ps, head.outcome, store=False)
                     await ps.store.replicate(head.outcome.changes, self._sender)
                     if life is not None:
                         life.mark("changelog_acked")
+                    write_locally()
+                    if life is not None:
+                        life.mark("stored")
                     # Leaves the overlay only now: until Kafka has its changelog records no later
                     # batch may be stored (see RocksPartition.replicate); readers looking
                     # through the overlay meanwhile find the same records as in the store.
@@ -241,30 +247,46 @@ class Applier:
         self._commit(ps, outcome)
         return outcome
 
-    def _commit(self, ps: PartitionState, outcome: Outcome) -> None:
+    def _commit(
+        self, ps: PartitionState, outcome: Outcome, *, store: bool = True
+    ) -> Callable[[], None]:
+        """Make the batch's store changes (``outcome.changes``) and, with ``store``, write them;
+        returns the step that writes them (nothing left to do with ``store``)."""
+        table = self._table
         if not self.topic.sow:
-            if self._table.backed and (outcome.last > ps.watermark or outcome.journal):
+            last = outcome.last
+            changes: dict[bytes, bytes | None] = {}
+            if table.backed and (last > ps.watermark or outcome.journal):
                 # A plain topic stores only what its queues hold, and its position.
                 changes = dict(outcome.journal)
-                if outcome.last > ps.watermark:
+                if last > ps.watermark:
                     changes.update(_position(outcome))
-                ps.store.write(changes)
                 outcome.changes = changes
-            ps.watermark = max(ps.watermark, outcome.last)
-            return
-        if outcome.last > ps.watermark or outcome.journal:
-            outcome.changes = self._table.write(
-                ps,
-                outcome.overlay,
-                outcome.before,
-                outcome.last if outcome.last > ps.watermark else None,
-                outcome.versions,
-                outcome.journal,
-                _position(outcome),
-                outcome.bodies,
-                outcome.encoded,
-                outcome.index_same if outcome.index_memo == ps.memo else frozenset(),
-            )
+
+            def plain() -> None:
+                if changes:
+                    ps.store.write(changes)
+                ps.watermark = max(ps.watermark, last)
+
+            return _now_or_later(plain, store)
+        if not (outcome.last > ps.watermark or outcome.journal):
+            return _NOTHING
+        watermark = outcome.last if outcome.last > ps.watermark else None
+        outcome.changes = changes = table.write(
+            ps,
+            outcome.overlay,
+            outcome.before,
+            watermark,
+            outcome.versions,
+            outcome.journal,
+            _position(outcome),
+            outcome.bodies,
+            outcome.encoded,
+            outcome.index_same if outcome.index_memo == ps.memo else frozenset(),
+            store=store,
+        )
+        overlay = outcome.overlay
+        return _now_or_later(lambda: table.stored(ps, changes, overlay, watermark), store)
 
     @property
     def _checks_publishers(self) -> bool:
@@ -720,6 +742,21 @@ class Applier:
             acks.setdefault(reply_to, []).append((reply.encode(), VERSION_HEADER))
         for reply_to, replies in acks.items():  # batched per publisher's reply topic
             await self._sender.send_replies(reply_to, replies)
+
+
+def _nothing() -> None:
+    return None
+
+
+_NOTHING: Callable[[], None] = _nothing
+
+
+def _now_or_later(step: Callable[[], None], now: bool) -> Callable[[], None]:
+    """Run ``step`` now (and return a step that does nothing), or return it for later."""
+    if now:
+        step()
+        return _NOTHING
+    return step
 
 
 def queued(rec: RawRecord, data: bytes, body: dict[str, Any], topic: str) -> AppliedPublish:

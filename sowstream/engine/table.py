@@ -522,17 +522,19 @@ class PartitionTable:
         bodies: Mapping[bytes, dict[str, Any]] | None = None,
         encoded: Mapping[bytes, bytes | None] | None = None,
         index_same: AbstractSet[bytes] = frozenset(),
+        *,
+        store: bool = True,
     ) -> dict[bytes, bytes | None]:
         """Write a batch's final records (and index entries) as one store batch; ``encoded``
         holds the stored form of every overlay record when the compiled fold made them, and
         ``index_same`` the keys whose indexed values it found unchanged (no entry changes).
+        With ``store`` False the changes are only made: :meth:`stored` writes them later.
 
         A log batch passes its highest offset: it is written last, so a changelog prefix that
         holds the watermark holds the whole batch. Expiry deletes change no watermark.
         """
         changes: dict[bytes, bytes | None] = {}
         indexed = bool(self.index_fields or ps.memo)
-        expires = self.expires
         for key, new in overlay.items():
             if indexed and key not in index_same:
                 body = bodies.get(key) if bodies else None
@@ -541,8 +543,6 @@ class PartitionTable:
                 changes[key] = encoded[key]
             else:
                 changes[key] = new.to_bytes() if new is not None else None
-            if new is not None and new.expiration is not None and expires:
-                heapq.heappush(ps.expiry, (new.expiration, key))
         if versions and self.history is not None:
             for key, value in version_changes(self.history, versions).items():
                 # A version is only ever written by its own log operation, so one that exists
@@ -557,7 +557,23 @@ class PartitionTable:
         if watermark is not None:
             # The watermark goes last; its record's fingerprint with it (see sow.logcheck).
             changes.update(position or {WATERMARK_KEY: str(watermark).encode()})
+        if store:
+            self.stored(ps, changes, overlay, watermark)
+        return changes
+
+    def stored(
+        self,
+        ps: PartitionState,
+        changes: Mapping[bytes, bytes | None],
+        overlay: Mapping[bytes, SowRecord | None],
+        watermark: int | None,
+    ) -> None:
+        """Write a batch's ``changes`` (made by :meth:`write`) into the store and take up its
+        records' expirations and its watermark."""
         ps.store.write(changes)
+        if self.expires:
+            for key, new in overlay.items():
+                if new is not None and new.expiration is not None:
+                    heapq.heappush(ps.expiry, (new.expiration, key))
         if watermark is not None:
             ps.watermark = watermark
-        return changes

@@ -185,3 +185,50 @@ def test_a_failed_store_write_resets_the_queues_of_the_partition() -> None:
         assert browsed == [0, 1]
 
     asyncio.run(go())
+
+
+def test_a_batch_is_in_the_local_store_only_once_its_changelog_records_are_in_kafka() -> None:
+    """A worker killed between its local write and the changelog's acknowledgement restarted
+    with a batch only its own store held: a later owner restoring the changelog missed it while
+    the watermark of the batches after it said it was applied (a chaos run's SOW lost an update).
+    The local store now follows the changelog."""
+
+    async def go() -> None:
+        sender, proc, ps = await subscribed()
+        changelog: list[dict[bytes, bytes | None]] = []
+        in_kafka = asyncio.Event()
+
+        async def replicate(changes: Any, _sender: Any) -> None:
+            changelog.append(dict(changes))
+            await in_kafka.wait()
+
+        ps.store.replicate = replicate  # type: ignore[method-assign]
+        await proc.process(to_records([("publish", 1, 0, 5)]))
+        sender.acknowledge()
+        await settle_loop()
+        assert len(changelog) == 1  # sent to the changelog ...
+        assert stored(proc) == {} and ps.store.get(WATERMARK_KEY) is None  # ... not stored yet
+        in_kafka.set()
+        await proc.table.settle(ps)
+        assert stored(proc) == {1: 5}
+        assert ps.store.get(WATERMARK_KEY) == changelog[0][WATERMARK_KEY]
+
+    asyncio.run(go())
+
+
+def test_a_batch_its_changelog_refused_is_not_stored_and_is_applied_again() -> None:
+    async def go() -> None:
+        sender, proc, ps = await subscribed()
+
+        async def refused(changes: Any, _sender: Any) -> None:
+            raise StateStoreError("changelog 'p-sow-t-changelog' partition 0: delivery failed")
+
+        ps.store.replicate = refused  # type: ignore[method-assign]
+        await proc.process(to_records([("publish", 1, 0, 5)]))
+        sender.acknowledge()
+        await settle_loop()
+        assert not [k for k, _ in ps.store.scan() if is_record_key(k)]
+        assert ps.store.get(WATERMARK_KEY) is None
+        assert proc.state(0) is None  # loaded again: the log is applied from before the batch
+
+    asyncio.run(go())

@@ -200,6 +200,9 @@ def test_readiness_waits_for_view_and_conflated_input_partitions(tmp_path: Any) 
     engine = Engine(config, bootstrap="kafka.invalid:9092", data_dir=tmp_path)
     status = engine.status
     status.assigned = True  # faust assigned partitions: no SOW partition of orders, though
+    progress = engine.runtime.app.progress  # ... and recovered them
+    progress.assignment()
+    progress.resumed()
     engine.clients.registry.loaded.set()
     inputs = {unit.name: unit for unit in engine.topology.inputs}
     view, conflated = inputs["by_desk"].runner, inputs["orders-C"].runner
