@@ -24,7 +24,7 @@ from sowstream.config.conflated import ConflatedTopicConfig
 from sowstream.engine import metrics
 from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.ports import LogReader, Sender, StateTable
-from sowstream.engine.store import MemoryPartition, PartitionStore
+from sowstream.engine.store import MemoryPartition, PartitionStore, commit
 from sowstream.messagetypes import MessageType
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.patterns import split_key
@@ -215,8 +215,7 @@ class ConflatedRunner:
                     continue
                 entries = {FLUSHED: str(upto).encode()}
                 store = self._store(partition)
-                store.write(entries)
-                await store.replicate(entries, self._sender)
+                await commit(store, entries, self._sender)
                 conflator.flushed_to(upto)
                 written += len(pending)
                 self.published += len(pending)

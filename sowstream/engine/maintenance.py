@@ -11,6 +11,7 @@ from sowstream.config.models import TopicConfig
 from sowstream.engine.derived import delivered
 from sowstream.engine.partition import HISTORY_PRUNE_SECONDS
 from sowstream.engine.ports import Sender, wall_clock_ms
+from sowstream.engine.store import commit
 from sowstream.engine.table import PartitionTable
 from sowstream.sow.history import HISTORY_PREFIX, expired_versions
 from sowstream.sow.patterns import split_key
@@ -106,7 +107,6 @@ class Maintenance:
                 drop = expired_versions(ps.store.scan(prefix=HISTORY_PREFIX), cutoff)
                 if drop:
                     changes: dict[bytes, bytes | None] = dict.fromkeys(drop)
-                    ps.store.write(changes)
-                    await ps.store.replicate(changes, self._sender)
+                    await commit(ps.store, changes, self._sender)
                     total += len(drop)
         return total

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sowstream.engine.store import ChangelogSender, PartitionStore, is_record_key
+from sowstream.engine.store import ChangelogSender, PartitionStore, commit, is_record_key
 from sowstream.messagetypes import MessageType
 from sowstream.sow.memo import (
     BUILDING,
@@ -62,8 +62,7 @@ async def _write(
 ) -> bool:
     if not alive():
         return False
-    store.write(changes)
-    await store.replicate(changes, sender)
+    await commit(store, changes, sender)
     await asyncio.sleep(0)
     return True
 

@@ -22,6 +22,7 @@ from sowstream.engine.store import (
     RECORDS_START,
     WARNINGS_KEY,
     WATERMARK_KEY,
+    commit,
     is_record_key,
 )
 from sowstream.engine.table import PartitionTable
@@ -142,8 +143,7 @@ class Ownership:
             changes = queue.load(
                 self.topic.name, partition, entries, ps.watermark, start=int(raw or 0), after=after
             )
-            ps.store.write(changes)
-            await ps.store.replicate(changes, self._sender)
+            await commit(ps.store, changes, self._sender)
             return
         start = await self._queue_start(partition, queue.config)
         backfill: list[AppliedPublish | None] = []
@@ -160,8 +160,7 @@ class Ownership:
             after=after,
         )
         changes[key] = str(start).encode()
-        ps.store.write(changes)
-        await ps.store.replicate(changes, self._sender)
+        await commit(ps.store, changes, self._sender)
         log.info(
             "queue %s: takes %s partition %d from offset %d on (RecoveryPoint %s; %d from the log)",
             queue.name,
@@ -245,8 +244,7 @@ class Ownership:
         else:
             ps.watermark = start - 1
             mark = {APPLIED_RECORD_KEY: None, WATERMARK_KEY: str(ps.watermark).encode()}
-            ps.store.write(mark)
-            await ps.store.replicate(mark, self._sender)
+            await commit(ps.store, mark, self._sender)
         log.info(
             "topic %s partition %d recovered from the log (RecoveryPoint %s, from offset %d) "
             "up to offset %d",
@@ -322,8 +320,7 @@ class Ownership:
         changes[WARNINGS_KEY] = orjson.dumps(add_warning(self.warnings(ps), entry))
         changes[APPLIED_RECORD_KEY] = None
         changes[WATERMARK_KEY] = str(start - 1).encode()
-        ps.store.write(changes)
-        await ps.store.replicate(changes, self._sender)
+        await commit(ps.store, changes, self._sender)
         ps.watermark = ps.folded = start - 1
         # Subscribers drop messages at or below the last offset they saw: tell them the
         # partition's offsets start over, or the new log's first messages would look like repeats.

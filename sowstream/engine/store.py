@@ -43,6 +43,7 @@ __all__ = [
     "PartitionStore",
     "PrefixedPartition",
     "RocksPartition",
+    "commit",
     "is_record_key",
 ]
 
@@ -185,6 +186,18 @@ class RocksPartition:
         # Bounded in RocksDB itself, and no key is handed to Python (a raw scan needs none).
         values: Iterator[bytes] = self._db().values(from_key=start, read_opt=_bounded(stop))
         return values
+
+
+async def commit(
+    store: PartitionStore, changes: Mapping[bytes, bytes | None], sender: ChangelogSender
+) -> None:
+    """Store ``changes``: in the changelog first, then in the local store once Kafka has them.
+
+    The other order left a worker killed in between with changes only its own store held; if it
+    took the partition back they stayed, and a later owner restoring the changelog missed them
+    while the watermark written after them said they were applied."""
+    await store.replicate(changes, sender)
+    store.write(changes)
 
 
 def _bounded(stop: bytes | None) -> ReadOptions:

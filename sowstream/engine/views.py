@@ -39,7 +39,7 @@ from sowstream.engine import metrics
 from sowstream.engine.atomic import purgeable, unwrap, wrap_batch
 from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.ports import LogReader, Sender, StateTable
-from sowstream.engine.store import MemoryPartition, PartitionStore
+from sowstream.engine.store import MemoryPartition, PartitionStore, commit
 from sowstream.messagetypes import MessageType
 from sowstream.sow.aggregate import StateError
 from sowstream.sow.ops import RawRecord
@@ -279,8 +279,7 @@ class ViewRunner:
             )
             records.update((key, None) for key in vp.purge - entries.keys())
             records[WATERMARK] = str(vp.watermark).encode()  # last: it commits the batch
-            vp.store.write(records)
-            await vp.store.replicate(records, self._sender)
+            await commit(vp.store, records, self._sender)
             vp.purge = {key for key, value in entries.items() if value is None}
             metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
 
