@@ -91,8 +91,8 @@ BATCH_STAGES = (
     "folded",  # the fold done
     "replies_enqueued",  # subscription messages and view events handed to the producer
     "replies_acked",  # Kafka acknowledged the subscription messages
-    "stored",  # written to RocksDB (after every earlier batch of the partition)
-    "changelog_acked",  # Kafka acknowledged the changelog records: the batch is done
+    "changelog_acked",  # Kafka acknowledged the changelog records
+    "stored",  # written to RocksDB, after its changelog records: the batch is done
 )
 BATCH_STAGE_SECONDS = Histogram(
     "sowstream_batch_stage_seconds",
