@@ -375,8 +375,8 @@ _STILL_AT_GENERATION = frozenset({0, RebalanceInProgressError.errno})
 async def heartbeat_at(coordinator: Any, generation: int) -> bool:
     """Whether the group of aiokafka's ``coordinator`` is still at ``generation`` with this
     member in it, asked with a heartbeat of that generation: the coordinator answers
-    ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID once the group has moved on without it. Changes
-    nothing in the coordinator (its own heartbeats go on)."""
+    ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID once the group has moved on without it. Leaves
+    aiokafka's coordinator alone (its own heartbeat resets or rejoins on such an answer)."""
     member = coordinator.member_id
     if generation < 0 or not member:
         return False
