@@ -509,6 +509,17 @@ fn stored_form(
 }
 
 impl Chunk {
+    /// The parsed body of decoded record ``j``, when it is an object.
+    fn op_body(&self, j: usize) -> Option<&Map<String, Value>> {
+        match &self.decoded[j] {
+            Decoded::Op(Op {
+                body: Some(Value::Object(m)),
+                ..
+            }) => Some(m),
+            _ => None,
+        }
+    }
+
     /// Whether the record found (``first``) and the final ``state`` hold the very same values
     /// at every indexed path, as `sowstream.sow.keys.same_values` tells (False when unsure).
     fn same_indexed(
@@ -536,12 +547,9 @@ impl Chunk {
         let parsed;
         let new = match (&state.parsed, state.body_of) {
             (Some(p), _) => p,
-            (None, Some(j)) => match &self.decoded[j] {
-                Decoded::Op(Op {
-                    body: Some(Value::Object(m)),
-                    ..
-                }) => m,
-                _ => return false,
+            (None, Some(j)) => match self.op_body(j) {
+                Some(m) => m,
+                None => return false,
             },
             (None, None) => match parse_object(state.data.as_bytes(py)) {
                 Ok(p) => {
@@ -754,6 +762,12 @@ impl Chunk {
         let watching = !watch_steps.is_empty();
         // Per op (aligned with ``ops``): the values at ``watch_paths`` before and after it.
         let watched = PyList::empty(py);
+        let unwatched = || -> PyResult<()> {
+            if watching {
+                watched.append(py.None())?;
+            }
+            Ok(())
+        };
         let mut states: Vec<Option<State>> = Vec::with_capacity(olds.len());
         for old in olds.iter() {
             if old.is_none() {
@@ -793,9 +807,7 @@ impl Chunk {
                 Decoded::Skip => continue,
                 Decoded::Dead { reason, text } => {
                     ops.append((DEAD, i, *reason, text.as_str()))?;
-                    if watching {
-                        watched.append(py.None())?;
-                    }
+                    unwatched()?;
                     continue;
                 }
                 Decoded::Op(op) => op,
@@ -805,9 +817,7 @@ impl Chunk {
             }
             if op.rekey {
                 ops.append((REKEY, i, op.sow_key.as_str()))?;
-                if watching {
-                    watched.append(py.None())?;
-                }
+                unwatched()?;
                 continue;
             }
             let key = self.keys[op.key_slot].bind(py);
@@ -820,41 +830,29 @@ impl Chunk {
                         touched.push(slot);
                     }
                     ops.append((UNCHANGED, i, key, op.sow_key.as_str()))?;
-                    if watching {
-                        watched.append(py.None())?;
-                    }
+                    unwatched()?;
                     continue;
                 }
             }
-            let before_values = if watching {
-                match stored.as_mut() {
-                    None => None,
-                    Some(s) => {
-                        let body = match (&s.parsed, s.body_of) {
-                            (Some(p), _) => Some(p),
-                            (None, Some(j)) => match &self.decoded[j] {
-                                Decoded::Op(Op {
-                                    body: Some(Value::Object(m)),
-                                    ..
-                                }) => Some(m),
-                                _ => None,
-                            },
-                            // The record as found: parsed once, and kept for the index check.
-                            (None, None) => {
-                                if first_maps[slot].is_none() {
-                                    first_maps[slot] = parse_object(s.data.as_bytes(py)).ok();
-                                }
-                                first_maps[slot].as_ref()
+            let before_values = match stored.as_ref() {
+                Some(s) if watching => {
+                    let body = match (&s.parsed, s.body_of) {
+                        (Some(p), _) => Some(p),
+                        (None, Some(j)) => self.op_body(j),
+                        // The record as found: parsed once, and kept for the index check.
+                        (None, None) => {
+                            if first_maps[slot].is_none() {
+                                first_maps[slot] = parse_object(s.data.as_bytes(py)).ok();
                             }
-                        };
-                        match body {
-                            Some(b) => watched_values(py, b, &watch_steps)?,
-                            None => None,
+                            first_maps[slot].as_ref()
                         }
+                    };
+                    match body {
+                        Some(b) => watched_values(py, b, &watch_steps)?,
+                        None => None,
                     }
                 }
-            } else {
-                None
+                _ => None,
             };
             let (data, parsed): (Option<Py<PyBytes>>, Option<Map<String, Value>>) = match op.cmd {
                 Cmd::Delete => (None, None),
@@ -862,13 +860,7 @@ impl Chunk {
                 Cmd::Delta => match stored.as_mut() {
                     None => (op.value.as_ref().map(|v| v.clone_ref(py)), None),
                     Some(s) => {
-                        let from_op = s.body_of.and_then(|j| match &self.decoded[j] {
-                            Decoded::Op(Op {
-                                body: Some(Value::Object(m)),
-                                ..
-                            }) => Some(m.clone()),
-                            _ => None,
-                        });
+                        let from_op = s.body_of.and_then(|j| self.op_body(j).cloned());
                         let mut base = match s.parsed.take().or(from_op) {
                             Some(p) => p,
                             None => match parse_object(s.data.as_bytes(py)) {
@@ -910,11 +902,14 @@ impl Chunk {
                 touched.push(slot);
             }
             if watching {
-                let after = match (&data, &parsed, &op.body) {
-                    (None, _, _) => None,
-                    (Some(_), Some(p), _) => watched_values(py, p, &watch_steps)?,
-                    (Some(_), None, Some(Value::Object(m))) => watched_values(py, m, &watch_steps)?,
-                    _ => None,
+                let body = match (&data, &parsed) {
+                    (None, _) => None,
+                    (Some(_), Some(p)) => Some(p),
+                    (Some(_), None) => self.op_body(i),
+                };
+                let after = match body {
+                    Some(b) => watched_values(py, b, &watch_steps)?,
+                    None => None,
                 };
                 watched.append((before_values, after))?;
             }

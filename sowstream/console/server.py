@@ -571,7 +571,6 @@ class Console:
     async def _stop(self, app: web.Application) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        await self._close_pages(app)
         await asyncio.to_thread(self.clients.close)
         self.fleet.close()
 

@@ -198,7 +198,7 @@ class Applier:
                     # before), never with a batch only its own store holds, which a later
                     # owner restoring the changelog would miss while the watermark it was
                     # followed by says it is applied.
-                    write_locally = self._commit(ps, head.outcome, store=False)
+                    write_locally = self._commit(ps, head.outcome)
                     await ps.store.replicate(head.outcome.changes, self._sender)
                     if life is not None:
                         life.mark("changelog_acked")
@@ -244,17 +244,15 @@ class Applier:
     def apply(self, ps: PartitionState, recs: Sequence[RawRecord], *, replay: bool) -> Outcome:
         """Fold ``recs`` into the partition and write the result as one batch."""
         outcome = self._fold(ps, self._identified(recs), replay=replay)
-        self._commit(ps, outcome)
+        self._commit(ps, outcome)()  # outside the pipeline: no changelog to wait for
         return outcome
 
-    def _commit(
-        self, ps: PartitionState, outcome: Outcome, *, store: bool = True
-    ) -> Callable[[], None]:
-        """Make the batch's store changes (``outcome.changes``) and, with ``store``, write them;
-        returns the step that writes them (nothing left to do with ``store``)."""
+    def _commit(self, ps: PartitionState, outcome: Outcome) -> Callable[[], None]:
+        """Make the batch's store changes (``outcome.changes``); returns the step that writes
+        them into the local store (the pipeline takes it once the changelog has them)."""
         table = self._table
+        last = outcome.last
         if not self.topic.sow:
-            last = outcome.last
             changes: dict[bytes, bytes | None] = {}
             if table.backed and (last > ps.watermark or outcome.journal):
                 # A plain topic stores only what its queues hold, and its position.
@@ -268,11 +266,11 @@ class Applier:
                     ps.store.write(changes)
                 ps.watermark = max(ps.watermark, last)
 
-            return _now_or_later(plain, store)
-        if not (outcome.last > ps.watermark or outcome.journal):
-            return _NOTHING
-        watermark = outcome.last if outcome.last > ps.watermark else None
-        outcome.changes = changes = table.write(
+            return plain
+        if not (last > ps.watermark or outcome.journal):
+            return _nothing
+        watermark = last if last > ps.watermark else None
+        outcome.changes = changes = table.batch_changes(
             ps,
             outcome.overlay,
             outcome.before,
@@ -283,10 +281,9 @@ class Applier:
             outcome.bodies,
             outcome.encoded,
             outcome.index_same if outcome.index_memo == ps.memo else frozenset(),
-            store=store,
         )
         overlay = outcome.overlay
-        return _now_or_later(lambda: table.stored(ps, changes, overlay, watermark), store)
+        return lambda: table.write(ps, changes, overlay, watermark)
 
     @property
     def _checks_publishers(self) -> bool:
@@ -466,7 +463,8 @@ class Applier:
                     stored,
                     new,
                     rec,
-                    watched=(watch_at, watched[n]) if watched else None,
+                    watched_at=watch_at,
+                    watched=watched[n] if watched else None,
                 )
             applied += 1
             if not replay and rec.headers.get(h.REPLY_TO):
@@ -745,18 +743,7 @@ class Applier:
 
 
 def _nothing() -> None:
-    return None
-
-
-_NOTHING: Callable[[], None] = _nothing
-
-
-def _now_or_later(step: Callable[[], None], now: bool) -> Callable[[], None]:
-    """Run ``step`` now (and return a step that does nothing), or return it for later."""
-    if now:
-        step()
-        return _NOTHING
-    return step
+    """The store step of a batch that changes nothing."""
 
 
 def queued(rec: RawRecord, data: bytes, body: dict[str, Any], topic: str) -> AppliedPublish:
@@ -794,10 +781,11 @@ def _note(
     seq: int = 0,
     body: dict[str, Any] | None = None,
     reason: str = OOF_DELETED,
-    watched: tuple[tuple[str, ...], Watched | None] | None = None,
+    watched_at: tuple[str, ...] | None = None,
+    watched: Watched | None = None,
 ) -> None:
     """Record an op's effect for subscribers (``body``: ``new`` parsed, if known; ``watched``:
-    the paths the compiled fold read values at, and the values)."""
+    the values the compiled fold read at the paths ``watched_at``)."""
     if new is stored:
         # Already applied before a crash: re-announce the stored result of exactly this op
         # (its message may not have gone out); subscribers drop it if they have it.
@@ -817,8 +805,8 @@ def _note(
             reason,
             seq=seq,
             _after_body=body,
-            watched_at=watched[0] if watched is not None else None,
-            watched=watched[1] if watched is not None else None,
+            watched_at=watched_at,
+            watched=watched,
         )
     )
 

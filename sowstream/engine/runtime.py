@@ -427,9 +427,12 @@ class FaustAssignment:
         self._app = app
         self._check = GroupCheck(self._probe)
 
+    def _thread(self) -> Any:
+        """faust's consumer thread: aiokafka's consumer lives there, on its own event loop."""
+        return getattr(self._app.consumer, "_thread", None)
+
     def _coordinator(self) -> Any:
-        consumer = getattr(getattr(self._app.consumer, "_thread", None), "_consumer", None)
-        return getattr(consumer, "_coordinator", None)
+        return getattr(getattr(self._thread(), "_consumer", None), "_coordinator", None)
 
     @property
     def generation(self) -> int:
@@ -443,9 +446,7 @@ class FaustAssignment:
         coordinator = self._coordinator()
         if coordinator is None:
             return False
-        # aiokafka lives in faust's consumer thread, on its own event loop.
-        thread: Any = cast(Any, self._app.consumer)._thread
-        return bool(await thread.call_thread(heartbeat_at, coordinator, generation))
+        return bool(await self._thread().call_thread(heartbeat_at, coordinator, generation))
 
     @property
     def settled(self) -> bool:

@@ -510,7 +510,7 @@ class PartitionTable:
         for entry in new_entries - old_entries:
             changes[entry] = b""
 
-    def write(
+    def batch_changes(
         self,
         ps: PartitionState,
         overlay: dict[bytes, SowRecord | None],
@@ -522,13 +522,11 @@ class PartitionTable:
         bodies: Mapping[bytes, dict[str, Any]] | None = None,
         encoded: Mapping[bytes, bytes | None] | None = None,
         index_same: AbstractSet[bytes] = frozenset(),
-        *,
-        store: bool = True,
     ) -> dict[bytes, bytes | None]:
-        """Write a batch's final records (and index entries) as one store batch; ``encoded``
-        holds the stored form of every overlay record when the compiled fold made them, and
-        ``index_same`` the keys whose indexed values it found unchanged (no entry changes).
-        With ``store`` False the changes are only made: :meth:`stored` writes them later.
+        """A batch's final records (and index entries) as one store batch, for the changelog
+        and then :meth:`write`; ``encoded`` holds the stored form of every overlay record when
+        the compiled fold made them, and ``index_same`` the keys whose indexed values it found
+        unchanged (no entry changes).
 
         A log batch passes its highest offset: it is written last, so a changelog prefix that
         holds the watermark holds the whole batch. Expiry deletes change no watermark.
@@ -557,19 +555,17 @@ class PartitionTable:
         if watermark is not None:
             # The watermark goes last; its record's fingerprint with it (see sow.logcheck).
             changes.update(position or {WATERMARK_KEY: str(watermark).encode()})
-        if store:
-            self.stored(ps, changes, overlay, watermark)
         return changes
 
-    def stored(
+    def write(
         self,
         ps: PartitionState,
         changes: Mapping[bytes, bytes | None],
         overlay: Mapping[bytes, SowRecord | None],
         watermark: int | None,
     ) -> None:
-        """Write a batch's ``changes`` (made by :meth:`write`) into the store and take up its
-        records' expirations and its watermark."""
+        """Write a batch's ``changes`` (made by :meth:`batch_changes`) into the store and take
+        up its records' expirations and its watermark."""
         ps.store.write(changes)
         if self.expires:
             for key, new in overlay.items():

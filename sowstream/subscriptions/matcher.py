@@ -302,13 +302,14 @@ class TopicSubscriptions:
         """The indexed subscriptions that may take ``change``: from the values the compiled
         fold read at the indexed paths where it did, else from the parsed bodies."""
         index = self._index
-        watched = change.watched if change.watched_at is index.paths else None
+        watched, at = change.watched, change.watched_at
         out: set[str] = set()
         for i, state in enumerate((change.before, change.after)):
             if state is None:
                 continue
             values = watched[i] if watched is not None else None
-            found = index.candidates_at(index.paths, values) if values is not None else None
+            # None: not read, or read at paths the index no longer has.
+            found = index.candidates_at(at, values) if values is not None and at else None
             if found is None:
                 body = change.before_body(self._codec) if i == 0 else change.after_body(self._codec)
                 found = index.candidates(body) if body is not None else set()

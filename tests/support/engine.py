@@ -138,11 +138,7 @@ class EngineProcesses:
         if proc is None or proc.poll() is not None:
             return
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        _wait_or_kill(proc, timeout)
 
     def stop_all(self) -> None:
         """Stop every worker, all told at once (each takes a few seconds to leave its group)."""
@@ -151,11 +147,7 @@ class EngineProcesses:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         for proc in procs.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            _wait_or_kill(proc, 30)
 
     def alive(self, name: str) -> bool:
         """Whether worker ``name`` is running."""
@@ -272,3 +264,12 @@ def metric(port: int, name: str, **labels: str) -> float:
         for line in metrics_text(port).splitlines()
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items())
     )
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Wait for a signalled worker to exit, killing it after ``timeout``."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

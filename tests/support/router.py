@@ -60,11 +60,11 @@ class Wiring:
 
 
 class Held:
-    """An assignment of the partitions given, settled."""
+    """An assignment of the partitions given; ``settled`` as a rebalance leaves it."""
 
-    def __init__(self, owned: set[tuple[str, int]]) -> None:
+    def __init__(self, owned: set[tuple[str, int]], settled: bool = True) -> None:
         self.owned = owned
-        self.settled = True
+        self.settled = settled
 
     generation = 1
     current = True  # what the group's coordinator would answer (still at ``generation``)

@@ -14,27 +14,8 @@ from sowstream.engine.inputs import InputPump
 from sowstream.messagetypes import get
 from sowstream.sow.ops import RawRecord
 from sowstream.wire import headers as h
+from tests.support.router import Held
 from tests.support.sender import RecordingSender
-
-
-class Held:
-    """An assignment of the partitions given; ``settled`` as a rebalance leaves it."""
-
-    def __init__(self, owned: set[tuple[str, int]], settled: bool = True) -> None:
-        self.owned = owned
-        self.settled = settled
-
-    generation = 1
-    current = True  # what the group's coordinator would answer (still at ``generation``)
-
-    def owns(self, topic: str, partition: int) -> bool:
-        return (topic, partition) in self.owned
-
-    async def still_current(self, generation: int) -> bool:
-        return self.current and generation == self.generation
-
-    def partitions(self, topic: str) -> set[int]:
-        return {p for t, p in self.owned if t == topic}
 
 
 class Runner:
