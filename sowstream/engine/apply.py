@@ -813,7 +813,7 @@ def _note(
 
 def _position(outcome: Outcome) -> dict[bytes, bytes | None]:
     """The store entries that record how far a batch applied the log: the fingerprint of its
-    last record, then the watermark (last, see ``PartitionTable.write``)."""
+    last record, then the watermark (last, see ``PartitionTable.batch_changes``)."""
     rec = outcome.last_record
     mark = str(outcome.last).encode()
     if rec is None or rec.offset != outcome.last:
