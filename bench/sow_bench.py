@@ -348,6 +348,11 @@ def main() -> None:
         type=Path,
         help="py-spy (raw format, --gil) of the worker's first catch-up, written here",
     )
+    parser.add_argument(
+        "--profile-subscriptions",
+        type=Path,
+        help="py-spy (raw format, --gil) of the catch-up with subscriptions, written here",
+    )
     args = parser.parse_args()
     if args.subscriptions > 1000:
         parser.error("at most 1,000 subscriptions (one per customer)")
@@ -432,8 +437,16 @@ def main() -> None:
                 client.flush()
                 received = 0
                 worker = start_worker(config, port)
+                spy = (
+                    profiled(worker.pid, args.profile_subscriptions, gil=True)
+                    if args.profile_subscriptions is not None
+                    else None
+                )
                 subs_cpu = WorkerCpu(worker.pid)
                 subs_rate = catch_up_rate([port], len(again), cpu=subs_cpu)
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(60)
                 result["subs_cpu_us"] = subs_cpu.us_per_update
                 result["subs_main_cpu_us"] = subs_cpu.main_us_per_update
                 deadline = time.monotonic() + 300
@@ -610,10 +623,13 @@ def main() -> None:
     table.add_row("RocksDB directory", f"{rocks / 1e6:,.1f} MB", f"{rocks / raw_bytes:.2f}x raw")
     table.add_row("worker RSS", f"{rss / 1e6:,.0f} MB", f"{rss / raw_bytes:.2f}x raw")
     Console().print(table)
-    if args.profile is not None and args.profile.exists():
-        console.print("[bold]worker catch-up under py-spy: share of the samples after imports")
-        for label, share in profile_steps(args.profile):
-            console.print(f"  {share:5.1f}%  {label}")
+    for what, path in (("", args.profile), (" with subscriptions", args.profile_subscriptions)):
+        if path is not None and path.exists():
+            console.print(
+                f"[bold]worker catch-up{what} under py-spy: share of the samples after imports"
+            )
+            for label, share in profile_steps(path):
+                console.print(f"  {share:5.1f}%  {label}")
 
 
 if __name__ == "__main__":

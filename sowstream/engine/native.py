@@ -21,7 +21,7 @@ from sowstream.engine.partition import Outcome
 from sowstream.sow.compiled import CompiledTopic
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
-from sowstream.subscriptions.model import Watched
+from sowstream.subscriptions.model import Change, Watched
 
 log = logging.getLogger("sowstream.engine")
 
@@ -150,16 +150,18 @@ def is_panic(exc: BaseException) -> bool:
     return type(exc).__name__ == "PanicException"
 
 
-def digest(outcome: Outcome) -> tuple[Any, ...]:
+def digest(outcome: Outcome, taken: Callable[[Change], bool] | None = None) -> tuple[Any, ...]:
     """What a fold produced, comparable between the two folds: the store writes (the changelog
     records), the change events, acks, dead letters, re-keyed copies and queue hand-offs (the
-    index entries are in the batch's changes, compared by the tests)."""
+    index entries are in the batch's changes, compared by the tests). ``taken``: compare only
+    the events it keeps (the compiled fold skips those no subscription can take)."""
 
     def rec(r: SowRecord | None) -> tuple[Any, ...] | None:
         if r is None:
             return None
         return (r.sow_key, r.data, r.log_offset, r.log_timestamp, r.expiration)
 
+    events = [c for c in outcome.events if taken(c)] if taken is not None else outcome.events
     encoded = outcome.encoded
     writes = [
         (k, encoded[k] if encoded is not None else (v.to_bytes() if v is not None else None))
@@ -173,9 +175,9 @@ def digest(outcome: Outcome) -> tuple[Any, ...]:
         [(k, rec(v)) for k, v in outcome.overlay.items()],
         [
             (c.sow_key, rec(c.before), rec(c.after), c.partition, c.offset, c.timestamp)
-            for c in outcome.events
+            for c in events
         ],
-        [(c.reason, c.resent, c.seq) for c in outcome.events],
+        [(c.reason, c.resent, c.seq) for c in events],
         [(a.record.offset, a.changed, a.status, a.reason, a.message) for a in outcome.acks],
         [(r.record.offset, r.error.reason, str(r.error), r.error.topic) for r in outcome.dead],
         [(k.sow_key, k.record.offset) for k in outcome.rekeys],

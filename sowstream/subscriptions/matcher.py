@@ -256,6 +256,27 @@ class TopicSubscriptions:
         for ``dispatch`` (the tuple is replaced whenever they change)."""
         return self._index.paths
 
+    def passes_by(
+        self, partition: int, at: tuple[str, ...], states: Sequence[tuple[Any, ...] | None]
+    ) -> bool:
+        """True when no subscription can take a change to ``partition`` whose record states
+        (those that exist) read ``states`` at ``at``: its event need not be built at all.
+        False when unsure (a state not read, paths the index no longer has)."""
+        if self._always or partition in self._restored:
+            return False
+        index = self._index
+        for values in states:
+            if values is None:
+                return False
+            found = index.candidates_at(at, values)
+            if found is None or found:
+                return False
+        return True
+
+    def may_take(self, change: Change) -> bool:
+        """Whether any subscription may take ``change`` (:meth:`passes_by` from its bodies)."""
+        return bool(self._always or change.partition in self._restored or self._candidates(change))
+
     def remove(self, key: str) -> SubscriptionSpec | None:
         """Unregister; returns the removed spec."""
         active = self._subs.pop(key, None)

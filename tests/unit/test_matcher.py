@@ -218,3 +218,23 @@ def test_values_the_compiled_fold_read_decide_the_candidates_while_the_paths_hol
     stale = change(None, {"id": 2, "sym": "IBM"})
     stale.watched_at, stale.watched = ("/sym",), (None, ("MSFT",))  # equal, not the same tuple
     assert [d.sow_key for d in ts.dispatch([stale], 0)] == ["k2"]
+
+
+def test_passes_by_only_when_no_subscription_can_take_the_values() -> None:
+    """``passes_by`` lets the compiled fold skip an event only when it is sure: every state read,
+    at the index's current paths, and no unfiltered or pinned subscription."""
+    ts = subs(spec(flt="/sym = 'IBM'"))
+    paths = ts.watched_paths()
+    assert ts.passes_by(0, paths, [("MSFT",), ("ORCL",)])
+    assert ts.passes_by(0, paths, [])  # a delete of a record that was not there
+    assert not ts.passes_by(0, paths, [("MSFT",), ("IBM",)])  # comes into focus
+    assert not ts.passes_by(0, paths, [("IBM",), ("MSFT",)])  # goes out of focus
+    assert not ts.passes_by(0, paths, [None, ("MSFT",)])  # a state not read
+    assert not ts.passes_by(0, ("/sym",), [("MSFT",)])  # read at paths the index had before
+    # a replace not yet run on a held partition: the old filter still applies there
+    ts.upsert(
+        SubscriptionSpec("s", "r", "t", "subscribe", "/sym = 'X'", parse_options("")), held=[0]
+    )
+    assert not ts.passes_by(0, ts.watched_paths(), [("MSFT",)])
+    ts.upsert(SubscriptionSpec("all", "r", "t", "subscribe", None, parse_options("")))
+    assert not ts.passes_by(0, ts.watched_paths(), [("MSFT",)])  # takes everything
