@@ -33,3 +33,9 @@ class Chunk:
         ``index_paths`` stayed the same, per op: the scalars at ``watch_paths`` before and after
         it, None where absent or not read); ``olds``: per key of :meth:`reads`, None, its stored
         form (format 1) or a record object."""
+
+def raw_records(
+    block: bytes, starts: list[int], ends: list[int]
+) -> list[tuple[str, bytes, int, int, int | None] | None]:
+    """Per record of a raw scan batch spanning ``[starts[i], ends[i])`` of ``block``: what
+    ``RawBatch.record(i)`` returns, or None where that raises."""

@@ -19,6 +19,8 @@ use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+mod rawscan;
+
 type Blake2b96 = Blake2b<U12>;
 
 const COMMAND: &str = "sow.cmd";
@@ -679,6 +681,7 @@ fn from_stored_form(py: Python<'_>, raw: &[u8]) -> PyResult<State> {
 #[pymodule]
 fn _fold(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Chunk>()?;
+    m.add_function(wrap_pyfunction!(rawscan::raw_records, m)?)?;
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -155,6 +155,32 @@ def from_source(source: MessageSource, count: int, fields: dict[str, Any]) -> It
         own = msg.__dict__
         own.update(fields)
         own[INDEX] = index
+        yield msg
+
+
+def from_records(
+    source: MessageSource,
+    records: Sequence[tuple[str, bytes, int, int, int | None] | None],
+    partition: int,
+    fields: dict[str, Any],
+) -> Iterator[Message]:
+    """Messages of records already split (``(key, body, offset, timestamp, expiration)``),
+    their fields set at once; a None record is left to ``source`` to read, and to refuse,
+    when used. Made one at a time, as :func:`from_source`'s."""
+    new = object.__new__
+    for index, record in enumerate(records):
+        msg = new(Message)
+        own = msg.__dict__
+        own.update(fields)
+        if record is None:
+            own[SOURCE] = source
+            own[INDEX] = index
+        else:
+            key, body, offset, timestamp, _ = record
+            own["sow_key"] = key
+            own["data"] = body
+            own["timestamp"] = timestamp
+            own[BOOKMARK_AT] = (timestamp, partition, offset)
         yield msg
 
 

@@ -1,20 +1,25 @@
 """Reading ``sow_raw`` replies: one raw batch (``sowstream.wire.rawscan``) into ``sow`` messages.
 
-The batch is split in bulk when the reply arrives; each message holds only its record's position
-until the application reads one of its fields (``Message`` reads them from here then).
+The batch is split in bulk when the reply arrives. With the compiled splitter (native/) every
+record's header is read in one call as the messages are made; without it each message holds only
+its record's position until the application reads one of its fields (``Message`` reads them from
+here then).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
-from sowstream.client.messages import BOOKMARK_AT, Message, from_source
+from sowstream.client.messages import BOOKMARK_AT, Message, from_records, from_source
 from sowstream.errors import CorruptReplyError
 from sowstream.messagetypes import MessageType
 from sowstream.sow.patterns import split_key
 from sowstream.wire.protocol import SOW, Reply
-from sowstream.wire.rawscan import RawBatch
+from sowstream.wire.rawscan import COMPILED_SPLIT, RawBatch, Split
+
+log = logging.getLogger("sowstream.client")
 
 
 class RawSource:
@@ -55,9 +60,15 @@ class RawMessages:
     objects the garbage collector would walk again and again.
     """
 
-    __slots__ = ("_fields", "_source")
+    __slots__ = ("_fields", "_source", "_split")
 
-    def __init__(self, reply: Reply, query_id: str, codec: MessageType | None) -> None:
+    def __init__(
+        self,
+        reply: Reply,
+        query_id: str,
+        codec: MessageType | None,
+        split: Split | None = COMPILED_SPLIT,
+    ) -> None:
         """Check ``reply``'s batch (CorruptReplyError naming the reply and the problem)."""
         where = (
             f"reply to command {reply.command_id}, topic {reply.topic!r} "
@@ -78,16 +89,34 @@ class RawMessages:
             fields["topic"] = reply.topic  # the same for every record: no need to wait for a read
         self._fields = fields
         self._source = RawSource(batch, reply.topic, reply.partition)
+        # With the compiled splitter a batch is split in one call and its messages made whole;
+        # without it each message reads its own record when first used.
+        self._split = split if not batch.pattern else None
 
     def __len__(self) -> int:
         return self._source.batch.count
 
     def __iter__(self) -> Iterator[Message]:
-        """The batch's messages, made as they are asked for, each reading its record when
-        first used."""
-        return from_source(self._source, self._source.batch.count, self._fields)
+        """The batch's messages, made as they are asked for (each reading its record when
+        first used, unless the compiled splitter read them all)."""
+        source = self._source
+        if self._split is not None:
+            try:
+                records = source.batch.records(self._split)
+            except BaseException as exc:  # a Rust panic is a BaseException
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise
+                # The records are still there to read in Python, one by one.
+                log.error(
+                    "the compiled splitter failed on a raw batch (%s); reading it in Python", exc
+                )
+            else:
+                return from_records(source, records, source.partition, self._fields)
+        return from_source(source, source.batch.count, self._fields)
 
 
-def raw_messages(reply: Reply, query_id: str, codec: MessageType | None) -> list[Message]:
+def raw_messages(
+    reply: Reply, query_id: str, codec: MessageType | None, split: Split | None = COMPILED_SPLIT
+) -> list[Message]:
     """The ``sow`` messages of a ``sow_raw`` reply (CorruptReplyError for a malformed one)."""
-    return list(RawMessages(reply, query_id, codec))
+    return list(RawMessages(reply, query_id, codec, split))

@@ -24,8 +24,10 @@ UTF-8 SowKey, then the body to the end of the record.
 
 from __future__ import annotations
 
+import importlib
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, repeat
 from operator import add, itemgetter, sub
 
@@ -48,6 +50,27 @@ EXPIRY = struct.Struct(">q")
 KEY_AT = {PLAIN: RECORD_HEAD.size, EXPIRING: RECORD_HEAD.size + EXPIRY.size}
 BATCH_OVERHEAD = BATCH_HEAD.size  # bytes a batch adds besides its records' ends and values
 END_SIZE = 4  # bytes each record adds to a batch besides its stored value
+
+
+# What RawBatch.record returns: (key, body, log offset, log timestamp, expiration).
+Record = tuple[str, bytes, int, int, int | None]
+Split = Callable[[bytes, Sequence[int], Sequence[int]], list[Record | None]]
+
+
+def _compiled_split() -> Split | None:
+    """The compiled splitter of native/ (``sowstream_native.raw_records``), unless it is not
+    installed or $SOWSTREAM_NATIVE is ``off`` (the pure-Python reader is the reference)."""
+    if os.environ.get("SOWSTREAM_NATIVE", "on").strip().lower() == "off":
+        return None
+    try:
+        module = importlib.import_module("sowstream_native")
+    except ImportError:
+        return None
+    split: Split | None = getattr(module, "raw_records", None)  # older builds lack it
+    return split
+
+
+COMPILED_SPLIT = _compiled_split()
 
 
 def pack(values: Sequence[bytes], first_rank: int, flags: int = 0) -> bytes:
@@ -111,7 +134,20 @@ class RawBatch:
         self.starts = starts
         self.ends = ends
 
-    def record(self, index: int) -> tuple[str, bytes, int, int, int | None]:
+    def records(self, split: Split | None = COMPILED_SPLIT) -> list[Record | None]:
+        """Every record as :meth:`record` reads it, in one call to ``split`` (the compiled
+        splitter by default); None for a record :meth:`record` refuses, which names why."""
+        if split is not None:
+            return split(self.block, self.starts, self.ends)
+        out: list[Record | None] = []
+        for index in range(self.count):
+            try:
+                out.append(self.record(index))
+            except CorruptReplyError:
+                out.append(None)
+        return out
+
+    def record(self, index: int) -> Record:
         """Record ``index`` as ``(key, body, log offset, log timestamp, expiration)``; the key
         is the store key (``name\\x1fSowKey`` when :attr:`pattern`)."""
         block = self.block

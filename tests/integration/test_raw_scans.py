@@ -59,10 +59,13 @@ Seen = tuple[str, str, str, bytes, int, str, int]
 
 def seen(msgs: list[Message], *, raw_form: bool | None = None) -> list[Seen]:
     """The ``sow`` messages as the application sees them; ``raw_form`` checks which form
-    they came in (a message of a raw batch has read nothing of its record yet)."""
+    they came in (a message of a raw batch has not written out its bookmark yet: it holds its
+    batch, or its bookmark's parts when the compiled splitter read the batch)."""
     sows = [m for m in msgs if m.command == "sow"]
     if raw_form is not None and sows:
-        assert all(("_source" in m.__dict__) == raw_form for m in sows)
+        assert all(
+            ("_source" in m.__dict__ or "_bookmark_at" in m.__dict__) == raw_form for m in sows
+        )
     return [
         (m.topic, m.sow_key, m.query_id, m.data, m.timestamp, m.bookmark, m.batch_size)
         for m in sows

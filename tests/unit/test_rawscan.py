@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import io
 import json
 import struct
@@ -34,6 +35,10 @@ from sowstream.wire.protocol import SOW_RAW, Command, Reply, ReplyRecord
 from sowstream.wire.rawscan import RawBatch, pack
 from sowstream.wire.topics import TopicNames
 from tests.support.sender import RecordingSender
+
+# The compiled splitter itself (not COMPILED_SPLIT, which $SOWSTREAM_NATIVE=off turns off):
+# make test builds native/, and these tests compare it with the Python reader.
+COMPILED: rawscan.Split = importlib.import_module("sowstream_native").raw_records
 
 # -- the documented layout, read with fastavro, struct and orjson only -------------------------
 
@@ -147,8 +152,10 @@ def raw_reply(values: list[bytes], rank: int = 0, flags: int = 0, partition: int
 def test_messages_from_a_raw_batch_equal_those_of_the_record_form(
     records: list[tuple[str, bytes, int, int, int | None]],
 ) -> None:
+    """Split by the compiled splitter or read lazily in Python, the same messages."""
     values = [SowRecord(*r).to_bytes() for r in records]
-    got = raw_messages(raw_reply(values), "q1", None)
+    got = raw_messages(raw_reply(values), "q1", None, COMPILED)
+    assert got == raw_messages(raw_reply(values), "q1", None, None)
     want = [
         Message(
             "sow",
@@ -166,8 +173,9 @@ def test_messages_from_a_raw_batch_equal_those_of_the_record_form(
 
 
 def test_a_raw_message_reads_its_record_once_and_behaves_as_any_message() -> None:
+    """Without the compiled splitter a message reads its record when first used."""
     values = [SowRecord("k1", b'{"id":1}', 10, 1000).to_bytes()]
-    (msg,) = raw_messages(raw_reply(values), "q1", None)
+    (msg,) = raw_messages(raw_reply(values), "q1", None, None)
     assert "_source" in msg.__dict__  # nothing read yet
     assert msg.command == "sow" and msg.query_id == "q1" and msg.topic == "orders"
     assert "_source" in msg.__dict__  # those came with the batch
@@ -178,7 +186,7 @@ def test_a_raw_message_reads_its_record_once_and_behaves_as_any_message() -> Non
     assert dataclasses.replace(msg, sow_key="") == dataclasses.replace(eager, sow_key="")
     with pytest.raises(dataclasses.FrozenInstanceError):
         msg.sow_key = "x"  # type: ignore[misc]
-    (other,) = raw_messages(raw_reply(values), "q1", None)
+    (other,) = raw_messages(raw_reply(values), "q1", None, None)
     assert other.bookmark == "1000|2|10"  # the first field read brings the others
     assert other.__dict__["data"] == b'{"id":1}'
     assert Message.data == b"" and Message("group_begin").data == b""
@@ -211,17 +219,82 @@ def test_a_malformed_batch_is_refused_naming_the_problem(block: bytes, problem: 
     assert "command c9, topic 'orders' partition 4" in str(caught.value)
 
 
-def test_a_key_running_past_its_record_or_not_utf8_fails_when_the_message_is_read() -> None:
+@pytest.mark.parametrize("split", [COMPILED, None], ids=["compiled", "python"])
+def test_a_key_running_past_its_record_or_not_utf8_fails_when_the_message_is_read(
+    split: rawscan.Split | None,
+) -> None:
+    """Only the bad record's message fails, when it is read; the batch's others read."""
     long_key = bytearray(SowRecord("k1", b"{}", 1, 2).to_bytes())
     long_key[17:21] = struct.pack(">I", 50)
     bad_utf8 = SowRecord("k1", b"{}", 1, 2).to_bytes().replace(b"k1", b"\xff\xfe")
+    good = SowRecord("k2", b'{"a":1}', 3, 4).to_bytes()
     for value, problem in ((bytes(long_key), "runs past"), (bad_utf8, "not UTF-8")):
-        (msg,) = raw_messages(raw_reply([value]), "q1", None)
+        msg, fine = raw_messages(raw_reply([value, good]), "q1", None, split)
+        assert fine.sow_key == "k2" and fine.json() == {"a": 1} and fine.bookmark == "4|2|3"
         with pytest.raises(CorruptReplyError, match=problem) as caught:
             _ = msg.data
         assert "topic 'orders' partition 2: raw batch record 0" in str(caught.value)
         with pytest.raises(CorruptReplyError):  # and again: nothing half-read was kept
             _ = msg.sow_key
+
+
+def test_a_failing_splitter_leaves_the_batch_to_the_python_reader(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(block: bytes, starts: Any, ends: Any) -> list[Any]:
+        raise ValueError("boom")
+
+    values = [SowRecord("k1", b'{"id":1}', 10, 1000).to_bytes()]
+    (msg,) = raw_messages(raw_reply(values), "q1", None, broken)
+    assert msg.sow_key == "k1" and msg.bookmark == "1000|2|10"
+    assert "the compiled splitter failed on a raw batch (boom)" in caplog.text
+
+
+@pytest.mark.parametrize("expiring", [False, True])
+def test_the_compiled_splitter_and_the_python_reader_agree_on_every_key_length(
+    expiring: bool,
+) -> None:
+    """Around the record's end: a key that ends the record, one that runs a byte past it."""
+    values = [
+        SowRecord("k1", b"{}", 1, 2, 3 if expiring else None).to_bytes(),
+        SowRecord("k2", b"{}", 4, 5).to_bytes(),
+    ]
+    for size in range(len(values[0]) + 2):
+        first = bytearray(values[0])
+        first[17:21] = struct.pack(">I", size)
+        batch = RawBatch(pack([bytes(first), values[1]], 0))
+        assert batch.records(COMPILED) == batch.records(None), size
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(max_size=8),
+            st.binary(max_size=16),
+            st.integers(-(2**63), 2**63 - 1),
+            st.integers(-(2**63), 2**63 - 1),
+            st.none() | st.integers(-(2**63), 2**63 - 1),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6),
+)
+def test_the_compiled_splitter_reads_every_batch_as_the_python_reader(
+    records: list[tuple[str, bytes, int, int, int | None]], flips: list[tuple[int, int]]
+) -> None:
+    """Differential: the compiled splitter and RawBatch.record agree on every record of random
+    batches, with bytes overwritten anywhere in the records (a record either refuses or
+    reads the same)."""
+    block = bytearray(pack([SowRecord(*r).to_bytes() for r in records], 0))
+    base = rawscan.BATCH_HEAD.size + rawscan.END_SIZE * len(records)
+    for at, byte in flips:  # the records area only: the batch's own checks stay as they are
+        block[base + at % (len(block) - base)] = byte
+    try:
+        batch = RawBatch(bytes(block))
+    except CorruptReplyError:
+        return  # a marker overwritten: the whole batch is refused before any split
+    assert batch.records(COMPILED) == batch.records(None)
 
 
 def test_a_sow_raw_reply_holds_exactly_one_batch() -> None:
