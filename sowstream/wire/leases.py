@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from itertools import accumulate, repeat
-from operator import add, sub
+from itertools import accumulate
 from typing import NamedTuple
 
 from sowstream.errors import CorruptReplyError
+from sowstream.wire.batches import END_SIZE, locate
 
 # The layout version this code writes; a registration's sow.packed header names it.
 VERSION = 1
@@ -45,7 +45,6 @@ PUBLISH_PACKED = "publish_packed"
 
 BATCH_HEAD = struct.Struct(">BBI")
 LEASE_HEAD = struct.Struct(">IqqIqH")
-END_SIZE = 4  # bytes each lease adds to a batch besides its own
 # The most a packed record holds: the size the engine's SOW replies keep under (Kafka's default
 # message.max.bytes is 1 MiB); a lease too big for it alone goes as a publish record.
 MAX_PACKED_BYTES = 900_000
@@ -134,22 +133,9 @@ class LeaseBatch:
             raise CorruptReplyError(
                 f"lease batch layout version {version} is not one this client reads ({VERSION})"
             )
-        base = BATCH_HEAD.size + END_SIZE * count
-        if count == 0 or len(block) < base:
-            raise CorruptReplyError(
-                f"lease batch says it holds {count} leases but its {len(block)} bytes cannot"
-            )
-        relative = struct.unpack_from(f">{count}I", block, BATCH_HEAD.size)
-        ends = tuple(map(add, relative, repeat(base, count)))
-        starts = (base, *ends[:-1])
-        if ends[-1] != len(block):
-            raise CorruptReplyError(
-                f"lease batch leases end at byte {ends[-1]}, but the batch has {len(block)} bytes"
-            )
-        if min(map(sub, ends, starts)) < LEASE_HEAD.size:
-            raise CorruptReplyError(
-                "lease batch has a lease shorter than a lease header (ends out of order?)"
-            )
+        starts, ends = locate(
+            block, BATCH_HEAD.size, count, LEASE_HEAD.size, "lease batch", "lease"
+        )
         self.block = block
         self.count = count
         self.starts = starts
