@@ -46,10 +46,13 @@ class Client:
     of the topics the commands target, as an AMPS connection has one; every command can name
     another with its own ``message_type=``. ``raw_scans`` asks workers to send SOW records as
     raw batches (docs/protocol.md, *Raw batches*), read in bulk; False asks for the older form,
-    one Avro record per SOW record. The messages are the same either way. With ``resume`` (the
-    default), a subscription the engine ended because the client was away (``client_timeout``,
-    ``reply_topic_gone``) is placed again by itself from where it was, with no gap and no
-    duplicate (docs/subscriptions.md); without, its iterator raises ``SubscriptionDroppedError``.
+    one Avro record per SOW record. ``packed_leases`` asks workers to send a queue's deliveries
+    as lease batches (docs/protocol.md, *Packed deliveries*), all the leases of a delivery pass
+    in one record; False asks for one record per message. The messages are the same either way,
+    for both. With ``resume`` (the default), a subscription the engine ended because the client
+    was away (``client_timeout``, ``reply_topic_gone``) is placed again by itself from where it
+    was, with no gap and no duplicate (docs/subscriptions.md); without, its iterator raises
+    ``SubscriptionDroppedError``.
     """
 
     def __init__(
@@ -65,6 +68,7 @@ class Client:
         auth: Auth | None = None,
         raw_scans: bool = True,
         resume: bool = True,
+        packed_leases: bool = True,
     ) -> None:
         """``auth`` (:class:`~sowstream.auth.HmacAuth` or :class:`~sowstream.auth.BearerAuth`)
         puts a credential on every record the client writes; an engine that checks credentials
@@ -79,6 +83,7 @@ class Client:
             message_type=message_type,
             auth=auth,
             raw_scans=raw_scans,
+            packed_leases=packed_leases,
         )
         self._querying = Querying(connection)
         self._queueing = Queueing(connection)

@@ -49,7 +49,7 @@ from sowstream.subscriptions.model import (
     SubscriptionSpec,
 )
 from sowstream.wire import headers as h
-from sowstream.wire import protocol, rawscan
+from sowstream.wire import leases, protocol, rawscan
 from sowstream.wire.avro import encode
 from sowstream.wire.kafka import (
     TopicSpec,
@@ -90,6 +90,7 @@ class Connection:
         message_type: str = JSON,
         auth: Auth | None = None,
         raw_scans: bool = True,
+        packed_leases: bool = True,
     ) -> None:
         self.message_type = type_name(message_type)
         # Credentials for every record written (commands, registrations, publishes).
@@ -98,6 +99,8 @@ class Connection:
             identity = auth.identity
         # Ask for SOW answers as raw batches (wire.rawscan); False: one Avro record each.
         self.raw_scans = raw_scans
+        # Ask for a queue's deliveries as lease batches (wire.leases); False: one record each.
+        self.packed_leases = packed_leases
         self.bootstrap = resolve_bootstrap(bootstrap)
         self.name = name or f"client-{uuid.uuid4().hex[:12]}"
         self.names = TopicNames(prefix)
@@ -568,8 +571,9 @@ class Connection:
                 )
                 with contextlib.suppress(KafkaException):
                     replies.commit(offsets=[tp], asynchronous=True)
+            # A copy: the application's threads add and remove subscriptions meanwhile.
             if self._waiting == 0 and any(
-                s.backlog() >= MAX_BUFFERED for s in self._subscriptions.values()
+                s.backlog() >= MAX_BUFFERED for s in list(self._subscriptions.values())
             ):
                 time.sleep(0.05)  # the application is behind: leave the backlog in Kafka
                 continue
@@ -614,6 +618,10 @@ class Connection:
                 if isinstance(sub, QueueSubscription):
                     sub.on_credit(value or b"")
                 return
+            if command == leases.PUBLISH_PACKED:
+                if isinstance(sub, QueueSubscription):
+                    sub.on_packed(headers.get(h.TOPIC, ""), value or b"")
+                return
             try:
                 if command == LOG_RESET:
                     if isinstance(sub, Subscription):
@@ -654,10 +662,11 @@ class Connection:
         """The bookmark of the last message delivered to an ended subscription (MOST_RECENT)."""
         return self._bookmarks.get(sub_id)
 
-    def register(self, specs: list[SubscriptionSpec]) -> int:
+    def register(self, specs: list[SubscriptionSpec], *, packed: bool = False) -> int:
         """Write the registrations to the registry topic (so any worker can serve them); returns
         the registry offset of the last one, which a placement names (``registry_offset``) so
-        the worker reads the registry that far first."""
+        the worker reads the registry that far first. ``packed``: queue registrations that ask
+        for lease batches (header ``sow.packed``)."""
         producer = self._require()
         topic = self.names.subscriptions
         offsets: list[int] = []
@@ -668,13 +677,10 @@ class Connection:
 
         for spec in specs:
             key, value = spec.key.encode(), encode("Subscription", spec.to_wire())
-            producer.produce(
-                topic,
-                key=key,
-                value=value,
-                headers=self._signed(topic, key, value),
-                on_delivery=delivered,
-            )
+            headers = self._signed(topic, key, value)
+            if packed:
+                headers.append((h.PACKED, leases.PACKED_V1.encode()))
+            producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
         if producer.flush(self.timeout):
             raise CommandTimeoutError("could not register the subscription in time")
         self.registered_at = max([self.registered_at, *offsets])

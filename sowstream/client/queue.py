@@ -15,15 +15,18 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from sowstream.client.messages import Message
 from sowstream.client.subscription import MessageHandler, _Live, next_message
-from sowstream.errors import InvalidCommandError, SowstreamError
+from sowstream.errors import CorruptReplyError, InvalidCommandError, SowstreamError
 from sowstream.messagetypes import MessageType
 from sowstream.queues.credits import CreditGrant, CreditLedger, CreditNotice, Where
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
+from sowstream.wire.leases import LeaseBatch
 
 # Sends one batch of acknowledgements: (the queue, its bookmarks, action "" | "cancel" |
 # "expire", and whether to wait until the engine has applied them).
@@ -34,6 +37,8 @@ CreditSender = Callable[[list[CreditGrant]], None]
 # How long the first grant waits to have heard from every partition of the queues (a partition
 # whose owner is away must not hold the others up for longer).
 CREDIT_WAIT = 1.0
+# How many of the last damaged lease batches a subscription keeps (QueueSubscription.damaged).
+KEEP_DAMAGED = 100
 
 log = logging.getLogger("sowstream.client")
 
@@ -77,6 +82,11 @@ class QueueSubscription:
         self._closed = False
         # Why the engine ended this subscription each time the client registered it again.
         self.interruptions: list[str] = []
+        # Lease batches (or leases in one) that could not be read, each naming the problem;
+        # their leases return when they end, or when the subscription closes.
+        self.damaged: deque[CorruptReplyError] = deque(maxlen=KEEP_DAMAGED)
+        # The fields every message of a lease batch shares, as Message() would set them.
+        self._shared: dict[str, Any] = dict(Message("publish", sub_id=sub_id, codec=codec).__dict__)
         # The effective backlog the engine reported in its processed ack (None: not yet).
         self._max_backlog: int | None = None
         self._acked = threading.Event()
@@ -105,17 +115,58 @@ class QueueSubscription:
 
     def on_live(self, live: _Live) -> None:
         """A leased message arrived."""
-        msg = Message(
-            "publish",
-            topic=live.topic,
-            data=live.data,
-            timestamp=live.timestamp,
-            sub_id=self.sub_id,
-            bookmark=live.bookmark,
-            deliveries=live.deliveries,
-            lease_expires=live.lease_expires,
-            codec=self._codec,
+        self._deliver(
+            Message(
+                "publish",
+                topic=live.topic,
+                data=live.data,
+                timestamp=live.timestamp,
+                sub_id=self.sub_id,
+                bookmark=live.bookmark,
+                deliveries=live.deliveries,
+                lease_expires=live.lease_expires,
+                codec=self._codec,
+            )
         )
+
+    def on_packed(self, topic: str, data: bytes) -> None:
+        """A lease batch (``sowstream.wire.leases``) for queue ``topic`` arrived: each lease is
+        delivered as :meth:`on_live` delivers one. A batch that cannot be read, or a lease in
+        it that cannot, is logged and kept in :attr:`damaged`; the other leases go on."""
+        try:
+            batch = LeaseBatch(data)
+        except CorruptReplyError as exc:
+            self._damaged(topic, exc)
+            return
+        # Read at once rather than on first use: every message is acknowledged by its
+        # bookmark, so each would be read moments later anyway, and a damaged lease is then
+        # dropped here alone instead of failing the application when a field is read.
+        new = object.__new__
+        shared = self._shared
+        for index in range(batch.count):
+            try:
+                lease = batch.lease(index)
+            except CorruptReplyError as exc:
+                self._damaged(topic, exc)
+                continue
+            # Made as Message() would make it, without a frozen dataclass's field-by-field init.
+            msg = new(Message)
+            fields = msg.__dict__
+            fields.update(shared)
+            fields["topic"] = topic
+            fields["data"] = lease.data
+            fields["timestamp"] = lease.timestamp
+            fields["bookmark"] = lease.bookmark
+            fields["deliveries"] = lease.deliveries
+            fields["lease_expires"] = lease.lease_expires
+            self._deliver(msg)
+
+    def _damaged(self, topic: str, exc: CorruptReplyError) -> None:
+        error = CorruptReplyError(f"queue subscription {self.sub_id} on {topic!r}: {exc}")
+        log.error("%s; its leases return when they end or the subscription closes", error)
+        self.damaged.append(error)
+
+    def _deliver(self, msg: Message) -> None:
         if self._handler is None:
             self._queue.put(msg)
             return

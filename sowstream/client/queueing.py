@@ -112,7 +112,7 @@ class Queueing:
             send_credits=send_credits,
         )
         conn.add_subscription(sub)
-        conn.register(specs)
+        conn.register(specs, packed=conn.packed_leases)
         # Connected, with the control topics' metadata, before the first acknowledgement: the
         # first one would otherwise wait for both while the backlog stays full.
         conn.prepare_acks(

@@ -150,7 +150,8 @@ class Subscribing:
         from its resume bookmarks, with no SOW part (the application has it)."""
         conn = self._conn
         if isinstance(sub, QueueSubscription):
-            conn.register(sub.specs)  # the queue leases afresh; what it held went back
+            # The queue leases afresh; what it held went back.
+            conn.register(sub.specs, packed=conn.packed_leases)
             return
         command = DELTA_SUBSCRIBE if sub.specs[0].command in DELTA else SUBSCRIBE
         if sub.aggregated:

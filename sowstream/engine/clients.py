@@ -103,7 +103,12 @@ class Clients:
                 self._ctx.wiring.background(self._queue_unsubscribe(queue, key))
                 return
             try:
-                backlog = queue.subscribe(spec, self._covered_limit(spec), self._share(spec))
+                backlog = queue.subscribe(
+                    spec,
+                    self._covered_limit(spec),
+                    self._share(spec),
+                    packed=key in self.registry.packed,
+                )
             except (FilterError, ValueError) as exc:
                 self.refuse(key, spec.to_wire(), refusal(exc), f"queue {topic!r}: {exc}")
                 return

@@ -37,6 +37,7 @@ from sowstream.queues.machine import (
     AckResult,
     BacklogShare,
     Bookmark,
+    Lease,
     QueueMachine,
     Removed,
     queue_ages,
@@ -52,6 +53,7 @@ from sowstream.queues.store import (
 )
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.wire import headers as h
+from sowstream.wire import leases as packing
 from sowstream.wire.protocol import Command
 from sowstream.wire.topics import TopicNames, topic_ident
 
@@ -62,6 +64,7 @@ EXPIRY_REASONS = frozenset({"time_limit", "forced_expire", "max_cancels", "max_d
 # options.ack_type of a queue_ack that wants no answer (a client acknowledging as it goes).
 NO_ANSWER = "none"
 _PUBLISH = h.PUBLISH.encode()
+_PUBLISH_PACKED = packing.PUBLISH_PACKED.encode()
 _CREDIT_NOTICE = CREDIT_NOTICE.encode()
 # The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
 IDLE_WAIT = 1.0
@@ -126,6 +129,10 @@ class QueueRuntime:
         self._depth_available = metrics.QUEUE_DEPTH.labels(config.name, "available")
         self._depth_leased = metrics.QUEUE_DEPTH.labels(config.name, "leased")
         self._subs: dict[str, SubscriptionSpec] = {}
+        # Subscriptions whose client asked for packed deliveries (wire.leases): one reply
+        # record per delivery pass instead of one per message.
+        self._packed: set[str] = set()
+        self._topic_bytes: dict[str, bytes] = {}  # underlying topic names, UTF-8
         self._name_bytes = config.name.encode()
         self._wake = asyncio.Event()
         # Counters per log partition since this worker took it, for `sowstream queue status`.
@@ -266,11 +273,16 @@ class QueueRuntime:
     # -- subscriptions ----------------------------------------------------------------------------
 
     def subscribe(
-        self, spec: SubscriptionSpec, limit: int | None = None, share: BacklogShare | None = None
+        self,
+        spec: SubscriptionSpec,
+        limit: int | None = None,
+        share: BacklogShare | None = None,
+        *,
+        packed: bool = False,
     ) -> int:
         """Register (or replace) a queue subscription; returns its effective backlog. For one
         covering several queues, ``limit`` is the smallest MaxPerSubscriptionBacklog among them
-        and ``share`` the backlog they share."""
+        and ``share`` the backlog they share; ``packed``: its client reads lease batches."""
         backlog = self.machine.subscribe(
             spec.key,
             client=spec.reply_to,
@@ -281,6 +293,10 @@ class QueueRuntime:
             share=share,
         )
         self._subs[spec.key] = spec
+        if packed:
+            self._packed.add(spec.key)
+        else:
+            self._packed.discard(spec.key)
         self._notices_due = True
         self._sender.prepare(spec.reply_to)
         self.kick()
@@ -307,6 +323,7 @@ class QueueRuntime:
 
     def _forget(self, key: str) -> None:
         self.credits.forget(key)
+        self._packed.discard(key)
         self._noticed.pop(key, None)
 
     async def disconnect(self, reply_to: str) -> None:
@@ -486,29 +503,75 @@ class QueueRuntime:
         now = _now_ms()
         removed = self.machine.tick(now)
         leases, gone = self.machine.dispatch(now)
+        packs: dict[str, list[Lease]] = {}
         for lease in leases:
             spec = self._subs.get(lease.sub_key)
             if spec is None:
                 continue
-            message = lease.message
-            b = message.bookmark
-            # Built as Kafka's pairs straight away: this runs once per message leased.
-            headers = [
-                (h.COMMAND, _PUBLISH),
-                (h.SUB_ID, spec.sub_id.encode()),
-                (h.TOPIC, self._name_bytes),
-                (h.PARTITION, b"%d" % b.partition),
-                (h.OFFSET, b"%d" % b.offset),
-                (h.TIMESTAMP, b"%d" % message.timestamp_ms),
-                (h.BOOKMARK, b.text().encode()),
-                (h.DELIVERIES, b"%d" % lease.deliveries),
-            ]
-            if lease.lease_expires_ms:
-                headers.append((h.LEASE, b"%d" % lease.lease_expires_ms))
-            await self._sender.send_reply(spec.reply_to, message.data, headers)
-            self._count(b, "delivered")
+            if lease.sub_key in self._packed:
+                packs.setdefault(lease.sub_key, []).append(lease)
+                continue
+            await self._send_one(spec, lease)
+        for key, group in packs.items():
+            await self._send_packed(self._subs[key], group)
         await self._removed([*removed, *gone])
         return len(leases)
+
+    async def _send_one(self, spec: SubscriptionSpec, lease: Lease) -> None:
+        """One leased message as its own ``publish`` record."""
+        message = lease.message
+        b = message.bookmark
+        # Built as Kafka's pairs straight away: this runs once per message leased.
+        headers = [
+            (h.COMMAND, _PUBLISH),
+            (h.SUB_ID, spec.sub_id.encode()),
+            (h.TOPIC, self._name_bytes),
+            (h.PARTITION, b"%d" % b.partition),
+            (h.OFFSET, b"%d" % b.offset),
+            (h.TIMESTAMP, b"%d" % message.timestamp_ms),
+            (h.BOOKMARK, b.text().encode()),
+            (h.DELIVERIES, b"%d" % lease.deliveries),
+        ]
+        if lease.lease_expires_ms:
+            headers.append((h.LEASE, b"%d" % lease.lease_expires_ms))
+        await self._sender.send_reply(spec.reply_to, message.data, headers)
+        self._count(b, "delivered")
+
+    async def _send_packed(self, spec: SubscriptionSpec, leases: list[Lease]) -> None:
+        """A pass's leases for one subscription as ``publish_packed`` records of at most
+        MAX_PACKED_BYTES each (a lease too big for one alone goes as a ``publish`` record)."""
+        entries = [self._entry(lease) for lease in leases]
+        headers = [
+            (h.COMMAND, _PUBLISH_PACKED),
+            (h.SUB_ID, spec.sub_id.encode()),
+            (h.TOPIC, self._name_bytes),
+        ]
+        for run in packing.split([len(entry) for entry in entries]):
+            if len(run) == 1 and packing.batch_size(len(entries[run[0]]), 1) > (
+                packing.MAX_PACKED_BYTES
+            ):
+                await self._send_one(spec, leases[run[0]])
+                continue
+            value = packing.pack(entries[run.start : run.stop])
+            await self._sender.send_reply(spec.reply_to, value, headers)
+            for index in run:
+                self._count(leases[index].message.bookmark, "delivered")
+
+    def _entry(self, lease: Lease) -> bytes:
+        message = lease.message
+        b = message.bookmark
+        topic = self._topic_bytes.get(b.topic)
+        if topic is None:
+            topic = self._topic_bytes[b.topic] = b.topic.encode()
+        return packing.lease_entry(
+            topic,
+            b.partition,
+            b.offset,
+            message.timestamp_ms,
+            lease.deliveries,
+            lease.lease_expires_ms,
+            message.data,
+        )
 
     async def sweep_markers(self, now: int, *, force: bool = False) -> int:
         """Delete the ack markers older than ACK_MEMORY_MS (every MARKER_SWEEP_MS, or now with

@@ -28,6 +28,7 @@ from sowstream.subscriptions.model import (
 from sowstream.wire import headers as h
 from sowstream.wire.avro import encode
 from sowstream.wire.kafka import producer_config
+from sowstream.wire.leases import PACKED_V1
 from sowstream.wire.versions import (
     PRODUCE_HEADERS,
     SCHEMA_VERSION,
@@ -114,6 +115,9 @@ class SubscriptionRegistry:
         # Set once every registration written before the start is applied.
         self.loaded = loaded if loaded is not None else asyncio.Event()
         self._producer: Producer | None = None
+        # Registry keys whose registration asks for packed queue deliveries in a layout this
+        # worker writes (header sow.packed): known when the registration is applied.
+        self.packed: set[str] = set()
 
     def _consumer(self) -> Consumer:
         return Consumer(
@@ -130,6 +134,7 @@ class SubscriptionRegistry:
     def _handle(self, msg: Any) -> None:
         key = (msg.key() or b"").decode("utf-8", "replace")
         value = msg.value()
+        self.packed.discard(key)
         if value is None:
             self._apply(key, None)
             return
@@ -189,6 +194,8 @@ class SubscriptionRegistry:
                 return
             if identity != spec.identity:
                 spec = replace(spec, identity=identity)
+        if headers.get(h.PACKED) == PACKED_V1:
+            self.packed.add(key)
         self._apply(key, spec)
 
     def _refused(self, key: str, raw: Mapping[str, Any], reason: str, text: str) -> None:

@@ -40,6 +40,10 @@ DELTA = "sow.delta"  # "1" when the body holds only the changed fields
 BOOKMARK = "sow.bookmark"  # "topic|partition|offset" of the publish the message is
 DELIVERIES = "sow.deliveries"  # how many times the message has been leased, this one included
 LEASE = "sow.lease"  # when the lease ends (epoch ms); absent for a lease that never ends
+# On a queue registration: the lease-batch layout the client reads (wire.leases), asking for
+# a pass's deliveries in one record. A header: older workers ignore it, where they refuse an
+# option string entry they do not know.
+PACKED = "sow.packed"
 # The engine's acknowledgement of a queue subscription (sow.cmd = ack): its kind, and the
 # options it reports back, as AMPS's ack ``opts`` (``max_backlog=<n>``: the effective backlog).
 ACK_TYPE = "sow.ack_type"

@@ -28,10 +28,12 @@ import importlib
 import os
 import struct
 from collections.abc import Callable, Sequence
-from itertools import accumulate, repeat
-from operator import add, itemgetter, sub
+from itertools import accumulate
+from operator import itemgetter
 
 from sowstream.errors import CorruptReplyError
+from sowstream.wire.batches import END_SIZE as END_SIZE  # the engine sizes raw batches with it
+from sowstream.wire.batches import locate
 
 # The Command option that asks for raw batches, and the one layout version this code writes.
 RAW_OPTION = "raw"
@@ -49,7 +51,6 @@ EXPIRY = struct.Struct(">q")
 # Bytes before the SowKey, by marker.
 KEY_AT = {PLAIN: RECORD_HEAD.size, EXPIRING: RECORD_HEAD.size + EXPIRY.size}
 BATCH_OVERHEAD = BATCH_HEAD.size  # bytes a batch adds besides its records' ends and values
-END_SIZE = 4  # bytes each record adds to a batch besides its stored value
 
 
 # What RawBatch.record returns: (key, body, log offset, log timestamp, expiration).
@@ -106,24 +107,12 @@ class RawBatch:
             raise CorruptReplyError(
                 f"raw batch layout version {version} is not one this client reads ({VERSION})"
             )
-        base = BATCH_HEAD.size + END_SIZE * count
-        if count == 0 or len(block) < base:
-            raise CorruptReplyError(
-                f"raw batch says it holds {count} records but its {len(block)} bytes cannot"
-            )
-        relative = struct.unpack_from(f">{count}I", block, BATCH_HEAD.size)
-        # Absolute positions, with C-level maps: a batch holds up to 10,000 records.
-        ends = tuple(map(add, relative, repeat(base, count)))
-        starts = (base, *ends[:-1])
-        if ends[-1] != len(block):
-            raise CorruptReplyError(
-                f"raw batch records end at byte {ends[-1]}, but the batch has {len(block)} bytes"
-            )
-        if min(map(sub, ends, starts)) < RECORD_HEAD.size:
-            raise CorruptReplyError(
-                "raw batch has a record shorter than a record header (ends out of order?)"
-            )
-        markers = bytes(itemgetter(*starts)(block)) if count > 1 else block[base : base + 1]
+        starts, ends = locate(
+            block, BATCH_HEAD.size, count, RECORD_HEAD.size, "raw batch", "record"
+        )
+        markers = (
+            bytes(itemgetter(*starts)(block)) if count > 1 else block[starts[0] : starts[0] + 1]
+        )
         if markers.translate(None, b"\x01\x03"):
             bad = next(m for m in markers if m not in KEY_AT)
             raise CorruptReplyError(f"raw batch has a record with unknown marker 0x{bad:02x}")
