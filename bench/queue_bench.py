@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import statistics
 import subprocess
 import threading
@@ -37,6 +38,7 @@ from bench.common import (
     bench_bootstrap,
     paced,
     pct,
+    profiled,
     stop_process,
     wait_queryable,
     worker_command,
@@ -319,6 +321,11 @@ def main() -> None:
     parser.add_argument(
         "--view", action="store_true", help="a view counts the queue's available messages"
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy (raw format, --gil) of the worker during the leasing rows, written here",
+    )
     args = parser.parse_args()
     subscribers = [int(s) for s in args.subscribers.split(",")]
     backlogs = [int(b) for b in args.backlogs.split(",")]
@@ -339,6 +346,7 @@ def main() -> None:
         bare_topic = f"{prefix}.bare"
         ensure_topics(bootstrap, [TopicSpec(bare_topic, PARTITIONS, {})], replication_factor=1)
         run = 0
+        spy = profiled(worker.pid, args.profile, gil=True) if args.profile is not None else None
         for subs in subscribers:
             # More records for the baseline (3,000 take a few milliseconds): the rate is per record.
             group = consumer_group_rate(bootstrap, f"{bare_topic}{subs}", args.messages * 20, subs)
@@ -358,6 +366,9 @@ def main() -> None:
                     f"CPU per message: worker {cpu:,.0f} µs, "
                     f"clients {own:,.0f} µs, all processes {everything:,.0f} µs"
                 )
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         # The latency run has one subscriber: half of the best one-subscriber rate.
         best = max(r[2] for r in rows if r[0] == min(subscribers))
         half = best / 2
