@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -230,6 +230,7 @@ class LogPump:
         # Partitions whose log may have been deleted and created again: nothing of theirs is
         # applied until the processor has compared the log with what it applied.
         self._suspect: set[int] = set()
+        self._fetcher: ThreadPoolExecutor | None = None  # made by run()
 
     def owned(self) -> set[int]:
         """Partitions this worker owns now; empty while faust rebalances or recovers."""
@@ -301,7 +302,7 @@ class LogPump:
         if self._suspect and not await self._verify(consumer, owned):
             await asyncio.sleep(PUMP_RETRY_SECONDS)
             return
-        msgs = await asyncio.get_running_loop().run_in_executor(None, fetch, consumer)
+        msgs = await asyncio.get_running_loop().run_in_executor(self._fetcher, fetch, consumer)
         suspect = {m.partition() for m in msgs if self._signals_recreation(m)}
         if suspect - owned:
             suspect = set(owned)  # a topic-level error: every partition may be concerned
@@ -334,9 +335,17 @@ class LogPump:
     async def run(self) -> None:
         """Fetch and apply until the worker stops; a failure is logged and the pump resumes
         (nothing is lost: every partition is read again from its own state)."""
-        await pump_forever(
-            self._step,
-            self._consumer_config,
-            f"topic {self.proc.topic.name}",
-            self._states.clear,
-        )
+        # A fetch thread of its own: a fetch blocks its thread for up to a poll's timeout, and
+        # pumps sharing a pool queued behind each other's polls (hundreds of ms of latency with
+        # a dozen topics).
+        self._fetcher = ThreadPoolExecutor(1, thread_name_prefix=f"log-{self.proc.topic.name}")
+        try:
+            await pump_forever(
+                self._step,
+                self._consumer_config,
+                f"topic {self.proc.topic.name}",
+                self._states.clear,
+                self._fetcher,
+            )
+        finally:
+            self._fetcher.shutdown(wait=False)

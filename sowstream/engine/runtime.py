@@ -21,6 +21,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,6 +57,7 @@ INPUT_BATCH_MAX = 2_000  # change events a view maintainer (or conflated topic) 
 INPUT_BATCH_WITHIN = 0.01  # seconds an input agent waits to fill a batch
 # How long a reply waits for its topic's metadata before it is parked (see send_reply).
 REPLY_METADATA_WAIT = 5.0
+DEFAULT_EXECUTOR_THREADS = 32  # the worker loop's run_in_executor(None, ...) pool
 REPLY_BATCH_MIN = 64  # replies to one topic from one batch sent as Kafka batches from this many
 
 # Called with the partitions a rebalance assigned or revoked.
@@ -844,4 +846,10 @@ class FaustRuntime:
     def run(self, log_level: str) -> None:
         """Run the faust worker until it is stopped (SIGINT/SIGTERM)."""
         worker = faust.Worker(self.app, loglevel=log_level, quiet=True, override_logging=False)
+        # The registry, directory and queue followers block a default-executor thread in a poll
+        # for as long as the worker runs; asyncio's default pool (cpu count + 4 threads) left
+        # short calls (a watermark read, a flush) queued behind them for whole poll timeouts.
+        worker.loop.set_default_executor(
+            ThreadPoolExecutor(DEFAULT_EXECUTOR_THREADS, thread_name_prefix="sowstream-io")
+        )
         worker.execute_from_commandline()
