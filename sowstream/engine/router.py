@@ -422,9 +422,13 @@ class CommandRouter:
             )
         for name, acks in by_queue.items():
             outcomes = await self._topology.queues[name].acknowledge_all(acks, topic)
-            if any(isinstance(o, AckAnswer) for o in outcomes) and not (
-                await self._assignment.still_current(generation)
-            ):
+            # Only answers need the check: acknowledgements sent with no answer wanted (a
+            # client acking as it goes) cost no round trip to the coordinator.
+            answered = any(
+                isinstance(o, AckAnswer) and cmd.option("ack_type") != NO_ANSWER
+                for (cmd, _), o in zip(acks, outcomes, strict=True)
+            )
+            if answered and not await self._assignment.still_current(generation):
                 log.warning(
                     "topic %s: the group moved past generation %d while queue %s's "
                     "acknowledgements were stored: left unanswered, for the owner to answer",

@@ -68,11 +68,13 @@ class Held:
 
     generation = 1
     current = True  # what the group's coordinator would answer (still at ``generation``)
+    probes = 0  # how many times the coordinator was asked
 
     def owns(self, topic: str, partition: int) -> bool:
         return (topic, partition) in self.owned
 
     async def still_current(self, generation: int) -> bool:
+        self.probes += 1
         return self.current and generation == self.generation
 
     def partitions(self, topic: str) -> set[int]:

@@ -337,3 +337,23 @@ def test_queue_acks_stored_after_the_group_moved_on_are_left_unanswered() -> Non
     asyncio.run(moved.router.handle(moved.orders, [record(bad, offset=1)]))
     (refused,) = moved.replies()
     assert (refused.command_id, refused.reason) == ("bad", "invalid")
+
+
+def test_queue_acks_that_want_no_answer_do_not_ask_the_coordinator() -> None:
+    """The generation check gates answers only: a client acking as it goes (ack_type none)
+    costs no round trip to the group's coordinator; an answered ack still asks."""
+    quiet = command(
+        "queue_ack",
+        topic="work",
+        command_id="quiet",
+        options={"bookmarks": "orders|0|5", "ack_type": "none"},
+    )
+    setup = Setup()
+    asyncio.run(setup.router.handle(setup.orders, [record(quiet)]))
+    assert setup.replies() == [] and setup.held.probes == 0
+    answered = command(
+        "queue_ack", topic="work", command_id="loud", options={"bookmarks": "orders|0|6"}
+    )
+    asyncio.run(setup.router.handle(setup.orders, [record(answered, offset=1)]))
+    (reply,) = setup.replies()
+    assert reply.command_id == "loud" and setup.held.probes == 1
