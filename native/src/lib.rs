@@ -650,29 +650,47 @@ fn same_scalar(a: Option<&Value>, b: Option<&Value>) -> bool {
     }
 }
 
-/// A record in its stored form (format 1), as `SowRecord.from_bytes` reads it.
-fn from_stored_form(py: Python<'_>, raw: &[u8]) -> PyResult<State> {
-    let bad = || pyo3::exceptions::PyValueError::new_err("not a stored record of format 1");
-    let marker = *raw.first().ok_or_else(bad)?;
-    let at = match marker {
+/// The header of a record in its stored form (format 1): marker `0x01` (or `0x03` with an
+/// expiration after the header), log offset and log timestamp (i64), the SowKey's length (u32),
+/// [expiration (i64)], the SowKey, then the body to the end.
+pub(crate) struct StoredHead {
+    pub offset: i64,
+    pub timestamp: i64,
+    pub expiration: Option<i64>,
+    pub key: std::ops::Range<usize>, // the SowKey's bytes; the body follows to the end
+}
+
+/// `raw`'s header as `SowRecord.from_bytes` reads it; None when `raw` is no such record.
+pub(crate) fn stored_head(raw: &[u8]) -> Option<StoredHead> {
+    let at = match *raw.first()? {
         0x01 => 21,
         0x03 => 29,
-        _ => return Err(bad()),
+        _ => return None,
     };
     if raw.len() < at {
-        return Err(bad());
+        return None;
     }
     let int = |i: usize| i64::from_be_bytes(raw[i..i + 8].try_into().unwrap_or([0; 8]));
     let size = u32::from_be_bytes(raw[17..21].try_into().unwrap_or([0; 4])) as usize;
-    let end = at
-        .checked_add(size)
-        .filter(|e| *e <= raw.len())
-        .ok_or_else(bad)?;
-    Ok(State {
-        data: PyBytes::new(py, &raw[end..]).unbind(),
+    let end = at.checked_add(size).filter(|e| *e <= raw.len())?;
+    Some(StoredHead {
         offset: int(1),
         timestamp: int(9),
-        expiration: if marker == 0x03 { Some(int(21)) } else { None },
+        expiration: (at == 29).then(|| int(21)),
+        key: at..end,
+    })
+}
+
+/// A record in its stored form (format 1), as `SowRecord.from_bytes` reads it.
+fn from_stored_form(py: Python<'_>, raw: &[u8]) -> PyResult<State> {
+    let head = stored_head(raw).ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err("not a stored record of format 1")
+    })?;
+    Ok(State {
+        data: PyBytes::new(py, &raw[head.key.end..]).unbind(),
+        offset: head.offset,
+        timestamp: head.timestamp,
+        expiration: head.expiration,
         parsed: None,
         body_of: None,
     })

@@ -419,9 +419,9 @@ class Applier:
         # The paths subscriptions are indexed by: the fold reads each op's values there, and
         # matching parses only the bodies of changes some subscription may take.
         watch_at = self._subs.watched_paths() if events is not None and self._subs else ()
-        # Only subscriptions take the events (no views): an op none of them can take by the
-        # values read gets no event, and its stored record is never decoded.
-        passes_by = self._subs.passes_by if watch_at and not self._outbox.views else None
+        # Only subscriptions take the events (taken_events): an op none of them can take by
+        # the values read gets no event, and its stored record is never decoded.
+        passes_by = self._subs.passes_by if watch_at and self.taken_events() else None
         declined_at, ops, writes, olds, watched = native.run(
             recs,
             ps.folded,
@@ -452,19 +452,18 @@ class Applier:
                     outcome.rekeys.append(Rekey(op[2], rec))
                 continue
             key = op[2]
+            values = watched[n] if watched else None
             new: SowRecord | None
             noted = events is not None
             if kind == UNCHANGED:
                 new = stored = overlay[key] if key in overlay else found(key)
                 count = 1
             else:
-                read = watched[n] if passes_by is not None else None
-                if read is not None and passes_by is not None:
-                    before_values, after_values = read
+                if passes_by is not None and values is not None:
                     held = overlay[key] if key in overlay else olds[key]
-                    states = [before_values] if held is not None else []
+                    states = [values[0]] if held is not None else []
                     if op[4] is not None:
-                        states.append(after_values)
+                        states.append(values[1])
                     noted = not passes_by(rec.partition, watch_at, states)
                 if noted:
                     stored = overlay[key] if key in overlay else found(key)
@@ -483,7 +482,7 @@ class Applier:
                     new,
                     rec,
                     watched_at=watch_at,
-                    watched=watched[n] if watched else None,
+                    watched=values,
                 )
             applied += 1
             if not replay and rec.headers.get(h.REPLY_TO):
