@@ -26,14 +26,16 @@ from sowstream.engine.gates import REBALANCE, Gates
 from sowstream.engine.health import Health, serve
 from sowstream.engine.meta import write_meta
 from sowstream.engine.ports import StateTable
+from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.router import CommandRouter
 from sowstream.engine.runtime import FaustRuntime
 from sowstream.engine.seed import ingest_seed
 from sowstream.engine.status import WorkerStatus
 from sowstream.engine.topology import Topology, serving_config
 from sowstream.engine.units.base import Context, Partitions
-from sowstream.errors import KafkaUnreachableError
-from sowstream.wire.kafka import TopicSpec, ensure_topics
+from sowstream.errors import KafkaUnreachableError, SowstreamError
+from sowstream.queues.retention import LogRetention
+from sowstream.wire.kafka import TopicSpec, ensure_topics, topic_configs
 from sowstream.wire.topics import TopicNames
 
 log = logging.getLogger("sowstream.engine")
@@ -214,6 +216,38 @@ class Engine:
             timeout=timeout,
         )
         write_meta(self.bootstrap, kafka, self.names, self.topology.definitions())
+        self.check_queue_logs(timeout)
+
+    def check_queue_logs(self, timeout: float = 10.0) -> None:
+        """Refuse a queue whose log is compacted, and warn about one whose log may delete
+        messages the queue still holds (both name the queue): queues read their messages from
+        the log. Each queue keeps its logs' retention for its alarm."""
+        logs: dict[str, tuple[str, list[QueueRuntime]]] = {}
+        for runtime in self.topology.queues.values():
+            for topic in {topic for topic, _ in runtime.partitions}:
+                name = self.names.log(topic, runtime.config.message_type)
+                logs.setdefault(name, (topic, []))[1].append(runtime)
+        configs = topic_configs(self.bootstrap, list(logs), self.config.engine.kafka, timeout)
+        for name, (topic, runtimes) in logs.items():
+            for runtime in runtimes:
+                queue = runtime.config
+                try:
+                    retention = LogRetention.check(queue.name, name, configs.get(name, {}))
+                except ValueError as exc:
+                    raise SowstreamError(str(exc)) from None
+                runtime.retention[topic] = retention
+                if retention.outlives(queue.expiration_ms):
+                    log.warning(
+                        "queue %s: its log %s keeps records %d s (retention.ms) but its "
+                        "messages live %s: one not acknowledged in time loses its body "
+                        "(sowstream_queue_retention_alarm warns first)",
+                        queue.name,
+                        name,
+                        (retention.retention_ms or 0) // 1000,
+                        "until acknowledged"
+                        if queue.expiration_ms is None
+                        else f"{queue.expiration_ms // 1000} s (Expiration)",
+                    )
 
     def apply_seeds(self, root: Path) -> dict[str, list[int]]:
         """Start partitions without local state from Spark seeds under ``root``."""

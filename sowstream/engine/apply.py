@@ -152,10 +152,12 @@ class Applier:
                     outcome.journal = subs.take_journal(partition)
                     if outbox.views:
                         required = await outbox.feed_views(outcome.events)
-                for queue in self._queues if outcome.enqueued else ():
-                    outcome.journal.update(
-                        queue.append(self.topic.name, partition, outcome.enqueued)
-                    )
+                if self._queues and (outcome.enqueued or outcome.dead):
+                    refused = [rejected.record.offset for rejected in outcome.dead]
+                    for queue in self._queues:
+                        outcome.journal.update(
+                            queue.append(self.topic.name, partition, outcome.enqueued, refused)
+                        )
                 ps.folded = max(ps.folded, outcome.last)
                 life.mark("replies_enqueued")
                 self.enqueue(partition, ps, outcome, sent, required, life)
@@ -648,10 +650,15 @@ class Applier:
         ps = self._table.get(partition)
         return ps.store.get(key) if ps is not None and ps.ready else None
 
-    async def store_changes(self, partition: int, changes: Mapping[bytes, bytes | None]) -> bool:
-        """Write ``changes`` (queue entries) into ``partition``'s store after the batches before
-        them; returns once they are stored, True, or False when they are not: the partition is
-        not held here, or was revoked before they were stored (its next owner has none)."""
+    async def store_changes(
+        self,
+        partition: int,
+        changes: Mapping[bytes, bytes | None] | Callable[[], Mapping[bytes, bytes | None]],
+    ) -> bool:
+        """Write ``changes`` (queue entries, or a function making them, called when their turn
+        comes) into ``partition``'s store after the batches before them; returns once they are
+        stored, True, or False when they are not: the partition is not held here, or was
+        revoked before they were stored (its next owner has none)."""
         ps = self._table.get(partition)
         if not changes:
             return True
@@ -660,7 +667,10 @@ class Applier:
         async with ps.lock:
             if not self._table.holds(partition, ps):
                 return False
-            outcome = Outcome(journal=dict(changes))
+            made = changes() if callable(changes) else changes
+            if not made:
+                return True
+            outcome = Outcome(journal=dict(made))
             self.enqueue(partition, ps, outcome, [])
             await self._table.settle(ps)
         return outcome.stored
@@ -770,7 +780,8 @@ def queued(rec: RawRecord, data: bytes, body: dict[str, Any], topic: str) -> App
     topic, by the fold)."""
     expiration = parse_expiration_header(topic, rec.headers.get(h.EXPIRATION))
     name = rec.headers.get(h.TOPIC) or None  # a Pattern topic's records carry their name
-    return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration, name)
+    logged = data is rec.value or data == rec.value
+    return AppliedPublish(rec.offset, rec.timestamp, data, body, expiration, name, logged)
 
 
 def plain_key(compiled: CompiledTopic[TopicConfig], rec: RawRecord, command: str) -> str | None:

@@ -65,6 +65,18 @@ QUEUE_MESSAGES = Counter(
     "max_deliveries)",
     ["queue", "event"],
 )
+QUEUE_RETENTION_ALARM = Gauge(
+    "sowstream_queue_retention_alarm",
+    "1 while a queue message not yet finished with is older than 80% of its log's retention.ms "
+    "(the log would delete its body), else 0",
+    ["queue"],
+)
+QUEUE_LOST = Counter(
+    "sowstream_queue_lost_offsets_total",
+    "Log offsets a queue had not finished with that the log no longer held when a worker "
+    "loaded the partition (deleted by retention)",
+    ["queue"],
+)
 QUEUE_DEPTH = Gauge(
     "sowstream_queue_depth",
     "Messages in the queue on this worker (its partitions), available or leased",

@@ -27,6 +27,7 @@ from sowstream.engine.store import (
 )
 from sowstream.engine.table import PartitionTable
 from sowstream.errors import InvalidMessageError
+from sowstream.queues.ledger import LedgerError, PartitionLedger, ack_chunk_prefix, ledger_key
 from sowstream.queues.store import epoch_key, queue_prefix, start_key
 from sowstream.sow.logcheck import add_warning, fingerprint, rebased, recreation, warning
 from sowstream.sow.ops import RawRecord, parse_body
@@ -131,45 +132,71 @@ class Ownership:
             await self._load_queue(partition, ps, queue)
 
     async def _load_queue(self, partition: int, ps: PartitionState, queue: QueueRuntime) -> None:
-        """Hand ``queue`` the partition's stored messages. A queue that meets the partition for
-        the first time resolves its RecoveryPoint to a log offset, stores it, and takes the
-        publishes the partition applied before it existed from that offset on (from the log)."""
-        entries = ps.store.scan(prefix=queue_prefix(queue.name))
-        key = start_key(queue.name)
-        raw = ps.store.get(key)
-        epoch = ps.store.get(epoch_key(queue.name))  # the last owner's: ours comes after it
+        """Hand ``queue`` the partition: its ledger, the log's publishes from the ledger's
+        low-water offset to the watermark, its stored copies and ack chunks. A queue that meets
+        the partition for the first time resolves its RecoveryPoint to a log offset and stores
+        it; its ledger starts there. A store of the older layout (a stored copy of every message,
+        no ledger) holds every message up to the watermark: its ledger starts after it."""
+        name = queue.name
+        copies = ps.store.scan(prefix=queue_prefix(name))
+        chunks = ps.store.scan(prefix=ack_chunk_prefix(name))
+        key = start_key(name)
+        raw_start, raw_ledger = ps.store.get(key), ps.store.get(ledger_key(name))
+        epoch = ps.store.get(epoch_key(name))  # the last owner's: ours comes after it
         after = int(epoch) if epoch else 0
-        if raw is not None or self._log_reader is None:
-            changes = queue.load(
-                self.topic.name, partition, entries, ps.watermark, start=int(raw or 0), after=after
+        changes: dict[bytes, bytes | None] = {}
+        ledger: PartitionLedger | None = None
+        if raw_ledger is not None:
+            try:
+                ledger = PartitionLedger.from_bytes(raw_ledger)
+            except LedgerError as exc:
+                # Read the log again from the queue's start: acknowledged messages come again
+                # (at-least-once), none is lost.
+                log.error(
+                    "queue %s: %s partition %d: %s; reading the log from offset %s again",
+                    name,
+                    self.topic.name,
+                    partition,
+                    exc,
+                    int(raw_start or 0),
+                )
+                ledger = PartitionLedger(int(raw_start or 0))
+        elif raw_start is None and self._log_reader is not None:
+            start = await self._queue_start(partition, queue.config)
+            changes[key] = str(start).encode()
+            ledger = PartitionLedger(start)
+            log.info(
+                "queue %s: takes %s partition %d from offset %d on (RecoveryPoint %s)",
+                name,
+                self.topic.name,
+                partition,
+                start,
+                queue.config.recovery_point,
             )
-            await commit(ps.store, changes, self._sender)
-            return
-        start = await self._queue_start(partition, queue.config)
-        backfill: list[AppliedPublish | None] = []
-        if start <= ps.watermark:
-            async for batch in self._log_reader.batches(partition, ps.watermark, start):
-                backfill.extend(self._as_published(r) for r in batch if r.offset >= start)
-        changes = queue.load(
-            self.topic.name,
-            partition,
-            entries,
-            max(ps.watermark, start - 1),
-            start=start,
-            backfill=[item for item in backfill if item is not None],
-            after=after,
+        records: list[AppliedPublish] = []
+        if ledger is not None and self._log_reader is not None and ledger.low <= ps.watermark:
+            first = await self._log_reader.start_offset(partition)
+            if first > ledger.low:
+                queue.log_lost(self.topic.name, partition, ledger.low, first)
+            async for batch in self._log_reader.batches(partition, ps.watermark, ledger.low):
+                for rec in batch:
+                    if rec.offset <= ps.watermark and not ledger.skips(rec.offset):
+                        item = self._as_published(rec)
+                        if item is not None:
+                            records.append(item)
+        changes.update(
+            queue.load(
+                self.topic.name,
+                partition,
+                copies,
+                max(ps.watermark, ledger.low - 1 if ledger is not None else -1),
+                ledger=ledger,
+                records=records,
+                chunks=chunks,
+                after=after,
+            )
         )
-        changes[key] = str(start).encode()
         await commit(ps.store, changes, self._sender)
-        log.info(
-            "queue %s: takes %s partition %d from offset %d on (RecoveryPoint %s; %d from the log)",
-            queue.name,
-            self.topic.name,
-            partition,
-            start,
-            queue.config.recovery_point,
-            len(changes) - 2,
-        )
 
     async def _queue_start(self, partition: int, config: QueueConfig) -> int:
         """The first log offset a queue's RecoveryPoint lets in (epoch: the log's first)."""

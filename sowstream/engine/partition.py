@@ -40,6 +40,7 @@ class AppliedPublish(NamedTuple):
     body: dict[str, Any]
     expiration_ms: int | None
     name: str | None = None  # on a Pattern topic: the topic name it was published under
+    logged: bool = True  # ``data`` is the log record's value (not merged or enriched)
 
 
 class Ack(NamedTuple):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import heapq
 import logging
 import time
 from collections import Counter
@@ -32,6 +33,14 @@ from sowstream.filters import Filter, FilterError, compile_filter
 from sowstream.messagetypes import MessageType, registry
 from sowstream.queues.barriers import PartitionPosition
 from sowstream.queues.credits import CREDIT_NOTICE, CreditDesk, CreditGrant
+from sowstream.queues.ledger import (
+    AckChunk,
+    AckLog,
+    LedgerError,
+    PartitionLedger,
+    Ranges,
+    ledger_key,
+)
 from sowstream.queues.machine import (
     AckOutcome,
     AckResult,
@@ -42,10 +51,10 @@ from sowstream.queues.machine import (
     Removed,
     queue_ages,
 )
+from sowstream.queues.retention import LogRetention
 from sowstream.queues.store import (
-    AckMemory,
+    ACK_MEMORY_MS,
     StoredMessage,
-    ack_marker,
     entry_key,
     epoch_key,
     offset_of,
@@ -68,17 +77,20 @@ _PUBLISH_PACKED = packing.PUBLISH_PACKED.encode()
 _CREDIT_NOTICE = CREDIT_NOTICE.encode()
 # The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
 IDLE_WAIT = 1.0
-# How often old ack markers are deleted (each sweep is one store write per partition).
+# How often old ack chunks are deleted (each sweep is one store write per partition).
 MARKER_SWEEP_MS = 10_000
+# How often messages are held against their log's retention (each check walks the queue).
+RETENTION_CHECK_MS = 10_000
 # Results of an acknowledgement that count as done in its answer.
 DONE_RESULTS = ("removed", "returned", "expired", "freed", "acked")
 
 
+# Store changes, or a function making them when their turn comes (a ledger is written as it
+# stands then: the writes of one partition go in order, so each one holds all that came before).
+Changes = Mapping[bytes, bytes | None] | Callable[[], Mapping[bytes, bytes | None]]
 # Writes queue store changes into a log partition's store, in order with its batches; returns
 # once they are stored, True, or False when they are not (the partition is not held here).
-StoreChanges = Callable[[str, int, Mapping[bytes, bytes | None]], Awaitable[bool]]
-# Reads one key of a log partition's store (None when absent or the partition is not held).
-StoreRead = Callable[[str, int, bytes], bytes | None]
+StoreChanges = Callable[[str, int, Changes], Awaitable[bool]]
 
 
 class AckAnswer(NamedTuple):
@@ -109,7 +121,6 @@ class QueueRuntime:
         names: TopicNames,
         sender: Sender,
         store: StoreChanges,
-        read: StoreRead,
         entitlement: Callable[[str], Filter | None] | None = None,
         codec: MessageType | None = None,
     ) -> None:
@@ -122,8 +133,11 @@ class QueueRuntime:
         self.machine.on_wake = self.kick  # another queue freed room of a shared backlog
         self._sender = sender
         self._store = store
-        self._read = read
-        self._markers: dict[tuple[str, int], AckMemory] = {}
+        # Per log partition held: what the queue is done with (bodies are read from the log),
+        # the offsets of messages kept as stored copies instead, and recent acknowledgements.
+        self._ledgers: dict[tuple[str, int], PartitionLedger] = {}
+        self._copies: dict[tuple[str, int], set[int]] = {}
+        self._acks: dict[tuple[str, int], AckLog] = {}
         self._next_sweep = self._next_gauge = 0
         self._events: dict[str, Any] = {}  # metric children per event, made on first use
         self._depth_available = metrics.QUEUE_DEPTH.labels(config.name, "available")
@@ -149,6 +163,12 @@ class QueueRuntime:
         self._noticed: dict[str, bytes] = {}  # per subscription, the last report sent
         # Holding every partition, reports change only with these: no need to build them.
         self._notices_due = True
+        # Per underlying topic, how long its log keeps records (set at start-up from the
+        # broker; absent: forever). Messages older than most of it raise an alarm.
+        self.retention: dict[str, LogRetention] = {}
+        self._retention_alarm = metrics.QUEUE_RETENTION_ALARM.labels(config.name)
+        self._alarmed = False
+        self._next_retention_check = 0
 
     def entitled(self, identity: str, body: dict[str, Any]) -> bool:
         """Whether ``identity`` may see a message with ``body`` (the queue's entitlement
@@ -166,48 +186,110 @@ class QueueRuntime:
         self,
         topic: str,
         partition: int,
-        entries: Iterable[tuple[bytes, bytes]],
+        copies: Iterable[tuple[bytes, bytes]],
         watermark: int,
         *,
-        start: int = 0,
-        backfill: Iterable[AppliedPublish] = (),
+        ledger: PartitionLedger | None = None,
+        records: Iterable[AppliedPublish] = (),
+        chunks: Iterable[tuple[bytes, bytes]] = (),
         after: int = 0,
     ) -> dict[bytes, bytes | None]:
-        """Take a partition's stored queue messages; the log after ``watermark`` follows, but
-        nothing before ``start`` (the resolved RecoveryPoint) enters the queue. ``backfill``
-        offers publishes the partition applied before the queue existed (``append``'s form).
+        """Take a partition: its stored copies (and an older layout's ack markers), its
+        ``ledger`` (None: a partition first met, everything up to ``watermark`` done), the
+        log's publishes from the ledger's low-water offset to ``watermark`` (those it skips
+        already left out) and the stored ack ``chunks``; the log after ``watermark`` follows.
         ``after`` is the credit epoch the partition's last owner stored: this one's is later.
-        Returns the store entries to write: the messages the backfill made, and the epoch."""
-        if (topic, partition) not in self.counts:
+        Returns the store entries to write: the ledger and the epoch."""
+        where = (topic, partition)
+        if where not in self.counts:
             # Not held: whatever the machine has of it (an ack applied while it was not held,
             # remembered as deferred) is stale, and would swallow a stored message.
             self.machine.drop_partition(topic, partition)
-        markers: list[tuple[int, int]] = []
-        for key, value in entries:
+        ledger = ledger if ledger is not None else PartitionLedger(watermark + 1)
+        acks = AckLog(self.name)
+        held: set[int] = set()
+        stored: list[AppliedPublish] = []
+        for key, value in copies:
+            offset = offset_of(key)
             marker = read_ack_marker(value)
-            if marker is not None:
-                markers.append((marker[1], offset_of(key)))
+            if marker is not None:  # the older layout's: remembered like an ack chunk
+                acks.restore(AckChunk(key, marker[1], marker[0], Ranges([(offset, offset)])))
                 continue
-            stored = StoredMessage.from_bytes(value)
-            self.machine.append(
-                Bookmark(topic, partition, offset_of(key)),
-                stored.data,
-                self.codec.parse(stored.data),
-                stored.timestamp_ms,
-                expiration_ms=stored.expiration_ms,
+            copy = StoredMessage.from_bytes(value)
+            body = self.codec.parse(copy.data)
+            stored.append(
+                AppliedPublish(offset, copy.timestamp_ms, copy.data, body, copy.expiration_ms)
             )
-        self.machine.mark_appended(topic, partition, start - 1)
-        self.counts[(topic, partition)] = Counter()
+            held.add(offset)
+        for key, value in chunks:
+            try:
+                acks.restore(AckChunk.from_bytes(key, value))
+            except LedgerError as exc:
+                log.error(
+                    "queue %s: %s partition %d: %s; dropped", self.name, topic, partition, exc
+                )
+        acks.sort()
+        self._ledgers[where] = ledger
+        self._copies[where] = held
+        self._acks[where] = acks
+        self.counts[where] = Counter()
         epoch = self.credits.take(topic, partition, max(time.time_ns() // 1000, after + 1))
         self._held_changed()
-        memory = self._markers[(topic, partition)] = AckMemory()
-        for at, offset in sorted(markers):
-            memory.remember(offset, at)
-        changes = self.append(topic, partition, backfill)
+        # Copies and the log's records in log order: the machine takes each offset once.
+        logged = (r for r in records if r.offset not in held and not ledger.skips(r.offset))
+        merged = heapq.merge(stored, logged, key=lambda r: r.offset)
+        changes = self._offer(topic, partition, merged, (), ledger=ledger, held=held)
+        ledger.offered(watermark)
+        changes[ledger_key(self.name)] = ledger.to_bytes()
         changes[epoch_key(self.name)] = str(epoch).encode()
         self.machine.mark_appended(topic, partition, watermark)
         self.kick()
         return changes
+
+    def log_lost(self, topic: str, partition: int, low: int, first: int) -> None:
+        """The log of ``(topic, partition)`` starts at ``first``, past the ledger's low-water
+        offset ``low``: records the queue had not finished with were deleted by retention."""
+        log.error(
+            "queue %s: %s partition %d: the log no longer holds offsets %d to %d, which the "
+            "queue had not finished with (deleted by the log's retention); messages among "
+            "them are lost. Keep the log longer than the queue's oldest message "
+            "(retention.ms=-1 is the engine's default)",
+            self.name,
+            topic,
+            partition,
+            low,
+            first - 1,
+        )
+        metrics.QUEUE_LOST.labels(self.name).inc(first - low)
+
+    def check_retention(self, now: int) -> bool:
+        """Raise (or clear) the alarm of a message not finished with that is close to its log's
+        retention, naming the queue; returns whether it is raised."""
+        alarmed = False
+        for topic, partition in list(self.counts):
+            retention = self.retention.get(topic)
+            if retention is None or retention.retention_ms is None:
+                continue
+            oldest, _ = self.machine.oldest(topic, partition)
+            if retention.alarmed(oldest, now):
+                alarmed = True
+                if not self._alarmed:
+                    log.error(
+                        "queue %s: a message of %s partition %d is %d s old, and the log %s "
+                        "keeps records %d s (retention.ms): acknowledge or expire it before the "
+                        "log deletes it",
+                        self.name,
+                        topic,
+                        partition,
+                        (now - (oldest or now)) // 1000,
+                        retention.topic,
+                        retention.retention_ms // 1000,
+                    )
+        if self._alarmed and not alarmed:
+            log.info("queue %s: no message is close to its log's retention any more", self.name)
+        self._alarmed = alarmed
+        self._retention_alarm.set(1 if alarmed else 0)
+        return alarmed
 
     def drop(self, topic: str, partition: int) -> None:
         """The partition moved away: its messages and leases are its next owner's."""
@@ -215,7 +297,9 @@ class QueueRuntime:
         if self.view_feed is not None:
             self.view_feed.drop(topic, partition)
         self.counts.pop((topic, partition), None)
-        self._markers.pop((topic, partition), None)
+        self._ledgers.pop((topic, partition), None)
+        self._copies.pop((topic, partition), None)
+        self._acks.pop((topic, partition), None)
         self.credits.drop(topic, partition)
         self._held_changed()
 
@@ -252,21 +336,59 @@ class QueueRuntime:
         topic: str,
         partition: int,
         records: Iterable[AppliedPublish],
+        refused: Iterable[int] = (),
     ) -> dict[bytes, bytes | None]:
-        """Offer applied publishes; returns the store entries of those that became queue
-        messages (written with their batch)."""
+        """Offer applied publishes, and the offsets of records the batch ``refused`` (dead
+        letters, which a reload must not offer); returns the store entries to write with
+        their batch: copies of messages the log does not hold as queued, and the ledger when
+        it gained offsets to skip."""
+        where = (topic, partition)
+        return self._offer(
+            topic, partition, records, refused, self._ledgers.get(where), self._copies.get(where)
+        )
+
+    def _offer(
+        self,
+        topic: str,
+        partition: int,
+        records: Iterable[AppliedPublish],
+        refused: Iterable[int],
+        ledger: PartitionLedger | None,
+        held: set[int] | None,
+    ) -> dict[bytes, bytes | None]:
         changes: dict[bytes, bytes | None] = {}
         only = self.scopes.get(topic)
-        for offset, timestamp, data, body, expiration, name in records:
+        machine = self.machine
+        skipped = appended = False
+        for offset, timestamp, data, body, expiration, name, logged in records:
+            if ledger is not None:
+                ledger.offered(offset)
             if only is not None and name != only:
                 continue  # another name of the Pattern topic: not one this queue reads
-            if self.machine.append(
-                Bookmark(topic, partition, offset), data, body, timestamp, expiration_ms=expiration
-            ):
-                changes[entry_key(self.name, offset)] = StoredMessage(
-                    data, timestamp, expiration
-                ).to_bytes()
-        if changes:
+            bookmark = Bookmark(topic, partition, offset)
+            ahead = machine.acked_ahead(bookmark)
+            if machine.append(bookmark, data, body, timestamp, expiration_ms=expiration):
+                appended = True
+                if ledger is None or held is None:
+                    continue  # not held here: nothing to store
+                if logged and offset not in held:
+                    ledger.track(offset)
+                elif offset not in held:
+                    held.add(offset)
+                    changes[entry_key(self.name, offset)] = StoredMessage(
+                        data, timestamp, expiration
+                    ).to_bytes()
+            elif ahead and ledger is not None:
+                ledger.finish(offset)  # acknowledged before it arrived: never offered again
+                skipped = True
+        if ledger is not None:
+            for offset in refused:
+                ledger.offered(offset)
+                ledger.finish(offset)
+                skipped = True
+            if skipped:
+                changes[ledger_key(self.name)] = ledger.to_bytes()
+        if appended or skipped:
             self.kick()
         return changes
 
@@ -430,10 +552,8 @@ class QueueRuntime:
                 continue
             earlier = acked_by.get(bookmark)
             if earlier is None:
-                key = entry_key(self.name, bookmark.offset)
-                value = self._read(bookmark.topic, bookmark.partition, key)
-                marker = read_ack_marker(value) if value is not None else None
-                earlier = marker[0] if marker is not None else None
+                acks = self._acks.get((bookmark.topic, bookmark.partition))
+                earlier = acks.who_acked(bookmark.offset) if acks is not None else None
             if earlier is not None and (self.config.leasing != "strict" or earlier == client):
                 outcome.results[bookmark] = AckResult.ACKED
 
@@ -494,6 +614,9 @@ class QueueRuntime:
                 now = _now_ms()
                 await self.sweep_markers(now)
                 self._gauge(now)
+                if self.retention and now >= self._next_retention_check:
+                    self._next_retention_check = now + RETENTION_CHECK_MS
+                    self.check_retention(now)
             except Exception:
                 log.exception("queue %s: delivery failed; retrying", self.name)
                 await asyncio.sleep(0.5)
@@ -574,16 +697,14 @@ class QueueRuntime:
         )
 
     async def sweep_markers(self, now: int, *, force: bool = False) -> int:
-        """Delete the ack markers older than ACK_MEMORY_MS (every MARKER_SWEEP_MS, or now with
+        """Delete the ack chunks older than ACK_MEMORY_MS (every MARKER_SWEEP_MS, or now with
         ``force``); returns how many went."""
         if now < self._next_sweep and not force:
             return 0
         self._next_sweep = now + MARKER_SWEEP_MS
         writes = []
-        for (topic, partition), memory in list(self._markers.items()):
-            old: dict[bytes, bytes | None] = {
-                entry_key(self.name, offset): None for offset in memory.due(now)
-            }
+        for (topic, partition), acks in list(self._acks.items()):
+            old: dict[bytes, bytes | None] = dict.fromkeys(acks.due(now, ACK_MEMORY_MS))
             if old:
                 writes.append((topic, partition, old))
         # Each log partition's store commits on its own: wait for them together.
@@ -593,20 +714,26 @@ class QueueRuntime:
     async def _removed(
         self, removed: list[Removed], acked_by: Mapping[Bookmark, str] | None = None, now: int = 0
     ) -> set[tuple[str, int]]:
-        """Delete what left the queue from its store (an acknowledged message leaves an ack
-        marker from its client); raise expiry events. Returns the log partitions whose store
-        did not take the changes (revoked meanwhile: their next owner still has the messages)."""
-        by_partition: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
+        """Record what left the queue in its partitions' ledgers (a stored copy is deleted; an
+        acknowledgement is remembered with its client), raise expiry events, and store it: one
+        write per log partition. Returns the log partitions whose store did not take it
+        (revoked meanwhile: their next owner still has the messages)."""
+        deleted: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
+        acked: dict[tuple[str, int], dict[str, list[int]]] = {}
         for item in removed:
             b = item.message.bookmark
+            where = (b.topic, b.partition)
+            changes = deleted.setdefault(where, {})
+            ledger = self._ledgers.get(where)
+            if ledger is not None:
+                ledger.finish(b.offset)
+            copies = self._copies.get(where)
+            if copies is not None and b.offset in copies:
+                copies.discard(b.offset)
+                changes[entry_key(self.name, b.offset)] = None
             client = acked_by.get(b) if acked_by else None
-            value = None if client is None else ack_marker(client, now)
-            by_partition.setdefault((b.topic, b.partition), {})[entry_key(self.name, b.offset)] = (
-                value
-            )
-            memory = self._markers.get((b.topic, b.partition))
-            if client is not None and memory is not None:
-                memory.remember(b.offset, now)
+            if client is not None:
+                acked.setdefault(where, {}).setdefault(client, []).append(b.offset)
             self._count(b, item.reason or "acked")
             if item.reason in EXPIRY_REASONS:
                 event = {
@@ -628,10 +755,45 @@ class QueueRuntime:
             # between leaves the message stored, available again to the next owner.
             await self.view_feed.flush(wait_for=[item.message.bookmark for item in removed])
         # Each log partition's store commits on its own: wait for them together.
-        stored = await asyncio.gather(
-            *(self._store(topic, p, changes) for (topic, p), changes in by_partition.items())
+        writes = {
+            where: self._write(where, changes, acked.get(where, {}), now)
+            for where, changes in deleted.items()
+        }
+        stored = await asyncio.gather(*writes.values())
+        return {where for where, ok in zip(writes, stored, strict=True) if not ok}
+
+    async def _write(
+        self,
+        where: tuple[str, int],
+        deleted: dict[bytes, bytes | None],
+        acked: Mapping[str, list[int]],
+        now: int,
+    ) -> bool:
+        """Store one partition's removals: its ledger as it stands when the write's turn comes,
+        the deleted copies, and an ack chunk per client (remembered once stored: a repeat is
+        answered as done only after the first acknowledgement is)."""
+        acks = self._acks.get(where)
+        chunks = (
+            [acks.chunk(client, offsets, now) for client, offsets in acked.items()]
+            if acks is not None
+            else []
         )
-        return {where for where, ok in zip(by_partition, stored, strict=True) if not ok}
+        name = self.name
+
+        def changes() -> dict[bytes, bytes | None]:
+            ledger = self._ledgers.get(where)
+            made = dict(deleted)
+            if ledger is not None:
+                made[ledger_key(name)] = ledger.to_bytes()
+            for chunk in chunks:
+                made[chunk.key] = chunk.to_bytes()
+            return made
+
+        ok = await self._store(where[0], where[1], changes)
+        if ok and acks is not None and self._acks.get(where) is acks:
+            for chunk in chunks:
+                acks.restore(chunk)
+        return ok
 
     def _count(self, bookmark: Bookmark, what: str) -> None:
         counts = self.counts.get((bookmark.topic, bookmark.partition))

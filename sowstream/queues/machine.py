@@ -506,6 +506,12 @@ class QueueMachine:
         self._admit(message)
         return True
 
+    def acked_ahead(self, bookmark: Bookmark) -> bool:
+        """Whether an acknowledgement of ``bookmark`` waits for it (DeferredAckExpiration):
+        :meth:`append` then takes it as acknowledged, not as a queue message."""
+        forget_at = self._deferred.get(bookmark)
+        return forget_at is not None and forget_at > self._now
+
     def _admit(self, message: QueueMessage) -> None:
         """Make ``message`` part of the active queue."""
         bookmark = message.bookmark

@@ -1,21 +1,18 @@
-"""Where a queue's messages live in the underlying topic's partition store.
+"""A queue's keys in the store of a log partition it reads, and its stored copies.
 
-A queue message is stored in the store of the log partition its publish came from, in the same
-batch as that partition's watermark, so a worker that takes the partition over finds exactly the
-messages not yet removed and reads the log on from the watermark for the rest. Leases are not
-stored: after a takeover every message is available again (AMPS does the same on a restart).
+Most queue messages are read from the log (sowstream.queues.ledger); a message whose queued
+form the log does not hold (a merged delta_publish, an enriched record) is stored as a *copy*
+under its offset, in the batch that applied its publish, and deleted when it leaves the queue.
+Leases are not stored: after a takeover every message is available again (AMPS does the same on
+a restart).
 
-An acknowledged message leaves an *ack marker* under its key (who acknowledged it, and when)
-for :data:`ACK_MEMORY_MS`: an acknowledgement repeated in that time (a client retrying after a
-timeout, or a command read again by the worker that took the partition over after the first
-answer was lost) is answered as done, not as an unknown bookmark.
+The older layout stored a copy of every message and left an *ack marker* under an acknowledged
+message's key; a worker reads both (:func:`read_ack_marker`) and writes neither.
 """
 
 from __future__ import annotations
 
 import struct
-from array import array
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -25,10 +22,10 @@ QUEUE_PREFIX = b"\x00q/"
 QUEUE_START_PREFIX = b"\x00Q/"
 EPOCH_PREFIX = b"\x00E/"
 
-# How long an ack marker stays: longer than a takeover (session timeout plus restore) and than a
-# client's command timeout, so the repeats it exists for find it.
+# How long an acknowledgement is remembered with its client: longer than a takeover (session
+# timeout plus restore) and than a client's command timeout, so the repeats it exists for find it.
 ACK_MEMORY_MS = 120_000
-# A stored message's value starts with its JSON head ("{"); a marker with this byte.
+# A stored copy's value starts with its JSON head ("{"); an older layout's marker with this byte.
 _MARKER = b"\x00"
 
 _LENGTH = struct.Struct(">I")
@@ -86,7 +83,7 @@ class StoredMessage:
 
 
 def ack_marker(client: str, at_ms: int) -> bytes:
-    """The value left under an acknowledged message's key."""
+    """The value the older layout left under an acknowledged message's key."""
     return _MARKER + orjson.dumps({"c": client, "t": at_ms})
 
 
@@ -96,34 +93,3 @@ def read_ack_marker(value: bytes) -> tuple[str, int] | None:
         return None
     meta = orjson.loads(value[1:])
     return str(meta["c"]), int(meta["t"])
-
-
-class AckMemory:
-    """The ack markers of one log partition in the order they were written, so the old ones
-    can be deleted without scanning the store: two arrays of 8-byte integers, since a busy
-    queue writes thousands a second."""
-
-    def __init__(self) -> None:
-        self._at = array("q")
-        self._offsets = array("q")
-        self._head = 0
-
-    def __len__(self) -> int:
-        return len(self._at) - self._head
-
-    def remember(self, offset: int, at_ms: int) -> None:
-        """A marker for the message at ``offset`` was written at ``at_ms``."""
-        self._at.append(at_ms)
-        self._offsets.append(offset)
-
-    def due(self, now_ms: int, memory_ms: int = ACK_MEMORY_MS) -> Iterator[int]:
-        """Offsets whose markers are older than ``memory_ms``; each is forgotten as it is
-        yielded. Markers are visited in the order written, so one written late with an older
-        time waits for the ones before it (it is at most ``memory_ms`` late)."""
-        while self._head < len(self._at) and self._at[self._head] <= now_ms - memory_ms:
-            yield self._offsets[self._head]
-            self._head += 1
-        if self._head > 4096 and self._head * 2 > len(self._at):
-            del self._at[: self._head]
-            del self._offsets[: self._head]
-            self._head = 0

@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from sowstream.errors import KafkaUnreachableError, SowstreamError
 
@@ -152,3 +157,27 @@ def delete_topics(
         with contextlib.suppress(KafkaException):  # already gone
             future.result(timeout)
     admin.poll(0)  # hand its log lines to KAFKA_LOG before it goes
+
+
+def topic_configs(
+    bootstrap: str, names: list[str], extra: Mapping[str, str] | None = None, timeout: float = 10.0
+) -> dict[str, dict[str, str]]:
+    """Each existing topic's settings as the broker reports them (defaults included); a topic
+    the broker does not describe is left out."""
+    if not names:
+        return {}
+    admin = AdminClient(quiet({"bootstrap.servers": bootstrap, **(extra or {})}))
+    resources = [ConfigResource(ResourceType.TOPIC, name) for name in names]
+    out: dict[str, dict[str, str]] = {}
+    try:
+        for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():
+            try:
+                entries = future.result(timeout)
+            except KafkaException:
+                continue
+            out[resource.name] = {
+                key: entry.value for key, entry in entries.items() if entry.value is not None
+            }
+    finally:
+        admin.poll(0)
+    return out

@@ -30,8 +30,8 @@ from rocksdict import AccessType, Options, Rdict
 from sowstream.client import Client
 from sowstream.engine.store import WATERMARK_KEY
 from sowstream.errors import CommandTimeoutError
+from sowstream.queues.ledger import PartitionLedger, ledger_key
 from sowstream.queues.machine import Bookmark
-from sowstream.queues.store import entry_key, read_ack_marker
 from tests.support.engine import EngineProcesses, running_engine
 from tests.support.messages import take
 
@@ -125,8 +125,8 @@ class Ledger:
 
 
 def stored(engine: EngineProcesses, bookmark: Bookmark) -> list[str]:
-    """Each worker's local store of the bookmark's partition: its watermark and what is under
-    the message's queue key (the message, an ack marker or nothing), read without locking."""
+    """Each worker's local store of the bookmark's partition: its watermark and whether the
+    queue's ledger is done with the message, read without locking."""
     out = []
     for worker in WORKERS:
         for path in sorted(engine.data_dir(worker).glob(f"**/sow-jobs-{bookmark.partition}.db")):
@@ -136,14 +136,18 @@ def stored(engine: EngineProcesses, bookmark: Bookmark) -> list[str]:
                 )
                 try:
                     watermark = db.get(WATERMARK_KEY)
-                    value = db.get(entry_key("JQ", bookmark.offset))
+                    value = db.get(ledger_key("JQ"))
                 finally:
                     db.close()
             except Exception as exc:  # a diagnostic must not hide the failure it explains
                 out.append(f"{worker}: store unreadable: {exc}")
                 continue
-            marker = read_ack_marker(value) if value is not None else None
-            what = "nothing" if value is None else f"ack marker {marker}" if marker else "message"
+            if value is None:
+                what = "no ledger"
+            else:
+                ledger = PartitionLedger.from_bytes(value)
+                done = "done" if ledger.skips(bookmark.offset) else "not done"
+                what = f"ledger low {ledger.low}: {done}"
             out.append(f"{worker} store: watermark {watermark!r}, {bookmark}: {what}")
     return out
 

@@ -20,12 +20,14 @@ from sowstream.engine.queues import QueueRuntime
 from sowstream.engine.store import WATERMARK_KEY, is_record_key
 from sowstream.errors import StateStoreError
 from sowstream.queues import Bookmark
+from sowstream.queues.ledger import PartitionLedger, ledger_key
 from sowstream.queues.store import entry_key
 from sowstream.sow.compiled import compile_topic
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
 from sowstream.wire.topics import TopicNames
+from tests.support.log import ListLog
 from tests.support.sender import RecordingSender
 from tests.unit.test_processor_model import TOPIC, to_records
 
@@ -148,27 +150,33 @@ def test_a_failed_store_write_drops_the_partition_for_a_reload() -> None:
 
 
 def test_a_failed_store_write_resets_the_queues_of_the_partition() -> None:
-    """A queue fed by the topic forgets the partition along with it: the reload replays the
-    log, and the publishes whose batch was not stored become stored queue messages this time
-    (kept only in the queue's memory, a later owner of the partition would never have them)."""
+    """A queue fed by the topic forgets the partition along with it: the reload reads the log
+    from the queue's low-water offset, and the publishes whose batch was not stored become
+    queue messages again (kept only in the queue's memory, a later owner of the partition
+    would never have them)."""
 
     async def go() -> None:
         sender = RecordingSender(held=True)
         names = TopicNames("p")
-        proc = TopicProcessor(compile_topic(TOPIC), names, sender)
+        recs = to_records([("publish", 1, 0, 5), ("publish", 2, 0, 6)])
+        log = ListLog()  # the records are appended as they are published
+        proc = TopicProcessor(compile_topic(TOPIC), names, sender, log_reader=log)
         config = QueueConfig(name="WQ", underlying_topic=TOPIC.name)
-        queue = QueueRuntime(config, names, sender, proc.store_changes, proc.stored)
+        queue = QueueRuntime(config, names, sender, proc.store_changes)
         proc.queues.append(queue)
         ps = await proc.ready(0)
-        recs = to_records([("publish", 1, 0, 5), ("publish", 2, 0, 6)])
+        log.records.append(recs[0])
         await proc.process(recs[:1])
         await proc.drain()
-        assert ps.store.get(entry_key("WQ", 0)) is not None
+        ledger = PartitionLedger.from_bytes(ps.store.get(ledger_key("WQ")) or b"")
+        assert ledger.low == 0 and not ledger.skips(0)  # message 0 is read from the log
+        assert ps.store.get(entry_key("WQ", 0)) is None  # no stored copy of it
 
         def broken(changes: Any) -> None:
             raise StateStoreError("disk full")
 
         ps.store.write = broken  # type: ignore[method-assign]
+        log.records.append(recs[1])
         await proc.process(recs[1:])
         await settle_loop()
         assert proc.state(0) is None and isinstance(ps.failure, StateStoreError)
@@ -179,8 +187,6 @@ def test_a_failed_store_write_resets_the_queues_of_the_partition() -> None:
         fresh = await proc.ready(0)
         await proc.process([r for r in recs if r.offset > fresh.folded])
         await proc.drain()
-        for offset in range(fresh.folded + 1):
-            assert fresh.store.get(entry_key("WQ", offset)) is not None
         browsed = [m.bookmark.offset for m in queue.machine.browse()]
         assert browsed == [0, 1]
 

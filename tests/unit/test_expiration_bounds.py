@@ -128,7 +128,6 @@ def test_a_queue_over_a_topic_without_a_sow_dead_letters_a_bad_expiration() -> N
             names,
             sender,
             proc.store_changes,
-            proc.stored,
         )
         proc.queues.append(queue)
         ps = await proc.ready(0)

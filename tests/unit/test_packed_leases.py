@@ -153,7 +153,7 @@ def runtime(sender: RecordingSender, lease_period_ms: int | None = None) -> Queu
         max_per_subscription_backlog=100,
         lease_period_ms=lease_period_ms,
     )
-    queue = QueueRuntime(config, TopicNames("p"), sender, _stored, lambda *_: None)
+    queue = QueueRuntime(config, TopicNames("p"), sender, _stored)
     queue.partitions = frozenset({("work", 0), ("work", 1)})
     queue.load("work", 0, [], -1)
     queue.load("work", 1, [], -1)

@@ -40,7 +40,6 @@ def acked_in_one_batch(leasing: str, clients: tuple[str, str]) -> list[AckAnswer
             names,
             sender,
             lambda _topic, partition, changes: proc.store_changes(partition, changes),
-            lambda _topic, partition, key: proc.stored(partition, key),
         )
         proc.queues.append(queue)
         await proc.ready(0)

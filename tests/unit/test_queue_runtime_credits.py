@@ -44,7 +44,7 @@ def test_a_worker_holding_some_partitions_leases_only_within_credit() -> None:
     async def go() -> None:
         sender = RecordingSender()
         config = QueueConfig(name="WQ", underlying_topic="work", max_per_subscription_backlog=2)
-        queue = QueueRuntime(config, TopicNames("p"), sender, _stored, lambda *_: None)
+        queue = QueueRuntime(config, TopicNames("p"), sender, _stored)
         queue.partitions = frozenset({("work", 0), ("work", 1)})
         queue.load("work", 0, [], -1)
         assert queue.machine.credited  # partition 1 is elsewhere
@@ -115,7 +115,7 @@ def test_what_holds_per_worker_is_warned_at_start_naming_the_queue(
 
 def test_a_new_owner_takes_an_epoch_after_the_stored_one_whatever_its_clock() -> None:
     config = QueueConfig(name="WQ", underlying_topic="work")
-    queue = QueueRuntime(config, TopicNames("p"), RecordingSender(), _stored, lambda *_: None)
+    queue = QueueRuntime(config, TopicNames("p"), RecordingSender(), _stored)
     ahead = time.time_ns() // 1000 + 10**9  # the last owner's clock ran 1000 s ahead
     changes = queue.load("work", 0, [], -1, after=ahead)
     assert changes[epoch_key("WQ")] == str(ahead + 1).encode()

@@ -14,7 +14,7 @@ from sowstream.engine.partition import PartitionMoved
 from sowstream.engine.ports import LogReader
 from sowstream.engine.queue_positions import POSITIONS_RETENTION_MS, PositionExchange
 from sowstream.engine.queue_views import QueueViewFeed
-from sowstream.engine.queues import QueueRuntime
+from sowstream.engine.queues import Changes, QueueRuntime
 from sowstream.engine.units.base import Context, Partitions
 from sowstream.engine.units.topic import TopicUnit
 from sowstream.errors import SowstreamError
@@ -69,7 +69,6 @@ class QueueUnit:
             ctx.names,
             ctx.sender,
             self._store_changes,
-            self._read_store,
             config.entitlement_lookup(queue.name),
             codec=unit.compiled.codec if unit is not None else None,
         )
@@ -127,13 +126,8 @@ class QueueUnit:
         """The unit of ``topic``, one of the queue's (so of the queue's message type)."""
         return self._topics[topic_ident(topic, self.runtime.config.message_type)]
 
-    async def _store_changes(
-        self, topic: str, partition: int, changes: Mapping[bytes, bytes | None]
-    ) -> bool:
+    async def _store_changes(self, topic: str, partition: int, changes: Changes) -> bool:
         return await self._unit(topic).proc.store_changes(partition, changes)
-
-    def _read_store(self, topic: str, partition: int, key: bytes) -> bytes | None:
-        return self._unit(topic).proc.stored(partition, key)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
