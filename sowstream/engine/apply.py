@@ -644,12 +644,6 @@ class Applier:
         outcome.last = last
         return outcome
 
-    def stored(self, partition: int, key: bytes) -> bytes | None:
-        """``key``'s value in ``partition``'s store; None when absent or the partition is not
-        held (a partition being loaded is not held yet)."""
-        ps = self._table.get(partition)
-        return ps.store.get(key) if ps is not None and ps.ready else None
-
     async def store_changes(
         self,
         partition: int,

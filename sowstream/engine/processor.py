@@ -125,7 +125,6 @@ class TopicProcessor:
         self.state = self.table.get
         self.process = self.applier.process
         self.drain = self.applier.drain
-        self.stored = self.applier.stored
         self.store_changes = self.applier.store_changes
         self.ready = self.ownership.ready
         self.caught_up = self.ownership.caught_up

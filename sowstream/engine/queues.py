@@ -499,8 +499,10 @@ class QueueRuntime:
             )
             results = Counter(str(r) for r in outcome.results.values())
             outcomes.append(AckAnswer(sum(results[r] for r in DONE_RESULTS), dict(results)))
-        unstored = await self._removed(removed, acked_by, now)
+        # The backlog the acks freed is leased again while their removals are stored: a crash
+        # in between only delivers the acknowledged messages again (they were not answered).
         self.kick()
+        unstored = await self._removed(removed, acked_by, now)
         return [
             None if where & unstored else outcome
             for outcome, where in zip(outcomes, touched, strict=True)
