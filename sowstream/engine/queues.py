@@ -2,11 +2,12 @@
 
 The engine owns the lease state machine over the log (docs/architecture.md says why: priority,
 filters, barriers, fairness, sublet leasing, browsing and cancel counts have no counterpart in
-Kafka share groups). A queue message is a publish to an underlying topic; it lives in the store of
-its log partition (``sowstream.queues.store``), written in the batch that applies the publish, so
-the worker that owns the partition owns its queue messages too. This module connects that state
-to subscribers: it sends leased messages to reply topics, applies acknowledgements arriving on the
-control topic, raises expiry events on the queue's dead-letter topic and runs lease timeouts.
+Kafka share groups). A queue message is a publish to an underlying topic, read from its log; the
+queue's state over each log partition is a ledger of ranges kept in that partition's store
+(``sowstream.queues.ledger``), so the worker that owns the partition owns its queue messages
+too. This module connects that state to subscribers: it sends leased messages to reply topics,
+applies acknowledgements arriving on the control topic, raises expiry events on the queue's
+dead-letter topic and runs lease timeouts.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ _CREDIT_NOTICE = CREDIT_NOTICE.encode()
 # The longest the delivery loop sleeps without being woken (lease timeouts are also deadlines).
 IDLE_WAIT = 1.0
 # How often old ack chunks are deleted (each sweep is one store write per partition).
-MARKER_SWEEP_MS = 10_000
+ACK_SWEEP_MS = 10_000
 # How often messages are held against their log's retention (each check walks the queue).
 RETENTION_CHECK_MS = 10_000
 # Results of an acknowledgement that count as done in its answer.
@@ -517,7 +518,7 @@ class QueueRuntime:
         acked_by: Mapping[Bookmark, str] | None = None,
     ) -> AckOutcome:
         """One ``queue_ack`` applied to the machine (nothing stored yet); ``acked_by``: who
-        acknowledged what earlier in the same batch (its markers are not stored yet)."""
+        acknowledged what earlier in the same batch (not stored yet)."""
         action = (cmd.option("action") or "").strip().lower()
         client = cmd.reply_to
         try:
@@ -545,8 +546,8 @@ class QueueRuntime:
         return outcome
 
     def _repeats(self, outcome: AckOutcome, client: str, acked_by: Mapping[Bookmark, str]) -> None:
-        """Mark GONE bookmarks that this client acknowledged before (their ack marker says so,
-        or an ack earlier in the same batch) as ACKED: the answer to the first acknowledgement
+        """Mark GONE bookmarks that this client acknowledged before (a stored ack chunk says
+        so, or an ack earlier in the same batch) as ACKED: the answer to the first acknowledgement
         may have been lost with its worker, and a worker taking over reads the first and its
         repeat together."""
         for bookmark, result in outcome.results.items():
@@ -614,7 +615,7 @@ class QueueRuntime:
                 await self.deliver_once()
                 await self.send_notices()
                 now = _now_ms()
-                await self.sweep_markers(now)
+                await self.sweep_acks(now)
                 self._gauge(now)
                 if self.retention and now >= self._next_retention_check:
                     self._next_retention_check = now + RETENTION_CHECK_MS
@@ -698,12 +699,12 @@ class QueueRuntime:
             message.data,
         )
 
-    async def sweep_markers(self, now: int, *, force: bool = False) -> int:
-        """Delete the ack chunks older than ACK_MEMORY_MS (every MARKER_SWEEP_MS, or now with
+    async def sweep_acks(self, now: int, *, force: bool = False) -> int:
+        """Delete the ack chunks older than ACK_MEMORY_MS (every ACK_SWEEP_MS, or now with
         ``force``); returns how many went."""
         if now < self._next_sweep and not force:
             return 0
-        self._next_sweep = now + MARKER_SWEEP_MS
+        self._next_sweep = now + ACK_SWEEP_MS
         writes = []
         for (topic, partition), acks in list(self._acks.items()):
             old: dict[bytes, bytes | None] = dict.fromkeys(acks.due(now, ACK_MEMORY_MS))

@@ -211,7 +211,7 @@ def test_a_store_of_the_older_layout_is_read_and_carried_on() -> None:
         await worker.publish(publish(4, 4))
         await worker.ack(ack([0]))
         assert store.get(entry_key("WQ", 0)) is None
-        await worker.queue.sweep_markers(now + 10**9, force=True)
+        await worker.queue.sweep_acks(now + 10**9, force=True)
         assert store.get(entry_key("WQ", 1)) is None  # the old marker ages out like a chunk
 
         again = await Worker(store, log, queue_config()).start()
