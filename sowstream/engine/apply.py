@@ -666,8 +666,14 @@ class Applier:
                 return True
             outcome = Outcome(journal=dict(made))
             self.enqueue(partition, ps, outcome, [])
-            await self._table.settle(ps)
-        return outcome.stored
+        # Waits for this batch only, without the lock: batches folded after it may be stored
+        # meanwhile (they would only have to wait for it), but none is held back by the wait.
+        async with ps.applied:
+            while not outcome.stored:
+                if ps.failure is not None or not self._table.holds(partition, ps):
+                    return False
+                await ps.applied.wait()
+        return True
 
     def _delete_by_filter(
         self,

@@ -82,6 +82,28 @@ def test_later_batches_send_while_earlier_ones_wait_for_acks() -> None:
     asyncio.run(go())
 
 
+def test_a_queue_write_waits_for_its_own_batch_without_holding_later_ones_back() -> None:
+    """A queue's store write (acknowledgements) goes in order behind the batches in flight and
+    returns once it is stored; meanwhile the next log batch still folds and sends (the write
+    once held the partition's lock until every batch in flight was stored)."""
+
+    async def go() -> None:
+        sender, proc, ps = await subscribed()
+        recs = to_records([("publish", 1, 0, 5), ("publish", 2, 0, 6)])
+        await proc.process(recs[:1])
+        write = asyncio.create_task(proc.store_changes(0, {b"\x00q-test": b"1"}))
+        await settle_loop()
+        await asyncio.wait_for(proc.process(recs[1:]), 1)  # not held back by the write
+        assert len(sender.live()) == 2 and not write.done()
+        sender.acknowledge()
+        assert await asyncio.wait_for(write, 5) is True
+        assert ps.store.get(b"\x00q-test") == b"1"
+        await proc.drain()
+        assert stored(proc) == {1: 5, 2: 6}
+
+    asyncio.run(go())
+
+
 def test_a_query_waits_for_the_batches_in_flight() -> None:
     async def go() -> None:
         sender, proc, _ = await subscribed()
