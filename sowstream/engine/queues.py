@@ -196,11 +196,12 @@ class QueueRuntime:
         after: int = 0,
     ) -> dict[bytes, bytes | None]:
         """Take a partition: its stored copies (and an older layout's ack markers), its
-        ``ledger`` (None: a partition first met, everything up to ``watermark`` done), the
-        log's publishes from the ledger's low-water offset to ``watermark`` (those it skips
-        already left out) and the stored ack ``chunks``; the log after ``watermark`` follows.
-        ``after`` is the credit epoch the partition's last owner stored: this one's is later.
-        Returns the store entries to write: the ledger and the epoch."""
+        ``ledger`` (None: a store of the older layout, whose copies are every message up to
+        ``watermark``), the log's publishes from the ledger's low-water offset to ``watermark``
+        (those it skips already left out) and the stored ack ``chunks``; the log after
+        ``watermark`` follows. ``after`` is the credit epoch the partition's last owner stored:
+        this one's is later. Returns the store entries to write: the ledger, the epoch and the
+        deletion of any ack chunk that could not be read."""
         where = (topic, partition)
         if where not in self.counts:
             # Not held: whatever the machine has of it (an ack applied while it was not held,
@@ -222,13 +223,16 @@ class QueueRuntime:
                 AppliedPublish(offset, copy.timestamp_ms, copy.data, body, copy.expiration_ms)
             )
             held.add(offset)
+        damaged: dict[bytes, bytes | None] = {}
         for key, value in chunks:
             try:
                 acks.restore(AckChunk.from_bytes(key, value))
             except LedgerError as exc:
+                # Only repeats of its acknowledgements would be answered otherwise.
                 log.error(
-                    "queue %s: %s partition %d: %s; dropped", self.name, topic, partition, exc
+                    "queue %s: %s partition %d: %s; deleted", self.name, topic, partition, exc
                 )
+                damaged[key] = None
         acks.sort()
         self._ledgers[where] = ledger
         self._copies[where] = held
@@ -240,6 +244,7 @@ class QueueRuntime:
         logged = (r for r in records if r.offset not in held and not ledger.skips(r.offset))
         merged = heapq.merge(stored, logged, key=lambda r: r.offset)
         changes = self._offer(topic, partition, merged, (), ledger=ledger, held=held)
+        changes.update(damaged)
         ledger.offered(watermark)
         changes[ledger_key(self.name)] = ledger.to_bytes()
         changes[epoch_key(self.name)] = str(epoch).encode()

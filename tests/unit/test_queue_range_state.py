@@ -293,3 +293,19 @@ def test_a_malformed_acknowledgement_stores_nothing() -> None:
         assert store.get(ledger_key("WQ")) == before and worker.held() == [0]
 
     asyncio.run(go())
+
+
+def test_a_damaged_ack_chunk_is_reported_and_deleted(caplog: pytest.LogCaptureFixture) -> None:
+    async def go() -> None:
+        store, log = MemoryPartition(), ListLog()
+        first = await Worker(store, log, queue_config()).start()
+        await first.publish(publish(0, 0), publish(1, 1))
+        await first.ack(ack([0]))
+        ((key, _),) = store.scan(prefix=ack_chunk_prefix("WQ"))
+        store.write({key: b"{broken"})
+        with caplog.at_level(logging.ERROR):
+            second = await Worker(store, log, queue_config()).start()
+        assert "queue WQ: t partition 0: queue ack chunk is not JSON" in caplog.text
+        assert store.get(key) is None and second.held() == [1]
+
+    asyncio.run(go())
