@@ -8,11 +8,13 @@ import pytest
 
 # The files that take longest (seconds summed over their tests, setup and teardown included, in a
 # `make test` run on two cores), longest first. `make test` runs the suite with
-# `-n 2 --dist loadfile`: each xdist process takes the next whole file when it is nearly out of
-# work, in collection order, so the wall time is bounded by whichever process draws the long
-# files last. Starting them first (longest-processing-time first) leaves the many short files to
-# even out the two processes at the end. A file missing here only runs later; a stale figure
-# only changes the order.
+# `-n 2 --dist loadfile --no-loadscope-reorder`: each xdist process takes the next whole file
+# when it is nearly out of work, in collection order, so the wall time is bounded by whichever
+# process draws the long files last. Starting them first (longest-processing-time first) leaves
+# the many short files to even out the two processes at the end. (Without
+# --no-loadscope-reorder, xdist orders files by their number of tests, which puts one-test
+# files such as test_chaos.py last, and this order only breaks its ties.) A file missing here
+# only runs later; a stale figure only changes the order.
 SLOW_FILES: dict[str, int] = {
     "tests/spark/test_pipeline.py": 222,
     "tests/integration/test_queues.py": 154,
