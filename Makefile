@@ -46,7 +46,7 @@ run: $(STAMP) native console-assets
 test: $(STAMP) native lint typecheck deploy-tools console-assets chromium
 	$(BIN)/sowstream broker provision
 	$(BIN)/sowstream pipeline provision
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile --durations=12
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=12
 	$(MAKE) test-python-fold
 
 # The apply path's own unit tests once more with the compiled fold off: the Python fold stays

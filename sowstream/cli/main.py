@@ -115,6 +115,15 @@ def worker(
             min=0,
         ),
     ] = 0.0,
+    session_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Kafka consumer group session timeout in seconds: how long the group waits "
+            "for a worker that stopped answering (a crashed one) before its partitions move "
+            "(the broker allows 6 to 1800 by default).",
+            min=1,
+        ),
+    ] = 10.0,
     processes: Annotated[
         int,
         typer.Option(
@@ -136,6 +145,7 @@ def worker(
         # The children read the config again; loading it here fails a bad one once, up front.
         base = ["--config", str(config), "--log-level", log_level]
         base += ["--metrics-host", metrics_host, "--kafka-wait", str(kafka_wait)]
+        base += ["--session-timeout", str(session_timeout)]
         if bootstrap:
             base += ["--bootstrap", bootstrap]
         if data_dir is not None:
@@ -161,6 +171,7 @@ def worker(
         metrics_host=metrics_host,
         seed_dir=seed_dir,
         static_membership=static_membership,
+        session_timeout=session_timeout,
     )
     engine.health.serve_cluster(
         functools.partial(_cluster_status, servers, engine.names.prefix, engine.config.engine.kafka)

@@ -13,7 +13,7 @@ import pytest
 
 from sowstream.client import Client
 from sowstream.errors import InvalidCommandError
-from tests.support.engine import EngineProcesses, running_engine
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses, running_engine
 from tests.support.messages import by_sow_key, drain, eventually, take
 
 pytestmark = pytest.mark.integration
@@ -47,6 +47,7 @@ def engine(
         TOPICS,
         workers=("w1",),
         conflated_topics=CONFLATED,
+        session_timeout=QUICK_SESSION_TIMEOUT,  # w1 is SIGKILLed: its group gives up sooner
     ) as procs:
         yield procs
 

@@ -21,7 +21,7 @@ import pytest
 from sowstream.client import Client, Message, Subscription
 from sowstream.errors import CommandTimeoutError
 from sowstream.subscriptions.delta import project
-from tests.support.engine import EngineProcesses
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses
 from tests.support.subscriber import Cache, without_nulls
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,13 @@ TOPICS: list[dict[str, Any]] = [
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(kafka_bootstrap, tmp_path_factory.mktemp("conflation"), TOPICS)
+    # a worker is SIGKILLed mid-run: the group gives up on it sooner
+    procs = EngineProcesses(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("conflation"),
+        TOPICS,
+        session_timeout=QUICK_SESSION_TIMEOUT,
+    )
     procs.start("w1")
     procs.start("w2")
     try:

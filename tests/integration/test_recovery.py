@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sowstream.client import Client
 from sowstream.sow.keys import generated_sow_key
 from sowstream.wire.kafka import producer_config
-from tests.support.engine import EngineProcesses
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,10 @@ def matches_filter(record: dict[str, Any]) -> bool:
 
 @pytest.fixture
 def engine(kafka_bootstrap: str, tmp_path: Any) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(kafka_bootstrap, tmp_path, TOPICS)
+    # its workers are SIGKILLed: the group gives up on them sooner
+    procs = EngineProcesses(
+        kafka_bootstrap, tmp_path, TOPICS, session_timeout=QUICK_SESSION_TIMEOUT
+    )
     try:
         yield procs
     finally:

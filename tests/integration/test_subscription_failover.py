@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sowstream.client import Client, Subscription
-from tests.support.engine import EngineProcesses
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,13 @@ TOPICS: list[dict[str, Any]] = [{"Name": "live", "Key": ["/id"], "Partitions": 4
 def engine(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[EngineProcesses]:
-    procs = EngineProcesses(kafka_bootstrap, tmp_path_factory.mktemp("failover"), TOPICS)
+    # workers are SIGKILLed: the group gives up on them sooner
+    procs = EngineProcesses(
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("failover"),
+        TOPICS,
+        session_timeout=QUICK_SESSION_TIMEOUT,
+    )
     procs.start("w1")
     procs.start("w2")
     try:

@@ -8,6 +8,7 @@ pagination example (ids 1, 2, 5, … with top_n 2, skip_n 1, then id 4 arrives).
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from sowstream.errors import (
 from sowstream.filters import FilterError
 from sowstream.messagetypes.changes import merge_delta
 from sowstream.wire import headers as h
-from tests.support.engine import EngineProcesses, running_engine
+from tests.support.engine import REPO, EngineProcesses, running_engine
 from tests.support.messages import take
 
 pytestmark = pytest.mark.integration
@@ -735,34 +736,30 @@ def test_cli_subscribe_prints_json_lines(engine: EngineProcesses, publisher: Cli
     reset(publisher, "orders")
     publisher.publish("orders", {"order": 1, "status": "new"})
     settle(publisher, "orders")
-    result: dict[str, subprocess.CompletedProcess[str]] = {}
-
-    def run() -> None:
-        result["cli"] = _cli(
-            engine,
-            "subscribe",
-            "orders",
-            "--sow",
-            "--delta",
-            "--oof",
-            "--json",
-            "--filter",
-            "/status <> 'gone'",
-            "--count",
-            "3",
-            "--idle",
-            "30",
-        )
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    time.sleep(6)  # the CLI connects and places the subscription
-    publisher.publish("orders", {"order": 1, "status": "open"})
-    publisher.publish("orders", {"order": 1, "status": "gone"})
-    thread.join(120)
-    done = result["cli"]
-    assert done.returncode == 0, done.stderr
-    lines = [orjson.loads(line) for line in done.stdout.splitlines()]
+    cli = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "sowstream", "subscribe", "orders"),
+            *("--sow", "--delta", "--oof", "--json", "--filter", "/status <> 'gone'"),
+            *("--count", "3", "--idle", "30"),
+            *("--bootstrap", engine.bootstrap, "--prefix", engine.prefix),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        # Its first line is the SOW part's record: the subscription is placed.
+        assert cli.stdout is not None
+        first = cli.stdout.readline()
+        publisher.publish("orders", {"order": 1, "status": "open"})
+        publisher.publish("orders", {"order": 1, "status": "gone"})
+        rest, stderr = cli.communicate(timeout=120)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 0, stderr
+    lines = [orjson.loads(line) for line in [first, *rest.splitlines()]]
     assert [(m["command"], m["data"]) for m in lines] == [
         ("sow", {"order": 1, "status": "new"}),
         ("publish", {"order": 1, "status": "open"}),

@@ -20,7 +20,7 @@ from sowstream.client import Client
 from sowstream.views.maintainer import ViewChange, ViewMaintainer
 from sowstream.views.routing import decode_event, source_mark
 from sowstream.wire.topics import TopicNames
-from tests.support.engine import EngineProcesses, running_engine
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses, running_engine
 from tests.support.messages import by_sow_key, eventually
 from tests.support.views import recomputed, view_config
 
@@ -63,6 +63,7 @@ def engine(
         TOPICS,
         workers=("w1", "w2"),
         views=VIEWS,
+        session_timeout=QUICK_SESSION_TIMEOUT,  # w2 is SIGKILLed: its group gives up sooner
     ) as procs:
         yield procs
 

@@ -14,7 +14,7 @@ import pytest
 from sowstream.broker.local import free_port
 from sowstream.cli.processes import CRASH_LOOP_SECONDS
 from sowstream.errors import SowstreamError
-from tests.support.engine import EngineProcesses, metric
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses, metric
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,11 @@ def test_two_processes_share_the_partitions_and_stop_with_the_parent(
 
 
 def test_a_child_that_dies_is_restarted(kafka_bootstrap: str, tmp_path: Path) -> None:
-    engine = EngineProcesses(kafka_bootstrap, tmp_path, TOPICS)
+    # a child is SIGKILLed: the group gives its partitions back sooner (the parent passes
+    # --session-timeout on to its children)
+    engine = EngineProcesses(
+        kafka_bootstrap, tmp_path, TOPICS, session_timeout=QUICK_SESSION_TIMEOUT
+    )
     engine.start("pool", "--processes", "2")
     try:
         _status(engine, time.monotonic() + 180)

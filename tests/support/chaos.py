@@ -45,7 +45,7 @@ from sowstream.broker.local import LocalBroker
 from sowstream.client import Client
 from sowstream.errors import CommandTimeoutError, SowstreamError
 from sowstream.filters import compile_filter
-from tests.support.engine import EngineProcesses
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses
 from tests.support.subscriber import Cache, without_nulls
 from tests.support.views import recomputed
 
@@ -376,7 +376,9 @@ def read_log(bootstrap: str, topic: str) -> list[LogRecord]:
         consumer.assign([TopicPartition(topic, p, 0)])
         last = -1
         while last < high - 1:
-            for msg in consumer.consume(1000, 2.0):
+            # no more than are left: consume() returns once it has them (it waits out its
+            # timeout for a batch it cannot fill)
+            for msg in consumer.consume(min(1000, high - 1 - last), 2.0):
                 if msg.error():
                     continue
                 last = msg.offset()
@@ -439,7 +441,7 @@ def settled(probe: Callable[[], tuple[bool, str]], timeout: float) -> str | None
             return None
         if time.monotonic() > deadline:
             return detail
-        time.sleep(1.0)
+        time.sleep(0.5)
 
 
 def differences(got: dict[str, Any], wanted: dict[str, Any]) -> str:
@@ -467,6 +469,7 @@ def run(workdir: Path, seconds: float, seed: int, *, restart_broker: bool = True
         queues=QUEUES,
         views=VIEWS,
         engine_extra={"slow_consumer": {"client_timeout": f"{CLIENT_TIMEOUT_S}s"}},
+        session_timeout=QUICK_SESSION_TIMEOUT,  # workers are SIGKILLed: partitions move sooner
     )
     stop = threading.Event()
     clients: list[Client] = []
@@ -541,14 +544,16 @@ def run(workdir: Path, seconds: float, seed: int, *, restart_broker: bool = True
             if not engine.alive(name):
                 engine.start(name)
         engine.wait_ready(["orders"], timeout=180)
-        time.sleep(EXPIRATION_S + 3)  # every expiring record expires
-        check(engine, report, followers, ledger, load.jobs, workdir)
+        report.note(started, "workers ready again")
+        check(engine, report, followers, ledger, load.jobs, workdir, started)
     except Exception as exc:
         report.problems.append(f"the run failed: {str(exc)[:3000]!r}")
     finally:
+        report.note(started, "stopping")
         stop.set()
         for t in threads:
             t.join(30)
+        report.note(started, "threads stopped")
         for proc in procs.values():
             with contextlib.suppress(Exception):
                 os.kill(proc.pid, signal.SIGCONT)
@@ -556,7 +561,9 @@ def run(workdir: Path, seconds: float, seed: int, *, restart_broker: bool = True
         for client in clients:
             with contextlib.suppress(Exception):
                 client.close()
+        report.note(started, "clients closed")
         engine.stop_all()
+        report.note(started, "workers stopped")
         broker.stop()
     report.note(started, f"done: {len(report.problems)} problems")
     return report
@@ -614,6 +621,7 @@ def check(
     ledger: Ledger,
     jobs: int,
     workdir: Path,
+    started: float,
 ) -> None:
     """The end state against its references; every difference goes into the report."""
     problems = report.problems
@@ -636,6 +644,7 @@ def check(
             )
             stories = "\n".join(f"  {k}:\n{history(records, k)}" for k in keys[:3])
             problems.append(f"orders SOW != fold of its log: {detail}\n{stories}")
+        report.note(started, "SOW checked")
         sow = snapshot(client, "orders")
         wanted = [f.spec.wanted(sow) for f in followers]
 
@@ -649,6 +658,7 @@ def check(
                 problems.append(f"subscriber {n} ({f.spec}): {differences(f.view(), wanted[n])}")
             if f.error is not None:
                 problems.append(f"subscriber {n} ({f.spec}): {f.error}")
+        report.note(started, "subscribers checked")
         sleeper = SubscriberSpec("sow_and_subscribe", None, False, None).wanted(sow)
 
         def sleeper_holds() -> tuple[bool, str]:
@@ -662,6 +672,8 @@ def check(
             stories = "".join(f"\n  {k} in the log:\n{history(records, k)}" for k in keys)
             problems.append(f"the paused client process: {detail}{stories}")
 
+        report.note(started, "paused client checked")
+
         def all_acked() -> tuple[bool, str]:
             with ledger.lock:
                 missing = sorted(set(range(jobs)) - set(ledger.confirmed))
@@ -670,6 +682,7 @@ def check(
 
         if (detail := settled(all_acked, 120)) is not None:
             problems.append(f"queue JQ: {detail}")
+        report.note(started, "queue checked")
         if after := ledger.after_ack():
             stories = "; ".join(f"{n}: {ledger.events.get(n)}" for n in after[:3])
             problems.append(
@@ -686,6 +699,7 @@ def check(
 
             if (detail := settled(view_is_recomputed, 120)) is not None:
                 problems.append(f"view {name} != a recomputation from its underlying SOW: {detail}")
+        report.note(started, "views checked")
 
 
 def main() -> None:

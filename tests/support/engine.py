@@ -23,6 +23,9 @@ from sowstream.client import Client
 from sowstream.errors import SowstreamError
 
 REPO = Path(__file__).resolve().parents[2]
+# For tests that SIGKILL workers: a killed worker's partitions move once its group session times
+# out (10 s by default), so its replacement is served this much sooner. The broker's least.
+QUICK_SESSION_TIMEOUT = 6.0
 
 
 def write_config(
@@ -78,10 +81,13 @@ class EngineProcesses:
         conflated_topics: list[dict[str, Any]] | None = None,
         publish_entitlements: dict[str, dict[str, str]] | None = None,
         auth: Auth | None = None,
+        session_timeout: float | None = None,
     ) -> None:
         """``auth``: the credentials of the clients the harness makes itself (readiness probes,
-        :meth:`client`), for engines that require them."""
+        :meth:`client`), for engines that require them; ``session_timeout``: the workers' group
+        session timeout in seconds (``sowstream worker --session-timeout``; default 10)."""
         self.bootstrap = bootstrap
+        self.session_timeout = session_timeout
         self.auth = auth
         self.workdir = workdir
         self.kafka = dict(kafka or {})
@@ -124,6 +130,11 @@ class EngineProcesses:
                 str(self.workdir / "data"),
                 "--log-level",
                 "info",
+                *(
+                    ("--session-timeout", str(self.session_timeout))
+                    if self.session_timeout is not None
+                    else ()
+                ),
                 *extra_args,
             ],
             stdout=log,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from confluent_kafka import Producer
@@ -61,11 +62,13 @@ def sowstream(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_cli_shows_librdkafka_lines_only_with_v() -> None:
     """No broker answers: one error line; with -v librdkafka's connect failures before it."""
-    plain = sowstream("sow", "orders", "--bootstrap", NOWHERE)
+    with ThreadPoolExecutor(2) as pool:  # each waits out the CLI's 10 s for a broker: at once
+        quiet_run = pool.submit(sowstream, "sow", "orders", "--bootstrap", NOWHERE)
+        verbose_run = pool.submit(sowstream, "-v", "sow", "orders", "--bootstrap", NOWHERE)
+        plain, verbose = quiet_run.result(), verbose_run.result()
     assert plain.returncode == 1
     assert len(plain.stderr.strip().splitlines()) == 1
     assert plain.stderr.startswith("error: cannot reach Kafka at 127.0.0.1:1")
-    verbose = sowstream("-v", "sow", "orders", "--bootstrap", NOWHERE)
     assert verbose.returncode == 1
     assert "sowstream.kafka: librdkafka error: FAIL" in verbose.stderr
     assert "Connection refused" in verbose.stderr
