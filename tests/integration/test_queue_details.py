@@ -18,7 +18,7 @@ import pytest
 from sowstream.client import Client
 from sowstream.client.messages import Message
 from sowstream.errors import SowstreamError
-from tests.support.engine import EngineProcesses, running_engine
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses, running_engine
 from tests.support.messages import drain, take
 
 pytestmark = pytest.mark.integration
@@ -76,6 +76,7 @@ def engine(
         tmp_path_factory.mktemp("queue-details"),
         TOPICS,
         workers=("w1",),
+        session_timeout=QUICK_SESSION_TIMEOUT,  # a test kills the worker and starts it again
         plain_topics=PLAIN,
         queues=QUEUES,
     ) as procs:

@@ -32,7 +32,7 @@ from sowstream.engine.store import WATERMARK_KEY
 from sowstream.errors import CommandTimeoutError
 from sowstream.queues.ledger import PartitionLedger, ledger_key
 from sowstream.queues.machine import Bookmark
-from tests.support.engine import EngineProcesses, running_engine
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses, running_engine
 from tests.support.messages import take
 
 pytestmark = pytest.mark.integration
@@ -69,6 +69,7 @@ def engine(
         kafka_bootstrap,
         tmp_path_factory.mktemp("queue-failover"),
         [],
+        session_timeout=QUICK_SESSION_TIMEOUT,  # workers are killed: their partitions move sooner
         plain_topics=PLAIN,
         queues=QUEUES,
     )
@@ -259,6 +260,7 @@ def test_an_ack_read_before_the_worker_has_its_message_waits_for_it(
         tmp_path_factory.mktemp("queue-early-ack"),
         [],
         workers=("w1",),
+        session_timeout=QUICK_SESSION_TIMEOUT,
         plain_topics=[{"Name": "ejobs", "Partitions": 1}],
         queues=[{"Name": "EQ", "UnderlyingTopic": "ejobs", "Filter": "/kind = 'job'"}],
     ) as procs:

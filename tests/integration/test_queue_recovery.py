@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 
 from sowstream.client import Client
-from tests.support.engine import EngineProcesses, running_engine, write_config
+from tests.support.engine import (
+    QUICK_SESSION_TIMEOUT,
+    EngineProcesses,
+    running_engine,
+    write_config,
+)
 from tests.support.messages import take
 
 pytestmark = pytest.mark.integration
@@ -47,6 +52,7 @@ def engine(
         tmp_path_factory.mktemp("queue-recovery"),
         SOW,
         workers=("w1",),
+        session_timeout=QUICK_SESSION_TIMEOUT,  # the worker is killed and started again
         plain_topics=PLAIN,
     ) as procs:
         yield procs

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sowstream.client import Client, QueueSubscription, Subscription
-from tests.support.engine import EngineProcesses, running_engine
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses, running_engine
 from tests.support.messages import eventually, take
 
 pytestmark = pytest.mark.integration
@@ -54,6 +54,7 @@ def engine(
         tmp_path_factory.mktemp("queue-views"),
         TOPICS,
         workers=("w1",),
+        session_timeout=QUICK_SESSION_TIMEOUT,  # a test kills the worker and starts it again
         plain_topics=PLAIN,
         queues=QUEUES,
         views=VIEWS,

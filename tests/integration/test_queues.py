@@ -23,7 +23,7 @@ from sowstream.client import Client
 from sowstream.errors import CommandFailedError, InvalidCommandError
 from sowstream.wire import protocol
 from sowstream.wire.avro import decode
-from tests.support.engine import EngineProcesses, running_engine
+from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses, running_engine
 from tests.support.messages import drain, take
 
 pytestmark = pytest.mark.integration
@@ -513,6 +513,7 @@ def test_a_repeated_ack_survives_a_restart_of_the_worker(
         tmp_path_factory.mktemp("queue-repeat"),
         [],
         workers=("w1",),
+        session_timeout=QUICK_SESSION_TIMEOUT,
         plain_topics=[{"Name": "rjobs", "Partitions": 1}],
         queues=[{"Name": "RQ", "UnderlyingTopic": "rjobs"}],
     ) as procs:
