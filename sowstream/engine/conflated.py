@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from sowstream.config.conflated import ConflatedTopicConfig
 from sowstream.engine import metrics
-from sowstream.engine.derived import delivered, queue_records, runner_store, without_gaps
+from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore, commit
 from sowstream.messagetypes import MessageType
@@ -195,7 +195,7 @@ class ConflatedRunner:
                 if upto <= conflator.flushed:
                     continue
                 try:
-                    sent = await queue_records(
+                    await write_records(
                         self._sender,
                         self.log_topic,
                         self._header,
@@ -204,7 +204,6 @@ class ConflatedRunner:
                         self._topic_of,
                         partitions=self._log_partitions,
                     )
-                    await delivered(sent, f"records of {self.log_topic!r}")
                 except Exception:
                     conflator.restore(pending)
                     log.exception(

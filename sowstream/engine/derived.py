@@ -76,6 +76,28 @@ async def without_gaps(
     return [read[o] for o in sorted(read)]
 
 
+async def write_records(
+    sender: Sender,
+    log_topic: str,
+    header: tuple[str, bytes],
+    codec: MessageType,
+    records: Iterable[tuple[str, Mapping[str, Any] | None]],
+    topic_of: Callable[[str], tuple[str, str]] | None = None,
+    partitions: int | None = None,
+) -> None:
+    """Write ``(SowKey, record or None for a delete)`` to ``log_topic`` and wait for Kafka's
+    acknowledgements; RuntimeError if any is missing (the caller then stores nothing).
+
+    For a Pattern topic's log, ``topic_of`` turns each key into the SowKey and the topic name
+    the record goes out under (header ``sow.topic``). Given the log's ``partitions``, the
+    records go out per partition (murmur2 of the key, as every client routes them) in Kafka
+    batches, not one send each."""
+    futures = await queue_records(
+        sender, log_topic, header, codec, records, topic_of=topic_of, partitions=partitions
+    )
+    await delivered(futures, f"records of {log_topic!r}")
+
+
 async def queue_records(
     sender: Sender,
     log_topic: str,
@@ -85,14 +107,8 @@ async def queue_records(
     topic_of: Callable[[str], tuple[str, str]] | None = None,
     partitions: int | None = None,
 ) -> list[asyncio.Future[Any]]:
-    """Queue ``(SowKey, record or None for a delete)`` for ``log_topic``, in order; returns the
-    delivery futures (the caller awaits them with :func:`delivered`, and stores nothing when one
-    is missing).
-
-    For a Pattern topic's log, ``topic_of`` turns each key into the SowKey and the topic name
-    the record goes out under (header ``sow.topic``). Given the log's ``partitions``, the
-    records go out per partition (murmur2 of the key, as every client routes them) in Kafka
-    batches, not one send each."""
+    """:func:`write_records` without the wait: the records are queued to the producer, in
+    order, and their delivery futures returned (await them with ``delivered``)."""
     futures: list[asyncio.Future[Any]] = []
     json = codec.name == "json"
     per_partition: dict[int, tuple[list[tuple[bytes, bytes | None]], list[Headers]]] = {}

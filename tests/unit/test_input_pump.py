@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import orjson
 from confluent_kafka import murmur2
 
-from sowstream.engine.derived import queue_records
+from sowstream.engine.derived import write_records
 from sowstream.engine.inputs import InputPump
 from sowstream.messagetypes import get
 from sowstream.sow.ops import RawRecord
@@ -55,7 +55,7 @@ def test_view_records_go_out_per_log_partition_in_key_order_with_their_headers()
     sender = RecordingSender()
     records = [(f"k{i}", {"i": i}) for i in range(20)] + [("k3", None)]
     header = (h.VIEW, b"V")
-    asyncio.run(queue_records(sender, "log", header, get("json"), records, partitions=4))
+    asyncio.run(write_records(sender, "log", header, get("json"), records, partitions=4))
     assert len(sender.records) == len(records)
     for sent in sender.records:
         assert sent.partition == murmur2(sent.key or b"", 4)
