@@ -330,11 +330,11 @@ class ViewRunner:
                 wrap_batch(entries, vp.watermark, committed, vp.stored)
             )
             wrapped = {key: value for key, value in records.items() if value is not None}
-            # Deletions stored before are removed for good, unless this batch or one on its way
-            # writes the entry again (then that batch's own deletion, if any, is purged later).
+            # Deletions stored before are removed for good, unless a batch on its way wrote
+            # the entry again.
             purged = vp.purge - entries.keys() - vp.overlay.keys()
             records.update((key, None) for key in purged)
-            vp.purge = set()
+            vp.purge -= purged
             vp.overlay.update(wrapped)
             records[WATERMARK] = str(vp.watermark).encode()  # last: it commits the batch
             deletions = {key for key, value in entries.items() if value is None}
