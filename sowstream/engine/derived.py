@@ -92,23 +92,6 @@ async def write_records(
     the record goes out under (header ``sow.topic``). Given the log's ``partitions``, the
     records go out per partition (murmur2 of the key, as every client routes them) in Kafka
     batches, not one send each."""
-    futures = await queue_records(
-        sender, log_topic, header, codec, records, topic_of=topic_of, partitions=partitions
-    )
-    await delivered(futures, f"records of {log_topic!r}")
-
-
-async def queue_records(
-    sender: Sender,
-    log_topic: str,
-    header: tuple[str, bytes],
-    codec: MessageType,
-    records: Iterable[tuple[str, Mapping[str, Any] | None]],
-    topic_of: Callable[[str], tuple[str, str]] | None = None,
-    partitions: int | None = None,
-) -> list[asyncio.Future[Any]]:
-    """:func:`write_records` without the wait: the records are queued to the producer, in
-    order, and their delivery futures returned (await them with ``delivered``)."""
     futures: list[asyncio.Future[Any]] = []
     json = codec.name == "json"
     per_partition: dict[int, tuple[list[tuple[bytes, bytes | None]], list[Headers]]] = {}
@@ -135,7 +118,7 @@ async def queue_records(
     for partition, (keyed, headed) in per_partition.items():
         sent = await sender.send_many(log_topic, partition, keyed, headers=headed)
         futures.extend(fut for fut, _ in sent)
-    return futures
+    await delivered(futures, f"records of {log_topic!r}")
 
 
 def runner_store(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ import orjson
 from sowstream.config.views import ViewConfig
 from sowstream.engine import metrics
 from sowstream.engine.atomic import purgeable, unwrap, wrap_batch
-from sowstream.engine.derived import delivered, queue_records, runner_store, without_gaps
+from sowstream.engine.derived import runner_store, without_gaps, write_records
 from sowstream.engine.ports import LogReader, Sender, StateTable
 from sowstream.engine.store import MemoryPartition, PartitionStore, commit
 from sowstream.messagetypes import MessageType
@@ -56,32 +55,9 @@ MARK_PREFIX = b"src/"
 _NO_MARK = (-1, -1, -1)
 
 
-# Batches of one input partition folded while earlier ones wait for Kafka (their view records,
-# then their changelog): enough to keep the maintainer busy across two round trips.
-MAX_IN_FLIGHT = 8
-
-
-@dataclass
-class PendingBatch:
-    """A folded batch on its way: its view records' delivery futures, then its state."""
-
-    sent: list[asyncio.Future[Any]]
-    records: dict[bytes, bytes | None]  # the state batch, watermark last
-    deletions: set[bytes]  # entries it deleted: removed for good by a batch after it is stored
-    changes: int
-    done: asyncio.Future[None]
-
-
 @dataclass
 class ViewPartition:
-    """One input partition's maintainer and positions, as loaded from its store.
-
-    Batches are pipelined, as the SOW topic's processor pipelines its own: the next batch
-    folds on top of the ones still waiting for Kafka, and a committer task stores them in
-    order once their view records are acknowledged. ``overlay`` holds the state entries of
-    the batches not stored yet, so a batch wraps each entry around the value the batch before
-    it left (see engine.atomic).
-    """
+    """One input partition's maintainer and positions, as loaded from its store."""
 
     store: PartitionStore
     maintainer: ViewMaintainer
@@ -90,20 +66,6 @@ class ViewPartition:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     caught_up: bool = False  # read the input from the watermark to its end once, when loaded
     purge: set[bytes] = field(default_factory=set)  # committed deletions, removed next batch
-    in_flight: deque[PendingBatch] = field(default_factory=deque)
-    overlay: dict[bytes, bytes] = field(default_factory=dict)
-    committer: asyncio.Task[None] | None = None
-    failed: bool = False
-
-    def stored(self, key: bytes) -> bytes | None:
-        """``key``'s value as the batches folded so far leave it (stored or on its way)."""
-        value = self.overlay.get(key)
-        return value if value is not None else self.store.get(key)
-
-    async def settle(self) -> None:
-        """Wait until every batch folded so far is stored (or failed)."""
-        while self.in_flight:
-            await asyncio.shield(self.in_flight[-1].done)
 
 
 class ViewRunner:
@@ -246,14 +208,6 @@ class ViewRunner:
             if vp is not None:
                 async with vp.lock:
                     pass
-                await vp.settle()
-
-    async def settle(self) -> None:
-        """Wait until every batch folded so far is stored (tests, before reading the stores)."""
-        for vp in list(self._parts.values()):
-            async with vp.lock:
-                pass
-            await vp.settle()
 
     def records(self) -> dict[str, dict[str, Any]]:
         """The view records of the partitions held here (for tests and status)."""
@@ -287,8 +241,6 @@ class ViewRunner:
             self._parts.pop(partition, None)
 
     async def _apply_partition(self, partition: int, recs: list[RawRecord]) -> None:
-        """Fold a batch and send its view records; its state is stored by the partition's
-        committer once Kafka has them (:meth:`_commit_in_order`)."""
         vp = self.ready(partition)
         if vp is None:
             log.info(
@@ -301,22 +253,18 @@ class ViewRunner:
         async with vp.lock:
             if self._parts.get(partition) is not vp:
                 return
-            while len(vp.in_flight) >= MAX_IN_FLIGHT:
-                await asyncio.shield(vp.in_flight[0].done)
-            if vp.failed or self._parts.get(partition) is not vp:
-                return
             recs = await without_gaps(
                 self._reader, partition, vp.watermark, recs, f"view {self.view.name}"
             )
             if not recs:
                 return
-            committed = vp.watermark  # the batch before this one's mark (stored or on its way)
+            committed = vp.watermark
             changes = self._fold(vp, recs)
             entries_marks = {
                 MARK_PREFIX + stream.encode(): orjson.dumps(list(mark))
                 for stream, mark in vp.marks.items()
             }
-            sent = await queue_records(
+            await write_records(
                 self._sender,
                 self.log_topic,
                 self._view_header,
@@ -327,48 +275,13 @@ class ViewRunner:
             entries = vp.maintainer.take_entries()
             entries.update(entries_marks)
             records: dict[bytes, bytes | None] = dict(
-                wrap_batch(entries, vp.watermark, committed, vp.stored)
+                wrap_batch(entries, vp.watermark, committed, vp.store.get)
             )
-            wrapped = {key: value for key, value in records.items() if value is not None}
-            # Deletions stored before are removed for good, unless a batch on its way wrote
-            # the entry again.
-            purged = vp.purge - entries.keys() - vp.overlay.keys()
-            records.update((key, None) for key in purged)
-            vp.purge -= purged
-            vp.overlay.update(wrapped)
+            records.update((key, None) for key in vp.purge - entries.keys())
             records[WATERMARK] = str(vp.watermark).encode()  # last: it commits the batch
-            deletions = {key for key, value in entries.items() if value is None}
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            vp.in_flight.append(PendingBatch(sent, records, deletions, len(changes), done))
-            if vp.committer is None:
-                vp.committer = asyncio.create_task(self._commit_in_order(partition, vp))
-
-    async def _commit_in_order(self, partition: int, vp: ViewPartition) -> None:
-        """Store the partition's batches, oldest first, each once its view records are in
-        Kafka. A failure forgets the partition: it is loaded again from its store and the
-        input read again from the stored watermark, so nothing is lost."""
-        try:
-            while vp.in_flight:
-                head = vp.in_flight[0]
-                await delivered(head.sent, f"records of {self.log_topic!r}")
-                await commit(vp.store, head.records, self._sender)
-                for key, value in head.records.items():
-                    if value is not None and vp.overlay.get(key) is value:
-                        del vp.overlay[key]
-                vp.purge |= head.deletions
-                metrics.VIEW_CHANGES.labels(self.view.name).inc(head.changes)
-                vp.in_flight.popleft()
-                head.done.set_result(None)
-        except Exception:
-            log.exception("view %s partition %d: storing a batch failed", self.view.name, partition)
-            vp.failed = True
-            if self._parts.get(partition) is vp:
-                del self._parts[partition]
-            while vp.in_flight:
-                vp.in_flight.popleft().done.set_result(None)
-        finally:
-            if vp.committer is asyncio.current_task():
-                vp.committer = None
+            await commit(vp.store, records, self._sender)
+            vp.purge = {key for key, value in entries.items() if value is None}
+            metrics.VIEW_CHANGES.labels(self.view.name).inc(len(changes))
 
     def _fold(self, vp: ViewPartition, recs: Sequence[RawRecord]) -> list[ViewChange]:
         """Apply events to the maintainer; returns the view changes in order (with

@@ -21,7 +21,7 @@ from sowstream.config import load_config_text
 from sowstream.config.views import ViewConfig
 from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
-from sowstream.engine.views import WATERMARK, ViewRunner
+from sowstream.engine.views import ViewRunner
 from sowstream.errors import StateStoreError
 from sowstream.sow.compiled import compile_topic
 from sowstream.sow.ops import RawRecord
@@ -261,7 +261,6 @@ def test_duplicated_events_and_restarts_leave_the_view_equal_to_a_recomputation(
         inputs = {p: recs for (t, p), recs in partitions(sender).items() if t == "in"}
         for recs in inputs.values():
             await runner.handle(recs[: cut % (len(recs) + 1)])
-        await runner.settle()  # batches are pipelined: stored once Kafka has their records
         # The maintainer restarts: its state comes back from the store, and faust hands it
         # events from an older committed offset (repeats) or a later one (a gap to fetch).
         runner = new_runner(sender, memory)
@@ -311,7 +310,6 @@ def test_a_batch_in_which_faust_jumped_ahead_is_completed_from_the_input_topic()
         assert max(len(recs) for recs in inputs.values()) > 10
         for recs in inputs.values():
             await runner.handle(recs[:2])
-        await runner.settle()
         runner = new_runner(sender, memory)  # restarted: state and watermark from the store
         for recs in inputs.values():
             await runner.handle(recs[:5] + recs[-3:])
@@ -502,7 +500,6 @@ def test_a_batch_cut_short_in_the_changelog_is_rolled_back(
             at = min(split, len(recs))
             await runner.handle(recs[:at])
             await runner.handle(recs[at:])
-        await runner.settle()
         expected = runner.records()
         assert expected == view_log(sender)
 
@@ -520,61 +517,5 @@ def test_a_batch_cut_short_in_the_changelog_is_rolled_back(
         for recs in inputs.values():
             await again.handle(recs)
         assert again.records() == expected
-
-    asyncio.run(go())
-
-
-def test_batches_fold_while_earlier_ones_wait_for_kafka_and_are_stored_in_order() -> None:
-    """The maintainer pipelines: a batch's view records go out while the batch before it waits
-    for Kafka, and the states are stored in order once their records are acknowledged. A batch
-    Kafka refuses is not stored, nor is any after it: the partition is loaded again from its
-    store and ends equal to a recomputation."""
-
-    async def go() -> None:
-        source_sender = RecordingSender()
-        source = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), source_sender)
-        source.views.append(ViewFeed(VIEW, "t", "in"))
-        await source.ready(0)
-        await source.process(to_records([("publish", i % 3, i % 2, i % 7) for i in range(12)]))
-        await source.drain()
-        (partition, inputs), *_ = (
-            (p, recs) for (t, p), recs in partitions(source_sender).items() if t == "in"
-        )
-        assert len(inputs) >= 3
-
-        sender = RecordingSender(held=True)
-        sender.records.extend(r for r in source_sender.records if r.topic == "in")
-        memory: dict[int, Any] = {}
-        runner = new_runner(sender, memory)
-        # Neither batch waits for Kafka (which holds every delivery back until acknowledged).
-        await asyncio.wait_for(runner.handle(inputs[:1]), 5)
-        await asyncio.wait_for(runner.handle(inputs[1:2]), 5)
-        assert len([r for r in sender.records if r.topic == "log.V"]) >= 2
-        assert memory[partition].get(WATERMARK) is None  # nothing stored before Kafka has it
-        sender.acknowledge()
-        await runner.settle()
-        assert memory[partition].get(WATERMARK) == str(inputs[1].offset).encode()
-
-        sender.failing = True  # Kafka refuses the next batch's view records
-        await runner.handle(inputs[2:3])
-        sender.acknowledge()
-        await runner.settle()
-        assert memory[partition].get(WATERMARK) == str(inputs[1].offset).encode()
-        assert runner.records() == {}  # forgotten: loaded again on its next event
-        sender.failing = False
-        await runner.warm([partition])
-        await runner.handle(inputs[3:])
-        sender.acknowledge()
-        await runner.settle()
-        assert memory[partition].get(WATERMARK) == str(inputs[-1].offset).encode()
-        ps = source.state(0)
-        assert ps is not None
-        state = {
-            rec.sow_key: (orjson.loads(rec.data), rec.log_offset)
-            for rec in (SowRecord.from_bytes(raw) for k, raw in ps.store.scan() if is_record_key(k))
-        }
-        expected = ViewMaintainer(VIEW).recompute({"t": state})
-        held = runner.records()
-        assert held and {k: v for k, v in expected.items() if k in held} == held
 
     asyncio.run(go())
