@@ -519,3 +519,31 @@ def test_a_batch_cut_short_in_the_changelog_is_rolled_back(
         assert again.records() == expected
 
     asyncio.run(go())
+
+
+def test_a_group_emptied_and_filled_again_survives_a_restart() -> None:
+    """A deleted entry is removed for good by a later batch; one that a batch in between wrote
+    again must stay in the store, so a restarted maintainer holds the group."""
+
+    async def go() -> None:
+        sender = RecordingSender()
+        source = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
+        source.views.append(ViewFeed(VIEW, "t", "in"))
+        await source.ready(0)
+        steps = [("publish", 1, 0, 5), ("delete", 1, 0, 0), ("publish", 1, 0, 6)]
+        steps += [("publish", 2, g, v) for v in range(3) for g in range(1, 7)]  # other groups
+        await source.process(to_records(steps))
+        await source.drain()
+        inputs = {p: r for (t, p), r in partitions(sender).items() if t == "in"}
+        memory: dict[int, Any] = {}
+        runner = new_runner(sender, memory)
+        for recs in inputs.values():
+            for rec in recs:  # one batch each
+                await runner.handle([rec])
+        expected = runner.records()
+        assert expected == view_log(sender) and any(r["g"] == 0 for r in expected.values())
+        restarted = new_runner(sender, memory)
+        await restarted.warm(inputs)
+        assert restarted.records() == expected
+
+    asyncio.run(go())
