@@ -22,6 +22,7 @@ import struct
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -50,6 +51,17 @@ def ledger_key(queue: str) -> bytes:
 def ack_chunk_prefix(queue: str) -> bytes:
     """Key prefix of a queue's ack chunks in a log partition's store (in time order)."""
     return _named(ACK_CHUNK_PREFIX, queue)
+
+
+def _json_object(value: bytes, what: str) -> dict[str, Any]:
+    """``value`` read as a JSON object; LedgerError naming ``what`` when it is not one."""
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise LedgerError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise LedgerError(f"{what} is not a JSON object: {value[:60]!r}")
+    return raw
 
 
 class Ranges:
@@ -206,11 +218,8 @@ class PartitionLedger:
     @classmethod
     def from_bytes(cls, value: bytes) -> PartitionLedger:
         """A stored ledger; LedgerError naming what is wrong when it is not one."""
-        try:
-            raw = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise LedgerError(f"queue ledger is not JSON: {exc}") from None
-        if not isinstance(raw, dict) or raw.get("v") != LEDGER_VERSION:
+        raw = _json_object(value, "queue ledger")
+        if raw.get("v") != LEDGER_VERSION:
             raise LedgerError(f"queue ledger of an unknown version: {value[:60]!r}")
         low = raw.get("low")
         if not isinstance(low, int) or isinstance(low, bool) or low < 0:
@@ -232,11 +241,8 @@ class AckChunk:
 
     @classmethod
     def from_bytes(cls, key: bytes, value: bytes) -> AckChunk:
-        try:
-            raw = orjson.loads(value)
-        except orjson.JSONDecodeError as exc:
-            raise LedgerError(f"queue ack chunk is not JSON: {exc}") from None
-        if not isinstance(raw, dict) or not isinstance(raw.get("c"), str):
+        raw = _json_object(value, "queue ack chunk")
+        if not isinstance(raw.get("c"), str):
             raise LedgerError("queue ack chunk names no client")
         at = raw.get("t")
         if not isinstance(at, int) or isinstance(at, bool):
