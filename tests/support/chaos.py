@@ -45,7 +45,7 @@ from sowstream.broker.local import LocalBroker
 from sowstream.client import Client
 from sowstream.errors import CommandTimeoutError, SowstreamError
 from sowstream.filters import compile_filter
-from tests.support.engine import QUICK_SESSION_TIMEOUT, EngineProcesses
+from tests.support.engine import EngineProcesses
 from tests.support.subscriber import Cache, without_nulls
 from tests.support.views import recomputed
 
@@ -469,7 +469,6 @@ def run(workdir: Path, seconds: float, seed: int, *, restart_broker: bool = True
         queues=QUEUES,
         views=VIEWS,
         engine_extra={"slow_consumer": {"client_timeout": f"{CLIENT_TIMEOUT_S}s"}},
-        session_timeout=QUICK_SESSION_TIMEOUT,  # workers are SIGKILLed: partitions move sooner
     )
     stop = threading.Event()
     clients: list[Client] = []
