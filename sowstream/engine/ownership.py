@@ -189,7 +189,8 @@ class Ownership:
                 self.topic.name,
                 partition,
                 copies,
-                max(ps.watermark, ledger.low - 1 if ledger is not None else -1),
+                # A RecoveryPoint past the watermark: nothing before it enters the queue.
+                ps.watermark if ledger is None else max(ps.watermark, ledger.low - 1),
                 ledger=ledger,
                 records=records,
                 chunks=chunks,

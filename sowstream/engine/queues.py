@@ -241,7 +241,7 @@ class QueueRuntime:
         epoch = self.credits.take(topic, partition, max(time.time_ns() // 1000, after + 1))
         self._held_changed()
         # Copies and the log's records in log order: the machine takes each offset once.
-        logged = (r for r in records if r.offset not in held and not ledger.skips(r.offset))
+        logged = (r for r in records if r.offset not in held)
         merged = heapq.merge(stored, logged, key=lambda r: r.offset)
         changes = self._offer(topic, partition, merged, (), ledger=ledger, held=held)
         changes.update(damaged)
