@@ -20,6 +20,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
@@ -109,6 +110,17 @@ def expired_body(codec: MessageType, data: bytes) -> dict[str, Any]:
     return {"message": base64.b64encode(data).decode(), "encoding": "base64"}
 
 
+@dataclass(slots=True)
+class HeldPartition:
+    """A queue's state over one log partition held here: what it is done with (bodies are read
+    from the log), the offsets of messages kept as stored copies instead, and recent
+    acknowledgements."""
+
+    ledger: PartitionLedger
+    copies: set[int]
+    acks: AckLog
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -134,11 +146,7 @@ class QueueRuntime:
         self.machine.on_wake = self.kick  # another queue freed room of a shared backlog
         self._sender = sender
         self._store = store
-        # Per log partition held: what the queue is done with (bodies are read from the log),
-        # the offsets of messages kept as stored copies instead, and recent acknowledgements.
-        self._ledgers: dict[tuple[str, int], PartitionLedger] = {}
-        self._copies: dict[tuple[str, int], set[int]] = {}
-        self._acks: dict[tuple[str, int], AckLog] = {}
+        self._held: dict[tuple[str, int], HeldPartition] = {}  # per log partition held
         self._next_sweep = self._next_gauge = 0
         self._events: dict[str, Any] = {}  # metric children per event, made on first use
         self._depth_available = metrics.QUEUE_DEPTH.labels(config.name, "available")
@@ -234,16 +242,14 @@ class QueueRuntime:
                 )
                 damaged[key] = None
         acks.sort()
-        self._ledgers[where] = ledger
-        self._copies[where] = held
-        self._acks[where] = acks
+        here = self._held[where] = HeldPartition(ledger, held, acks)
         self.counts[where] = Counter()
         epoch = self.credits.take(topic, partition, max(time.time_ns() // 1000, after + 1))
         self._held_changed()
         # Copies and the log's records in log order: the machine takes each offset once.
         logged = (r for r in records if r.offset not in held)
         merged = heapq.merge(stored, logged, key=lambda r: r.offset)
-        changes = self._offer(topic, partition, merged, (), ledger=ledger, held=held)
+        changes = self._offer(topic, partition, merged, (), here)
         changes.update(damaged)
         ledger.offered(watermark)
         changes[ledger_key(self.name)] = ledger.to_bytes()
@@ -303,9 +309,7 @@ class QueueRuntime:
         if self.view_feed is not None:
             self.view_feed.drop(topic, partition)
         self.counts.pop((topic, partition), None)
-        self._ledgers.pop((topic, partition), None)
-        self._copies.pop((topic, partition), None)
-        self._acks.pop((topic, partition), None)
+        self._held.pop((topic, partition), None)
         self.credits.drop(topic, partition)
         self._held_changed()
 
@@ -348,10 +352,7 @@ class QueueRuntime:
         letters, which a reload must not offer); returns the store entries to write with
         their batch: copies of messages the log does not hold as queued, and the ledger when
         it gained offsets to skip."""
-        where = (topic, partition)
-        return self._offer(
-            topic, partition, records, refused, self._ledgers.get(where), self._copies.get(where)
-        )
+        return self._offer(topic, partition, records, refused, self._held.get((topic, partition)))
 
     def _offer(
         self,
@@ -359,10 +360,10 @@ class QueueRuntime:
         partition: int,
         records: Iterable[AppliedPublish],
         refused: Iterable[int],
-        ledger: PartitionLedger | None,
-        held: set[int] | None,
+        here: HeldPartition | None,
     ) -> dict[bytes, bytes | None]:
         changes: dict[bytes, bytes | None] = {}
+        ledger = here.ledger if here is not None else None
         only = self.scopes.get(topic)
         machine = self.machine
         skipped = appended = False
@@ -375,12 +376,12 @@ class QueueRuntime:
             ahead = machine.acked_ahead(bookmark)
             if machine.append(bookmark, data, body, timestamp, expiration_ms=expiration):
                 appended = True
-                if ledger is None or held is None:
+                if here is None:
                     continue  # not held here: nothing to store
-                if logged and offset not in held:
-                    ledger.track(offset)
-                elif offset not in held:
-                    held.add(offset)
+                if logged and offset not in here.copies:
+                    here.ledger.track(offset)
+                elif offset not in here.copies:
+                    here.copies.add(offset)
                     changes[entry_key(self.name, offset)] = StoredMessage(
                         data, timestamp, expiration
                     ).to_bytes()
@@ -560,8 +561,8 @@ class QueueRuntime:
                 continue
             earlier = acked_by.get(bookmark)
             if earlier is None:
-                acks = self._acks.get((bookmark.topic, bookmark.partition))
-                earlier = acks.who_acked(bookmark.offset) if acks is not None else None
+                here = self._held.get((bookmark.topic, bookmark.partition))
+                earlier = here.acks.who_acked(bookmark.offset) if here is not None else None
             if earlier is not None and (self.config.leasing != "strict" or earlier == client):
                 outcome.results[bookmark] = AckResult.ACKED
 
@@ -711,8 +712,8 @@ class QueueRuntime:
             return 0
         self._next_sweep = now + ACK_SWEEP_MS
         writes = []
-        for (topic, partition), acks in list(self._acks.items()):
-            old: dict[bytes, bytes | None] = dict.fromkeys(acks.due(now, ACK_MEMORY_MS))
+        for (topic, partition), here in list(self._held.items()):
+            old: dict[bytes, bytes | None] = dict.fromkeys(here.acks.due(now, ACK_MEMORY_MS))
             if old:
                 writes.append((topic, partition, old))
         # Each log partition's store commits on its own: wait for them together.
@@ -732,13 +733,12 @@ class QueueRuntime:
             b = item.message.bookmark
             where = (b.topic, b.partition)
             changes = deleted.setdefault(where, {})
-            ledger = self._ledgers.get(where)
-            if ledger is not None:
-                ledger.finish(b.offset)
-            copies = self._copies.get(where)
-            if copies is not None and b.offset in copies:
-                copies.discard(b.offset)
-                changes[entry_key(self.name, b.offset)] = None
+            here = self._held.get(where)
+            if here is not None:
+                here.ledger.finish(b.offset)
+                if b.offset in here.copies:
+                    here.copies.discard(b.offset)
+                    changes[entry_key(self.name, b.offset)] = None
             client = acked_by.get(b) if acked_by else None
             if client is not None:
                 acked.setdefault(where, {}).setdefault(client, []).append(b.offset)
@@ -780,27 +780,27 @@ class QueueRuntime:
         """Store one partition's removals: its ledger as it stands when the write's turn comes,
         the deleted copies, and an ack chunk per client (remembered once stored: a repeat is
         answered as done only after the first acknowledgement is)."""
-        acks = self._acks.get(where)
+        here = self._held.get(where)
         chunks = (
-            [acks.chunk(client, offsets, now) for client, offsets in acked.items()]
-            if acks is not None
+            [here.acks.chunk(client, offsets, now) for client, offsets in acked.items()]
+            if here is not None
             else []
         )
         name = self.name
 
         def changes() -> dict[bytes, bytes | None]:
-            ledger = self._ledgers.get(where)
             made = dict(deleted)
-            if ledger is not None:
-                made[ledger_key(name)] = ledger.to_bytes()
+            current = self._held.get(where)  # as held when the write's turn comes
+            if current is not None:
+                made[ledger_key(name)] = current.ledger.to_bytes()
             for chunk in chunks:
                 made[chunk.key] = chunk.to_bytes()
             return made
 
         ok = await self._store(where[0], where[1], changes)
-        if ok and acks is not None and self._acks.get(where) is acks:
+        if ok and here is not None and self._held.get(where) is here:
             for chunk in chunks:
-                acks.restore(chunk)
+                here.acks.restore(chunk)
         return ok
 
     def _count(self, bookmark: Bookmark, what: str) -> None:
