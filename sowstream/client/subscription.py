@@ -343,7 +343,10 @@ class Subscription:
         messages through, each partition's in log order. A partition's owner sends live
         messages as soon as it reads the registration, and its replay from a bookmark only
         when it runs the placement, so a replayed message can arrive after a later live one: in
-        arrival order the replayed one would look like a repeat and be dropped."""
+        arrival order the replayed one would look like a repeat and be dropped. Of two messages
+        at one position the later is kept: a placement's replay comes after what the owner sent
+        on reading the registration, and only the replay knows what the subscriber held at its
+        bookmark (a conflated oof built before it may carry a state the subscriber never had)."""
         with self._lock:
             self._holds.discard(reason)
             if self._holds:
@@ -351,11 +354,18 @@ class Subscription:
                 return
             held, self._held = self._held, []
             log.debug("%s: released %d held", self.sub_id, len(held))
-            held.sort(
-                key=lambda live: (self._stream(live.topic), live.partition, live.offset, live.seq)
+            order = sorted(
+                range(len(held)),
+                key=lambda i: (
+                    self._stream(held[i].topic),
+                    held[i].partition,
+                    held[i].offset,
+                    held[i].seq,
+                    -i,
+                ),
             )
-            for live in held:
-                self._accept(live)
+            for i in order:
+                self._accept(held[i])
 
     def deliver_group(self, messages: Iterator[Message]) -> None:
         """Pass the SOW part's messages (group_begin … group_end) to the application."""

@@ -100,6 +100,14 @@ class Placement:
         if cleared and self._table.holds(partition, ps):
             self._applier.enqueue(partition, ps, Outcome(journal=cleared), sent)
 
+    def _drop_buffered(self, key: str, partition: int, ps: PartitionState) -> None:
+        """Drop ``key``'s buffered changes of ``partition`` before a bookmark replay, which
+        sends them all from what the subscriber holds (caller holds ps.lock)."""
+        self._subs.discard_partition(key, partition)
+        cleared = self._subs.take_cleared(partition)
+        if cleared and self._table.holds(partition, ps):
+            self._applier.enqueue(partition, ps, Outcome(journal=cleared), [])
+
     async def _registration_read(self, cmd: Command) -> None:
         """Wait until this worker has read the registration the command follows (its option
         ``registry_offset``): a removal of the same key read after the placement would end it
@@ -294,7 +302,10 @@ class Placement:
                 return
             await table.settle(ps)
             self._subs.upsert(spec, held=table.partitions)
-            await self._flush_partition([spec.key], partition, ps)
+            if bookmark is not None and not aggregated:
+                self._drop_buffered(spec.key, partition, ps)
+            else:
+                await self._flush_partition([spec.key], partition, ps)
             self._subs.pin(spec, partition)
             watermark = ps.watermark
             if aggregated:

@@ -383,7 +383,14 @@ class TopicSubscriptions:
             if delivery is not None:
                 out.append(delivery)
         elif view.spec.options.oof:
-            out.append(self._oof(view.spec, change, reason))
+            # Reached by a conflated subscription only in a replay, which sends every change:
+            # what it last received is then the change's previous state (chapter 04).
+            conflated = self._conflated(view.spec)
+            out.append(self._oof(view.spec, change, reason, last_received=conflated))
+
+    def _conflated(self, spec: SubscriptionSpec) -> bool:
+        """Whether ``spec`` is conflated: by its options, or as a slow client's."""
+        return spec.options.conflation_ms is not None or spec.reply_to in self._forced
 
     def replay(self, key: str, changes: Sequence[Change]) -> list[Delivery]:
         """What one subscription receives for past ``changes`` (a bookmark replay).
@@ -480,9 +487,12 @@ class TopicSubscriptions:
             return OOF_ENTITLEMENT
         return OOF_MATCH
 
-    def _oof(self, spec: SubscriptionSpec, change: Change, reason: str) -> Delivery:
-        # "match" shows the new state; the others the last state the subscriber may see.
-        record = change.after if reason == OOF_MATCH else change.before
+    def _oof(
+        self, spec: SubscriptionSpec, change: Change, reason: str, *, last_received: bool = False
+    ) -> Delivery:
+        # "match" shows the new state; the others, and any oof of a conflated subscription
+        # (``last_received``), the last state the subscriber may see.
+        record = change.after if reason == OOF_MATCH and not last_received else change.before
         assert record is not None
         return self._delivery(spec, OOF, record, change, reason=reason)
 
@@ -671,6 +681,16 @@ class TopicSubscriptions:
         if active is None or not active.pending:
             return []
         return self._settle_all(active, active.take(partition))
+
+    def discard_partition(self, key: str, partition: int) -> None:
+        """Drop subscription ``key``'s buffered changes of ``partition`` unsent: a placement
+        from a bookmark replays every one of them, whole or as the oof the subscriber needs,
+        and their bases may be ahead of what the subscriber holds (it was away)."""
+        active = self._subs.get(key)
+        if active is None:
+            return
+        for item in active.take(partition):
+            self._unjournal(item, self._cleared)
 
     def _settle_all(self, active: _Active, pending: Iterable[_Pending]) -> list[Delivery]:
         items = list(pending)

@@ -35,6 +35,7 @@ pytestmark = pytest.mark.integration
 TOPICS = [
     {"Name": "items", "Key": ["/id"], "Partitions": 4},
     {"Name": "resumed", "Key": ["/id"], "Partitions": 4},
+    {"Name": "desks", "Key": ["/id"], "Partitions": 4},
 ]
 POLICY = {
     "client_timeout": "4s",
@@ -286,6 +287,74 @@ def test_a_paused_client_is_told_and_resumes_with_every_message_once(
             cache[m["key"]] = m["body"]
     sow = {m.sow_key: m.json() for m in client.sow("resumed") if m.command == "sow"}
     assert cache == sow
+
+
+CONFLATED_CLIENT = """
+import json, sys
+from sowstream.client import Client
+from tests.support.subscriber import Cache
+with Client(sys.argv[1], prefix=sys.argv[2]) as client:
+    sub = client.sow_and_subscribe("desks", "/desk = 'a'", options="oof,conflation=200ms")
+    # Every oof must name a record held and carry the state held (chapter 04, conflation).
+    cache = Cache(held_only=True, oof_last=True)
+    print(json.dumps({"ready": True}), flush=True)
+    stopping = False
+    try:
+        while (msg := sub.next(timeout=5 if stopping else 120)) is not None:
+            cache.apply(msg)
+            if msg.command in ("sow", "publish"):
+                stopping = stopping or msg.json().get("id") == "stop"
+    except AssertionError as exc:
+        print(json.dumps({"wrong": str(exc)}), flush=True)
+    print(json.dumps({"interruptions": sub.interruptions, "held": cache.view()}), flush=True)
+"""
+
+
+def test_a_paused_conflated_subscriber_is_sent_oofs_with_what_it_last_received(
+    engine: EngineProcesses, publisher: Client, client: Client, tmp_path: Path
+) -> None:
+    """A conflated ``oof`` subscription that the engine ended for ``client_timeout`` is placed
+    again from its bookmarks: the replay sends each change at once, and an oof in it carries the
+    state the subscriber last received, as a conflated oof must; the subscriber ends up holding
+    what the SOW holds for its filter."""
+    n = 0
+
+    def publish(count: int) -> None:
+        # Six records moving between desks: two of every three turns on desk 'a'.
+        nonlocal n
+        for _ in range(count):
+            desk = "b" if (n // 6) % 3 == 1 else "a"
+            publisher.publish("desks", {"id": f"d{n % 6}", "desk": desk, "v": n})
+            n += 1
+        publisher.flush()
+
+    publish(6)
+    proc = start_client(CONFLATED_CLIENT, engine, tmp_path)
+    try:
+        publish(12)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGSTOP)
+        publish(18)  # paused, buffered in conflation intervals the engine then drops
+        time.sleep(8.0)  # client_timeout is 4 s, checked every 500 ms
+        publish(18)  # paused, after its subscription ended
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.5)
+        publish(12)  # while it places the subscription again
+        time.sleep(3.0)
+        publish(6)
+        publisher.publish("desks", {"id": "stop", "desk": "a"})
+        publisher.flush()
+        proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+    lines = [json.loads(line) for line in (tmp_path / "client.out").read_text().splitlines()]
+    assert not [line for line in lines if "wrong" in line], lines
+    last = lines[-1]
+    assert "client_timeout" in last["interruptions"], last
+    sow = {m.sow_key: m.json() for m in client.sow("desks", "/desk = 'a'") if m.command == "sow"}
+    assert last["held"] == sow
 
 
 UNRESUMED_CLIENT = """

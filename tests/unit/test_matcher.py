@@ -139,6 +139,25 @@ def test_conflation_update_then_out_gives_oof_with_delivered_state() -> None:
     assert bodies(ts.flush(1000)) == [("oof", "match", a)]
 
 
+def test_a_conflated_subscriptions_replay_oof_carries_the_state_it_last_received() -> None:
+    """A replay (a subscription placed again from its bookmarks) sends every change at once; on
+    a conflated subscription an oof still carries the last data the subscriber received
+    (chapter 04), which in a replay is the change's previous state, not the new one."""
+    a = {"id": 1, "s": "open", "v": 0}
+    b = {"id": 1, "s": "open", "v": 1}
+    c = {"id": 1, "s": "done", "v": 2}
+    conflated = subs(spec(flt="/s = 'open'", options="oof,conflation=1s"))
+    assert bodies(conflated.replay(spec().key, [change(a, b), change(b, c)])) == [
+        ("publish", "", b),
+        ("oof", "match", b),
+    ]
+    plain = subs(spec(flt="/s = 'open'", options="oof"))
+    assert bodies(plain.replay(spec().key, [change(b, c)])) == [("oof", "match", c)]
+    forced = subs(spec(flt="/s = 'open'", options="oof"))
+    forced.force_conflation("r", 500)
+    assert bodies(forced.replay(spec().key, [change(b, c)])) == [("oof", "match", b)]
+
+
 def test_conflation_out_and_back_in_gives_latest_state_only() -> None:
     ts = subs(spec(flt="/s = 'open'", options="oof,conflation=1s"))
     a = {"id": 1, "s": "open", "v": 0}

@@ -101,6 +101,27 @@ def test_a_replayed_message_that_arrives_after_a_later_live_one_is_not_lost() ->
     assert _offsets(sub) == [(3, 5), (7, 121), (7, 140)]
 
 
+def test_of_two_held_messages_at_one_position_the_later_one_is_kept() -> None:
+    """Found by the chaos run: a conflated subscription placed again got, before its replay, a
+    flush built on reading the registration, an oof carrying a state from before the client's
+    bookmark; the replay's oof at the same offset carries what the subscriber holds."""
+    sub = _sub()
+    sub.set_cut("t", 0, 20)
+    sub.release()
+    sub.hold()
+    early = _Live("oof", "t", 0, 30, "k", b'{"id": 1, "v": 48}', 3_000, "match", False, 0)
+    replayed = _Live("oof", "t", 0, 30, "k", b'{"id": 1, "v": 54}', 3_000, "match", False, 0)
+    sub.on_live(early)
+    sub.on_live(_live(0, 27))
+    sub.on_live(replayed)
+    sub.set_cut("t", 0, 20)
+    sub.release()
+    got = []
+    while (msg := sub.next(timeout=0)) is not None:
+        got.append((msg.command, msg.json()))
+    assert got == [("publish", {"id": 1}), ("oof", {"id": 1, "v": 54})]
+
+
 class _Engine:
     """What placing a subscription again needs of the connection: the topic's definition and a
     registry that takes registrations (the engine's answers come through ``place`` below)."""
