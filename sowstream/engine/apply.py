@@ -152,6 +152,12 @@ class Applier:
                     outcome.journal = subs.take_journal(partition)
                     if outbox.views:
                         required = await outbox.feed_views(outcome.events)
+                # Owed before the batch is stored, as subscription messages are: sent after
+                # it, a worker killed in between lost them for good (the next owner starts
+                # after the stored watermark), so a publisher waited out its timeout and an
+                # unkeyed publish's keyed copy never reached the log.
+                required = [*required, *await self._forward(outcome)]
+                sent = [*sent, *await self._acknowledge(outcome)]
                 if self._queues and (outcome.enqueued or outcome.dead):
                     refused = [rejected.record.offset for rejected in outcome.dead]
                     for queue in self._queues:
@@ -187,7 +193,10 @@ class Applier:
                     await self._outbox.acknowledged(head.sent)
                 # Refused: the batch is not stored, the partition is loaded again and its log
                 # replayed (below), and the events go out again.
-                await delivered(head.required, f"change events of topic {self.topic.name!r}")
+                await delivered(
+                    head.required,
+                    f"change events, re-keyed copies or dead letters of topic {self.topic.name!r}",
+                )
                 life = head.life
                 if life is not None:
                     life.mark("replies_acked")
@@ -212,7 +221,6 @@ class Applier:
                     # through the overlay meanwhile find the same records as in the store.
                     ps.in_flight.popleft()
                     head.outcome.stored = True
-                    await self._perform(head.outcome)
                 await ps.wake()
         except Exception as exc:
             log.error(
@@ -709,15 +717,20 @@ class Applier:
                 _note(events, stored.sow_key, stored, None, rec, seq=count)
         return count
 
-    async def _perform(self, outcome: Outcome) -> None:
-        """What a stored batch still owes: re-keyed copies, dead letters, publishers' acks."""
+    async def _forward(self, outcome: Outcome) -> list[asyncio.Future[Any]]:
+        """Send what the log owes for a batch, the batch stored only once Kafka has it:
+        re-keyed copies of unkeyed records and dead letters. A batch stored and then folded
+        again after a crash sends them again (at-least-once, as everything the log drives)."""
+        futures: list[asyncio.Future[Any] | None] = []
         for sow_key, rec in outcome.rekeys:
             hdrs = {**rec.headers, h.ORIGIN: f"{rec.partition}:{rec.offset}"}
-            await self._sender.send(
-                self.log_topic,
-                rec.value,
-                key=sow_key.encode(),
-                headers=h.to_kafka_headers(dict(hdrs)),
+            futures.append(
+                await self._sender.send(
+                    self.log_topic,
+                    rec.value,
+                    key=sow_key.encode(),
+                    headers=h.to_kafka_headers(dict(hdrs)),
+                )
             )
         for rec, exc in outcome.dead:
             log.warning(
@@ -742,12 +755,19 @@ class Applier:
                 f"of this dead letter: the record is {self.log_topic}[{rec.partition}]"
                 f"@{rec.offset})",
             }
-            await self._sender.send(
-                self.names.dead_letter,
-                encode("DeadLetter", letter),
-                key=self.topic.ident.encode(),
-                headers=VERSION_HEADER,
+            futures.append(
+                await self._sender.send(
+                    self.names.dead_letter,
+                    encode("DeadLetter", letter),
+                    key=self.topic.ident.encode(),
+                    headers=VERSION_HEADER,
+                )
             )
+        return [f for f in futures if f is not None]
+
+    async def _acknowledge(self, outcome: Outcome) -> list[asyncio.Future[Any]]:
+        """Answer the publishers that asked (``sow.reply_to``), before the batch is stored; a
+        repeat after a crash is counted once by the client (same partition and offset)."""
         acks: dict[str, list[tuple[bytes, list[tuple[str, bytes]]]]] = {}
         for ack in outcome.acks:
             rec = ack.record
@@ -766,8 +786,10 @@ class Applier:
                 count=ack.changed,
             )
             acks.setdefault(reply_to, []).append((reply.encode(), VERSION_HEADER))
+        futures: list[asyncio.Future[Any]] = []
         for reply_to, replies in acks.items():  # batched per publisher's reply topic
-            await self._sender.send_replies(reply_to, replies)
+            futures.extend(await self._sender.send_replies(reply_to, replies))
+        return futures
 
 
 def _nothing() -> None:

@@ -23,13 +23,15 @@ from sowstream.queues import Bookmark
 from sowstream.queues.ledger import PartitionLedger, ledger_key
 from sowstream.queues.store import entry_key
 from sowstream.sow.compiled import compile_topic
+from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
 from sowstream.subscriptions.model import SubscriptionSpec
 from sowstream.subscriptions.options import parse_options
+from sowstream.wire import headers as h
 from sowstream.wire.topics import TopicNames
 from tests.support.log import ListLog
 from tests.support.sender import RecordingSender
-from tests.unit.test_processor_model import TOPIC, to_records
+from tests.unit.test_processor_model import TOPIC, key_of, to_records
 
 
 def stored(proc: TopicProcessor) -> dict[int, int]:
@@ -258,5 +260,50 @@ def test_a_batch_its_changelog_refused_is_not_stored_and_is_applied_again() -> N
         assert not [k for k, _ in ps.store.scan() if is_record_key(k)]
         assert ps.store.get(WATERMARK_KEY) is None
         assert proc.state(0) is None  # loaded again: the log is applied from before the batch
+
+    asyncio.run(go())
+
+
+def test_what_a_batch_owes_is_sent_before_it_is_stored() -> None:
+    """Publishers' acks, the keyed copy of an unkeyed publish and a dead letter went out only
+    after the batch was stored: a worker killed in between lost them for good, since the next
+    owner starts after the stored watermark (a chaos run's sow_delete waited out its timeout).
+    They now go with the batch's messages; the batch is stored once Kafka has them."""
+
+    async def go() -> None:
+        sender, proc, ps = await subscribed()
+        asked = {h.REPLY_TO: "p.reply.pub", h.COMMAND_ID: "c1"}
+        recs = [
+            RawRecord(0, 0, 1, key_of(1), orjson.dumps({"id": 1, "g": 0, "v": 5}), asked),
+            RawRecord(0, 1, 1, None, orjson.dumps({"id": 2, "g": 0, "v": 6}), {}),
+            RawRecord(0, 2, 1, key_of(3), b"{not json", {}),
+        ]
+        await proc.process(recs)
+        await settle_loop()
+        assert [(r.status, r.log_offset) for r in sender.replies()] == [("success", 0)]
+        copies = [r for r in sender.records if r.topic == proc.applier.log_topic]
+        assert [(r.key, r.headers.get(h.ORIGIN)) for r in copies] == [(key_of(2), "0:1")]
+        assert [r.topic for r in sender.records if "dead" in r.topic] == [
+            TopicNames("p").dead_letter
+        ]
+        assert ps.store.get(WATERMARK_KEY) is None  # ... while nothing is stored yet
+        sender.acknowledge()
+        await proc.drain()
+        assert ps.store.get(WATERMARK_KEY) == b"2"
+
+    asyncio.run(go())
+
+
+def test_a_batch_whose_keyed_copy_kafka_refused_is_not_stored_and_is_applied_again() -> None:
+    async def go() -> None:
+        sender = RecordingSender(refuse=lambda topic: topic == "p.log.t")
+        proc = TopicProcessor(compile_topic(TOPIC), TopicNames("p"), sender)
+        ps = await proc.ready(0)
+        assert proc.applier.log_topic == "p.log.t"
+        await proc.process([RawRecord(0, 0, 1, None, orjson.dumps({"id": 2, "v": 6}), {})])
+        await settle_loop()
+        await settle_loop()
+        assert ps.store.get(WATERMARK_KEY) is None
+        assert proc.state(0) is None  # loaded again: the unkeyed publish is re-keyed again
 
     asyncio.run(go())

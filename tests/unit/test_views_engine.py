@@ -357,7 +357,7 @@ def test_a_batch_whose_change_events_kafka_refused_is_not_stored() -> None:
         records = to_records([("publish", i % 3, i % 2, i % 7) for i in range(12)])
         await source.ready(0)
         await source.process(records)
-        with pytest.raises(StateStoreError, match="change events of topic 't'"):
+        with pytest.raises(StateStoreError, match=r"change events.* of topic 't'"):
             await source.drain()
         assert source.state(0) is None  # forgotten: nothing of the batch was stored
         # The broker is back. What the log pump does next: load the partition again and read
