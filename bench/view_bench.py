@@ -19,12 +19,15 @@ same start:
    ``--px-rate``: messages and bytes per second on both logs, read back from Kafka.
 
 The view rates are printed as a ratio to rate 1. Everything printed is measured in this run.
+``--profile DIR`` records the worker with py-spy (raw format, ``--gil``) during each catch-up,
+one file per row, and prints where each row's samples went (``bench.spy_split``).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -45,11 +48,13 @@ from bench.common import (
     bench_bootstrap,
     paced,
     pct,
+    profiled,
     stop_process,
     wait_queryable,
     worker_command,
     workspace,
 )
+from bench.spy_split import split_file
 from sowstream.client import Client, Message
 from sowstream.wire.topics import TopicNames
 
@@ -195,8 +200,18 @@ class Worker:
     """The one worker of the run, stopped and started again around each backlog (same data
     directory, same metrics port)."""
 
-    def __init__(self, stack: ExitStack, bootstrap: str, prefix: str, work: Path) -> None:
+    def __init__(
+        self,
+        stack: ExitStack,
+        bootstrap: str,
+        prefix: str,
+        work: Path,
+        profile: Path | None = None,
+    ) -> None:
         self.bootstrap, self.prefix, self.work = bootstrap, prefix, work
+        self.profile = profile
+        self._spy: subprocess.Popen[bytes] | None = None
+        self.profiles: dict[str, Path] = {}
         self.port = free_port()
         self.config = write_config(work, prefix)
         self._log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
@@ -220,15 +235,31 @@ class Worker:
             raise SystemExit(f"worker did not start; see {self.work / 'worker.log'}")
         return ready
 
+    def spy(self, row: str) -> None:
+        """With ``--profile``: record the worker from now until :meth:`unspy`, as ``row``."""
+        if self.profile is None or self.proc is None:
+            return
+        out = self.profile / f"{row}.txt"
+        self.profiles[row] = out
+        self._spy = profiled(self.proc.pid, out, gil=True)
+
+    def unspy(self) -> None:
+        if self._spy is not None:
+            self._spy.send_signal(signal.SIGINT)
+            self._spy.wait(60)
+            self._spy = None
+
     def stop(self) -> None:
+        self.unspy()
         if self.proc is not None:
             stop_process(self.proc)
             self.proc = None
 
 
-def catch_up(worker: Worker, client: Client, topic: str, batch: list[bytes]) -> float:
+def catch_up(worker: Worker, client: Client, topic: str, batch: list[bytes], row: str) -> float:
     """Publish ``batch`` to ``topic`` with the worker stopped, start it, and return the
-    perf_counter time at which it applied the first of them (polled every 10 ms)."""
+    perf_counter time at which it applied the first of them (polled every 10 ms); with
+    ``--profile`` the worker is recorded from then on as ``row``."""
     worker.stop()
     publish_all(client, topic, batch)
     worker.start(wait=False)  # the metrics answer (0) as soon as it runs; watched from now
@@ -238,6 +269,7 @@ def catch_up(worker: Worker, client: Client, topic: str, batch: list[bytes]) -> 
             raise SystemExit(f"the worker applied nothing of {topic} in 900 s")
         time.sleep(0.01)
     started = time.perf_counter()
+    worker.spy(row)
     if wait_queryable(worker.bootstrap, worker.prefix, READY_TOPICS, 300) is None:
         raise SystemExit(f"worker did not start; see {worker.work / 'worker.log'}")
     return started
@@ -245,21 +277,25 @@ def catch_up(worker: Worker, client: Client, topic: str, batch: list[bytes]) -> 
 
 def plain_rate(worker: Worker, client: Client, records: int, groups: int) -> float:
     batch, _ = bodies(records, groups, seed=1)
-    started = catch_up(worker, client, "plain", batch)
+    started = catch_up(worker, client, "plain", batch, "plain")
     deadline = time.perf_counter() + 900
     while applied(worker.port, "plain") < records:
         if time.perf_counter() > deadline:
             raise SystemExit("plain ingest did not finish in 900 s")
         time.sleep(0.05)
-    return records / (time.perf_counter() - started)
+    done = time.perf_counter()
+    worker.unspy()
+    return records / (done - started)
 
 
 def grouped_rate(
     worker: Worker, client: Client, records: int, groups: int, inline: bool = False
 ) -> float:
     batch, total = bodies(records, groups, seed=2)
-    started = catch_up(worker, client, "ipos" if inline else "pos", batch)
+    row = "grouped_inline" if inline else "grouped"
+    started = catch_up(worker, client, "ipos" if inline else "pos", batch, row)
     done = wait_view(client, "by_grp_inline" if inline else "by_grp", (records, total), 900)
+    worker.unspy()
     return records / (done - started)
 
 
@@ -275,8 +311,10 @@ def join_rate(
     worker: Worker, client: Client, records: int, groups: int, inline: bool = False
 ) -> float:
     batch, total = bodies(records, groups, seed=3)
-    started = catch_up(worker, client, "jipos" if inline else "jpos", batch)
+    row = "join_inline" if inline else "join"
+    started = catch_up(worker, client, "jipos" if inline else "jpos", batch, row)
     done = wait_view(client, "joined_inline" if inline else "joined", (records, total), 900)
+    worker.unspy()
     return records / (done - started)
 
 
@@ -421,35 +459,59 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--px-rate", type=float, default=50_000.0, help="price updates/s aimed at")
     parser.add_argument("--px-seconds", type=float, default=6.0)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="a directory: py-spy (raw, --gil) of the worker during each catch-up row",
+    )
+    parser.add_argument(
+        "--rows",
+        default="plain,grouped,join,grouped_inline,join_inline,latency,conflation",
+        help="which rows to run (plain always runs: the others are ratios to it)",
+    )
     args = parser.parse_args()
+    rows = set(args.rows.split(","))
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    rates: dict[str, float] = {}
+    latencies: list[float] = []
+    lat_rate = 0.0
+    conf: dict[str, float] | None = None
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
         work, prefix = workspace(stack, "viewbench")
-        worker = Worker(stack, bootstrap, prefix, work)
+        worker = Worker(stack, bootstrap, prefix, work, args.profile)
         ready = worker.start()
         console.print(f"worker ready in {ready:.1f} s; log {work / 'worker.log'}")
         with Client(bootstrap, prefix=prefix, timeout=600) as client:
             for topic in READY_TOPICS:  # what publishing needs, known while the worker runs
                 list(client.sow(topic, top_n=0))
             publish_limits(client, worker.port, args.groups)
-            plain = plain_rate(worker, client, args.records, args.groups)
-            console.print(f"plain SOW ingest (catch-up): {plain:,.0f} upd/s")
-            grouped = grouped_rate(worker, client, args.records, args.groups)
-            console.print(f"grouped SUM/COUNT view (catch-up): {grouped:,.0f} upd/s")
-            joined = join_rate(worker, client, args.records, args.groups)
-            console.print(f"join view (catch-up): {joined:,.0f} upd/s")
-            grouped_inline = grouped_rate(worker, client, args.records, args.groups, inline=True)
-            console.print(f"grouped view, Conflation inline: {grouped_inline:,.0f} upd/s")
-            joined_inline = join_rate(worker, client, args.records, args.groups, inline=True)
-            console.print(f"join view, Conflation inline: {joined_inline:,.0f} upd/s")
-        # Below what the view absorbs, so the figure is a delay and not a growing backlog.
-        target = args.latency_rate or min(2_000.0, grouped / 2)
-        latencies, lat_rate = view_latency(
-            bootstrap, prefix, args.groups, target, args.latency_seconds
-        )
-        console.print(f"latency: {len(latencies)} view messages at {lat_rate:,.0f} upd/s")
-        conf = conflation(bootstrap, prefix, args.records, args.px_rate, args.px_seconds)
-        console.print(f"conflation: {conf}")
+            measures = {
+                "plain": lambda: plain_rate(worker, client, args.records, args.groups),
+                "grouped": lambda: grouped_rate(worker, client, args.records, args.groups),
+                "join": lambda: join_rate(worker, client, args.records, args.groups),
+                "grouped_inline": lambda: grouped_rate(
+                    worker, client, args.records, args.groups, inline=True
+                ),
+                "join_inline": lambda: join_rate(
+                    worker, client, args.records, args.groups, inline=True
+                ),
+            }
+            for row, measure in measures.items():
+                if row == "plain" or row in rows:
+                    rates[row] = measure()
+                    console.print(f"{LABELS[row]}: {rates[row]:,.0f} upd/s")
+        if "latency" in rows:
+            # Below what the view absorbs, so the figure is a delay and not a growing backlog.
+            target = args.latency_rate or min(2_000.0, rates.get("grouped", 4_000.0) / 2)
+            latencies, lat_rate = view_latency(
+                bootstrap, prefix, args.groups, target, args.latency_seconds
+            )
+            console.print(f"latency: {len(latencies)} view messages at {lat_rate:,.0f} upd/s")
+        if "conflation" in rows:
+            conf = conflation(bootstrap, prefix, args.records, args.px_rate, args.px_seconds)
+            console.print(f"conflation: {conf}")
 
     table = Table(
         title=f"sowstream views benchmark: {args.records:,} records in {args.groups:,} groups, "
@@ -459,54 +521,49 @@ def main() -> None:
     table.add_column("value", justify="right")
     table.add_column("ratio", justify="right")
     table.add_column("aim", justify="right")
-    table.add_row(
-        "plain SOW ingest (catch-up: first applied → all applied)",
-        f"{plain:,.0f} upd/s",
-        "1.00",
-        "",
-    )
-    table.add_row(
-        "grouped SUM/COUNT view (catch-up: first applied → view totals right)",
-        f"{grouped:,.0f} upd/s",
-        f"{grouped / plain:.2f}x",
-        "≥0.6x",
-    )
-    table.add_row(
-        "two-topic join view, grouped (catch-up: first applied → view totals right)",
-        f"{joined:,.0f} upd/s",
-        f"{joined / plain:.2f}x",
-        "≥0.4x",
-    )
-    table.add_row(
-        "grouped view, Conflation inline (catch-up)",
-        f"{grouped_inline:,.0f} upd/s",
-        f"{grouped_inline / plain:.2f}x",
-        "≥0.6x",
-    )
-    table.add_row(
-        "join view, Conflation inline (catch-up)",
-        f"{joined_inline:,.0f} upd/s",
-        f"{joined_inline / plain:.2f}x",
-        "≥0.4x",
-    )
-    table.add_row(
-        f"update → view subscriber p50 (at {lat_rate:,.0f} upd/s)",
-        f"{pct(latencies, 0.5):.1f} ms",
-        "",
-        "",
-    )
-    table.add_row(
-        f"update → view subscriber p99 ({len(latencies):,} messages)",
-        f"{pct(latencies, 0.99):.1f} ms",
-        "",
-        "≤50 ms",
-    )
+    plain = rates["plain"]
+    for row, rate in rates.items():
+        ratio = "1.00" if row == "plain" else f"{rate / plain:.2f}x"
+        table.add_row(LABELS[row], f"{rate:,.0f} upd/s", ratio, AIMS.get(row, ""))
+    if latencies:
+        table.add_row(
+            f"update → view subscriber p50 (at {lat_rate:,.0f} upd/s)",
+            f"{pct(latencies, 0.5):.1f} ms",
+            "",
+            "",
+        )
+        table.add_row(
+            f"update → view subscriber p99 ({len(latencies):,} messages)",
+            f"{pct(latencies, 0.99):.1f} ms",
+            "",
+            "≤50 ms",
+        )
+    if conf is not None:
+        add_conflation_rows(table, conf, args.records, args.px_rate)
+    Console(width=160).print(table)
+    for row, path in worker.profiles.items():
+        console.print(f"\n[bold]{LABELS[row]}[/bold]: where the worker's samples went ({path})")
+        Console(width=160).print(split_file(path))
+
+
+LABELS = {
+    "plain": "plain SOW ingest (catch-up: first applied → all applied)",
+    "grouped": "grouped SUM/COUNT view (catch-up: first applied → view totals right)",
+    "join": "two-topic join view, grouped (catch-up: first applied → view totals right)",
+    "grouped_inline": "grouped view, Conflation inline (catch-up)",
+    "join_inline": "join view, Conflation inline (catch-up)",
+}
+AIMS = {"grouped": "≥0.6x", "join": "≥0.4x", "grouped_inline": "≥0.6x", "join_inline": "≥0.4x"}
+
+
+def add_conflation_rows(table: Table, conf: dict[str, float], records: int, px_rate: float) -> None:
+    """The conflated topic's rows: both logs' rates and the reduction."""
     in_rate = conf["in_msgs"] / conf["in_span"]
     out_rate = conf["out_msgs"] / conf["out_span"]
     in_bps = conf["in_bytes"] / conf["in_span"]
     out_bps = conf["out_bytes"] / conf["out_span"]
     table.add_row(
-        f"price updates published (aim {args.px_rate:,.0f}/s, {args.records:,} records)",
+        f"price updates published (aim {px_rate:,.0f}/s, {records:,} records)",
         f"{conf['achieved']:,.0f} upd/s",
         "",
         "",
@@ -531,7 +588,6 @@ def main() -> None:
         "updates of one record",
         "",
     )
-    Console(width=160).print(table)
 
 
 if __name__ == "__main__":
