@@ -324,7 +324,7 @@ class Applier:
         """
         if not self.topic.sow:
             return self._fold_plain(ps, recs, replay=replay)
-        native = self._native if self.view_name is None and not self._checks_publishers else None
+        native = self._native if not self._checks_publishers else None
         if native is None:
             outcome = Outcome(last=ps.folded)
             applied = self._fold_python(ps, recs, outcome, replay=replay)
@@ -345,9 +345,16 @@ class Applier:
         """The compiled fold up to its first decline, the Python fold from there; the outcome
         and how many ops were applied."""
         outcome = Outcome(last=ps.folded)
-        # A record too large to take is the Python fold's (a dead letter): the compiled fold
-        # stops before it.
-        cut = next((i for i, r in enumerate(recs) if record_size(r) > LARGEST_LOG_RECORD), None)
+        # A record too large to take, or one on a view's log the engine did not write, is the
+        # Python fold's (a dead letter): the compiled fold stops before it.
+        cut = next(
+            (
+                i
+                for i, r in enumerate(recs)
+                if record_size(r) > LARGEST_LOG_RECORD or not self._engine_written(r)
+            ),
+            None,
+        )
         try:
             start, applied = self._fold_native(
                 ps, recs if cut is None else recs[:cut], outcome, native, replay=replay
@@ -516,6 +523,15 @@ class Applier:
         metrics.NATIVE_RECORDS.labels(self.topic.name, "folded").inc(declined_at)
         return declined_at, applied
 
+    def _engine_written(self, rec: RawRecord) -> bool:
+        """Whether ``rec`` may be on this topic's log: any record, except on a view or conflated
+        topic, whose log only its maintainer (``sow.view``) and the expiry sweep write."""
+        view = self.view_name
+        if view is None:
+            return True
+        headers = rec.headers
+        return headers.get(h.VIEW) == view or headers.get(h.COMMAND) == h.SOW_EXPIRE
+
     def _fold_python(
         self, ps: PartitionState, recs: Sequence[RawRecord], outcome: Outcome, *, replay: bool
     ) -> int:
@@ -538,11 +554,7 @@ class Applier:
             last = max(last, rec.offset)
             outcome.last_record = rec
             try:
-                if (
-                    self.view_name is not None
-                    and rec.headers.get(h.VIEW) != self.view_name
-                    and rec.headers.get(h.COMMAND) != h.SOW_EXPIRE  # the engine's own sweep
-                ):
+                if not self._engine_written(rec):
                     raise InvalidMessageError(
                         f"topic {topic.name!r} is computed by the engine (a view or a "
                         "conflated topic): only the engine writes it; "

@@ -175,11 +175,13 @@ def filter_index() -> FilterIndex:
 
 
 async def processor(
-    kind: str, mode: str, *, unfiltered: bool = True
+    kind: str, mode: str, *, unfiltered: bool = True, view: str | None = None
 ) -> tuple[TopicProcessor, PartitionState]:
     """A processor with the FILTERS subscriptions and, with ``unfiltered``, one that takes every
-    change (without it the compiled fold skips the events no subscription can take)."""
+    change (without it the compiled fold skips the events no subscription can take); ``view``:
+    the topic is that view's (only its maintainer writes the log)."""
     proc = TopicProcessor(compiled(kind), TopicNames("p"), RecordingSender(), native=mode)  # type: ignore[arg-type]
+    proc.view_name = view
     if unfiltered:
         proc.subs.upsert(SubscriptionSpec("s", "r", "t", "subscribe", None, parse_options("")))
     for n, text in enumerate(FILTERS):
@@ -192,15 +194,20 @@ async def processor(
 
 
 def both(
-    kind: str, recs: list[RawRecord], cuts: list[int], *, unfiltered: bool = True
+    kind: str,
+    recs: list[RawRecord],
+    cuts: list[int],
+    *,
+    unfiltered: bool = True,
+    view: str | None = None,
 ) -> list[tuple[Any, ...]]:
     """Fold ``recs`` chunk by chunk, then replay them all, on both folds; what each produced.
     Without ``unfiltered`` only the events some subscription may take are compared."""
 
     async def go() -> list[tuple[Any, ...]]:
         seen: list[tuple[Any, ...]] = []
-        python, ps_py = await processor(kind, "off", unfiltered=unfiltered)
-        compiled_, ps_c = await processor(kind, "on", unfiltered=unfiltered)
+        python, ps_py = await processor(kind, "off", unfiltered=unfiltered, view=view)
+        compiled_, ps_c = await processor(kind, "on", unfiltered=unfiltered, view=view)
         taken = compiled_.applier.taken_events()
         assert compiled_.applier._native is not None
         bounds = sorted({0, len(recs), *[c % (len(recs) + 1) for c in cuts]})
@@ -257,6 +264,30 @@ def test_the_compiled_fold_equals_the_python_fold(
     kind: str, data: st.DataObject, cuts: list[int], unfiltered: bool
 ) -> None:
     both(kind, data.draw(records(kind)), cuts, unfiltered=unfiltered)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    cuts=st.lists(st.integers(0, 20), max_size=3),
+    marks=st.lists(st.sampled_from(["v", "v", "v", "w", None, "expire"]), min_size=16),
+)
+def test_on_a_views_log_the_compiled_fold_equals_the_python_fold(
+    data: st.DataObject, cuts: list[int], marks: list[str | None]
+) -> None:
+    """A view's log takes only its maintainer's records (``sow.view``) and the expiry sweep's:
+    the compiled fold stops at any other, which the Python fold refuses as a dead letter."""
+    recs = []
+    for rec, mark in zip(data.draw(records("keyed")), marks, strict=False):
+        headers = dict(rec.headers)
+        if mark == "expire":
+            headers[h.COMMAND] = h.SOW_EXPIRE
+        elif mark is not None:
+            headers[h.VIEW] = mark
+        recs.append(
+            RawRecord(rec.partition, rec.offset, rec.timestamp, rec.key, rec.value, headers)
+        )
+    both("keyed", recs, cuts, view="v")
 
 
 def log_of(bodies: list[tuple[str, dict[str, Any]]], user: bool = False) -> list[RawRecord]:
@@ -424,6 +455,34 @@ def test_events_no_subscription_can_take_are_not_made() -> None:
         (3, "f4", "oof"),
     ]
     assert sent == ref.subs.dispatch(want.events, 0)
+
+
+def test_a_views_own_records_are_folded_compiled_and_a_stranger_in_python() -> None:
+    """The view's maintainer writes its log with ``sow.view``: those records take the compiled
+    fold; a record someone else put there stops it and is refused by the Python fold."""
+    recs = log_of([("publish", {"id": "a", "v": 1}), ("publish", {"id": "b", "v": 2})])
+    for rec in recs:
+        rec.headers[h.VIEW] = "v"
+    recs.append(
+        RawRecord(0, 9, 1, b"k", orjson.dumps({"id": "c"}), {h.COMMAND: "publish", h.REPLY_TO: "r"})
+    )
+
+    async def go() -> tuple[float, float, Outcome]:
+        proc, ps = await processor("keyed", "on", view="v")
+        folded = metrics.NATIVE_RECORDS.labels("t", "folded")._value.get()
+        declined = metrics.NATIVE_RECORDS.labels("t", "declined")._value.get()
+        outcome = proc.applier.apply(ps, recs, replay=False)
+        return (
+            metrics.NATIVE_RECORDS.labels("t", "folded")._value.get() - folded,
+            metrics.NATIVE_RECORDS.labels("t", "declined")._value.get() - declined,
+            outcome,
+        )
+
+    folded, declined, outcome = asyncio.run(go())
+    assert (folded, declined) == (2, 1)
+    assert [r.record.offset for r in outcome.dead] == [9]
+    assert "computed by the engine" in str(outcome.dead[0].error)
+    assert len(outcome.overlay) == 2
 
 
 def test_shadow_mode_counts_a_difference(caplog: pytest.LogCaptureFixture) -> None:
