@@ -19,6 +19,7 @@ one RocksDB entry per group and write only the groups a change touched.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -61,7 +62,9 @@ class Group:
             self.rows,
             self.spellings,
             [acc.encode(s) for acc, s in zip(accumulators, self.states, strict=True)],
-            [[seq, row_id, values] for (seq, row_id), values in self.last.items()],
+            # The dict's own items, not SortedDict's sorted view (a Python generator, most of a
+            # join view's store write): decode sorts them again.
+            [[seq, row_id, values] for (seq, row_id), values in dict.items(self.last)],
         ]
 
     @classmethod
@@ -98,10 +101,12 @@ class GroupTable:
     def key_of(self, row: Row) -> str:
         return group_key(self.projection.group_values(row))
 
-    def add(self, row: Row, row_id: str, seq: int) -> str:
-        """Fold ``row`` into its group (created if new); returns the group key."""
+    def add(self, row: Row, row_id: str, seq: int, values: list[Any] | None = None) -> str:
+        """Fold ``row`` into its group (created if new); returns the group key. ``values``:
+        its grouping values when the caller has them already."""
         p = self.projection
-        values = p.group_values(row)
+        if values is None:
+            values = p.group_values(row)
         key = group_key(values)
         group = self.groups.get(key)
         if group is None:
@@ -120,10 +125,11 @@ class GroupTable:
             group.last_seq[row_id] = seq
         return key
 
-    def retract(self, row: Row, row_id: str) -> tuple[str, bool]:
+    def retract(self, row: Row, row_id: str, values: list[Any] | None = None) -> tuple[str, bool]:
         """Take ``row``'s contribution back; returns the group key and whether it emptied."""
         p = self.projection
-        values = p.group_values(row)
+        if values is None:
+            values = p.group_values(row)
         key = group_key(values)
         group = self.groups.get(key)
         if group is None or group.rows <= 0:
@@ -162,7 +168,7 @@ class GroupTable:
 
     def sow_key(self, key: str) -> str:
         """The view record's SowKey: the grouping values hashed with the KeyDomain."""
-        return sow_key_from_values(self.key_domain, key_texts_of(key))
+        return _sow_key(self.key_domain, key)
 
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every (SowKey, record) of the view."""
@@ -179,6 +185,12 @@ class GroupTable:
             raise StateError("malformed group table state")
         n = len(self.projection.grouping)
         self.groups = {k: Group.decode(v, n, self.accumulators) for k, v in data.items()}
+
+
+@lru_cache(maxsize=65_536)
+def _sow_key(key_domain: str, key: str) -> str:
+    # A hash per view change otherwise: a group changes many times between two of its keys.
+    return sow_key_from_values(key_domain, key_texts_of(key))
 
 
 def key_texts_of(key: str) -> list[str]:
