@@ -45,6 +45,7 @@ from bench.common import (
     workspace,
 )
 from bench.share_groups import share_group_latency, share_group_rate
+from bench.spy_split import split_file
 from sowstream.client import Client, Message
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
 
@@ -223,12 +224,20 @@ def consumer_group_rate(bootstrap: str, topic: str, messages: int, members: int)
 
 
 def queue_latency(
-    bootstrap: str, prefix: str, rate: float, seconds: float
-) -> tuple[list[float], list[float], float]:
-    """Publish→delivery latencies (ms) at ``rate``, ack round trips (ms) and the publish rate
-    achieved, one subscriber."""
+    bootstrap: str,
+    prefix: str,
+    rate: float,
+    seconds: float,
+    worker: psutil.Process,
+    profile: Path | None = None,
+) -> tuple[list[float], list[float], float, dict[str, float]]:
+    """Publish→delivery latencies (ms) at ``rate``, ack round trips (ms), the publish rate
+    achieved, one subscriber; and the share of one core the worker and this process (the
+    publisher and the subscriber) used while publishing, to tell which one could not keep up.
+    With ``profile``, the worker is recorded (py-spy) while publishing."""
     latencies: list[float] = []
     acks: list[float] = []
+    busy: dict[str, float] = {}
     # Without linger, as the bare producer below: each publish leaves at once, unflushed (a
     # flush per message would cap the rate at one broker round trip per message).
     with (
@@ -246,11 +255,21 @@ def queue_latency(
             on_message=lambda msg: latencies.append((time.time() - msg.json()["sent"]) * 1000),
         )
         time.sleep(1.0)
+        spy = profiled(worker.pid, profile, gil=True) if profile is not None else None
+        me = psutil.Process()
+        started = time.perf_counter()
+        worker_before, me_before = cpu_seconds(worker), cpu_seconds(me)
         achieved = paced(
             lambda i: pub.publish("jobs", {"n": 10**9 + i, "sent": time.time(), "pad": "x" * 64}),
             rate,
             seconds,
         )
+        span = time.perf_counter() - started
+        busy["worker"] = (cpu_seconds(worker) - worker_before) / span
+        busy["clients"] = (cpu_seconds(me) - me_before) / span
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         pub.flush()
         time.sleep(2.0)
         timed.close()
@@ -268,7 +287,7 @@ def queue_latency(
             sub_client.ack("BQ", msg.bookmark)
             acks.append((time.perf_counter() - t0) * 1000)
         sub.close()
-    return latencies, acks, achieved
+    return latencies, acks, achieved, busy
 
 
 def kafka_latency(
@@ -372,7 +391,17 @@ def main() -> None:
         # The latency run has one subscriber: half of the best one-subscriber rate.
         best = max(r[2] for r in rows if r[0] == min(subscribers))
         half = best / 2
-        latencies, acks, queue_rate = queue_latency(bootstrap, prefix, half, args.latency_seconds)
+        latency_profile = (
+            args.profile.with_name(args.profile.name + ".latency") if args.profile else None
+        )
+        latencies, acks, queue_rate, busy = queue_latency(
+            bootstrap,
+            prefix,
+            half,
+            args.latency_seconds,
+            psutil.Process(worker.pid),
+            latency_profile,
+        )
         bare, bare_rate = kafka_latency(bootstrap, bare_topic, half, args.latency_seconds)
         shared, share_rate = share_group_latency(
             bootstrap, f"{prefix}.sharelat", half, args.latency_seconds, PARTITIONS
@@ -447,6 +476,16 @@ def main() -> None:
         f"median {middle:.1f} ms; published at {queue_rate:,.0f}/s to the queue, "
         f"{bare_rate:,.0f}/s to bare Kafka, {share_rate:,.0f}/s to the share group"
     )
+    console.print(
+        f"while publishing at {queue_rate:,.0f}/s to the queue: the worker used "
+        f"{busy['worker']:.0%} of a core, the publisher and subscriber (this process) "
+        f"{busy['clients']:.0%}"
+    )
+    if args.profile is not None:
+        for path in (args.profile, latency_profile):
+            if path is not None and path.exists():
+                console.print(f"where the worker's samples went ({path})")
+                Console(width=160).print(split_file(path))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from rich.table import Table
 STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("RocksDB reads and writes", ("rocksdict", "sowstream/engine/store.py")),
     ("Kafka produce (confluent/aiokafka send)", ("aiokafka/producer", "confluent_kafka")),
+    ("queues: leases, acks, delivery", ("sowstream/engine/queues.py", "sowstream/queues/")),
     ("change events for views: routing", ("sowstream/views/routing.py",)),
     ("view maintainer: groups and joins", ("sowstream/views/",)),
     ("view maintainer: batches, view records", ("sowstream/engine/views.py",)),
