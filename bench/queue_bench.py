@@ -223,6 +223,16 @@ def consumer_group_rate(bootstrap: str, topic: str, messages: int, members: int)
     return messages / max(times[-1] - times[0], 1e-3)
 
 
+def timed_hops(msg: Message, latencies: list[float], hops: dict[str, list[float]]) -> None:
+    """Publish→delivery of a lease (ms), and its two hops: to the log (the log record's Kafka
+    timestamp, in the lease) and from there to the subscriber."""
+    now = time.time()
+    sent = msg.json()["sent"]
+    latencies.append((now - sent) * 1000)
+    hops["publish → log"].append(msg.timestamp - sent * 1000)
+    hops["log → lease delivered"].append(now * 1000 - msg.timestamp)
+
+
 def queue_latency(
     bootstrap: str,
     prefix: str,
@@ -230,6 +240,7 @@ def queue_latency(
     seconds: float,
     worker: psutil.Process,
     profile: Path | None = None,
+    backlog: int = 100,
 ) -> tuple[list[float], list[float], float, dict[str, float]]:
     """Publish→delivery latencies (ms) at ``rate``, ack round trips (ms), the publish rate
     achieved, one subscriber; and the share of one core the worker and this process (the
@@ -238,6 +249,7 @@ def queue_latency(
     latencies: list[float] = []
     acks: list[float] = []
     busy: dict[str, float] = {}
+    hops: dict[str, list[float]] = {"publish → log": [], "log → lease delivered": []}
     # Without linger, as the bare producer below: each publish leaves at once, unflushed (a
     # flush per message would cap the rate at one broker round trip per message).
     with (
@@ -248,11 +260,11 @@ def queue_latency(
         # (at least every 50 ms), without waiting, as applications do.
         timed = sub_client.subscribe(
             "BQ",
-            options="max_backlog=100",
+            options=f"max_backlog={backlog}",
             auto_ack=True,
             ack_batch_size=50,
             ack_interval=0.05,
-            on_message=lambda msg: latencies.append((time.time() - msg.json()["sent"]) * 1000),
+            on_message=lambda msg: timed_hops(msg, latencies, hops),
         )
         time.sleep(1.0)
         spy = profiled(worker.pid, profile, gil=True) if profile is not None else None
@@ -267,6 +279,9 @@ def queue_latency(
         span = time.perf_counter() - started
         busy["worker"] = (cpu_seconds(worker) - worker_before) / span
         busy["clients"] = (cpu_seconds(me) - me_before) / span
+        for hop, values in hops.items():
+            busy[f"{hop} p50"] = pct(values, 0.5)
+            busy[f"{hop} p99"] = pct(values, 0.99)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
@@ -338,6 +353,12 @@ def main() -> None:
     parser.add_argument("--backlogs", default="1,10,100")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument(
+        "--latency-backlog",
+        type=int,
+        default=100,
+        help="the latency run's subscriber max_backlog (its unacknowledged leases at most)",
+    )
+    parser.add_argument(
         "--view", action="store_true", help="a view counts the queue's available messages"
     )
     parser.add_argument(
@@ -401,6 +422,7 @@ def main() -> None:
             args.latency_seconds,
             psutil.Process(worker.pid),
             latency_profile,
+            args.latency_backlog,
         )
         bare, bare_rate = kafka_latency(bootstrap, bare_topic, half, args.latency_seconds)
         shared, share_rate = share_group_latency(
@@ -435,7 +457,10 @@ def main() -> None:
             f"{everything:,.0f} µs",
         )
     Console(width=200).print(table)  # a narrow terminal must not cut figures
-    lat = Table(title=f"latency at half the best rate ({half:,.0f} msg/s), same run")
+    lat = Table(
+        title=f"latency at half the best rate ({half:,.0f} msg/s), same run; the queue's "
+        f"subscriber max_backlog={args.latency_backlog}"
+    )
     lat.add_column("measure")
     lat.add_column("p50", justify="right")
     lat.add_column("p99", justify="right")
@@ -480,6 +505,13 @@ def main() -> None:
         f"while publishing at {queue_rate:,.0f}/s to the queue: the worker used "
         f"{busy['worker']:.0%} of a core, the publisher and subscriber (this process) "
         f"{busy['clients']:.0%}"
+    )
+    console.print(
+        "the queue's hops: "
+        + "; ".join(
+            f"{hop} p50 / p99 {busy[f'{hop} p50']:.1f} / {busy[f'{hop} p99']:.1f} ms"
+            for hop in ("publish → log", "log → lease delivered")
+        )
     )
     if args.profile is not None:
         for path in (args.profile, latency_profile):

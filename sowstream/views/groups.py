@@ -58,17 +58,35 @@ class Group:
         return out
 
     def encode(self, accumulators: Sequence[Accumulator]) -> list[Any]:
+        """The whole group: its head (:meth:`encode_head`) and every row's non-grouped values."""
+        return [
+            *self.encode_head(accumulators),
+            # The dict's own items, not SortedDict's sorted view (a Python generator): decode
+            # sorts them again.
+            [[seq, row_id, values] for (seq, row_id), values in dict.items(self.last)],
+        ]
+
+    def encode_head(self, accumulators: Sequence[Accumulator]) -> list[Any]:
+        """Row count, spellings and aggregate states: what a store keeps as the group's entry,
+        its rows' non-grouped values being entries of their own (a group of many rows would
+        otherwise be written whole at every change to one of them)."""
         return [
             self.rows,
             self.spellings,
             [acc.encode(s) for acc, s in zip(accumulators, self.states, strict=True)],
-            # The dict's own items, not SortedDict's sorted view (a Python generator, most of a
-            # join view's store write): decode sorts them again.
-            [[seq, row_id, values] for (seq, row_id), values in dict.items(self.last)],
         ]
+
+    def put_loose(self, row_id: str, seq: int, values: list[Any]) -> None:
+        """One row's non-grouped values, read back from the row's own store entry."""
+        self.last[(seq, row_id)] = values
+        self.last_seq[row_id] = seq
 
     @classmethod
     def decode(cls, data: Any, n_grouping: int, accumulators: Sequence[Accumulator]) -> Group:
+        """A group from :meth:`encode`, or from :meth:`encode_head` (its rows' values are then
+        added with :meth:`put_loose`)."""
+        if isinstance(data, list) and len(data) == 3:
+            data = [*data, []]
         if not isinstance(data, list) or len(data) != 4:
             raise StateError(f"malformed group state: {data!r:.80}")
         rows, spellings, states, last = data
@@ -94,6 +112,9 @@ class GroupTable:
             agg.accumulator for agg in projection.aggregates
         )
         self.groups: dict[str, Group] = {}
+        # (group key, row id) -> the row's (seq, non-grouped values), None when it left the
+        # group: what changed since take_loose(), for a store that keeps them row by row.
+        self.loose_changes: dict[tuple[str, str], tuple[int, list[Any]] | None] = {}
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -121,8 +142,10 @@ class GroupTable:
         if p.loose:
             if row_id in group.last_seq:
                 raise StateError(f"row {row_id} is already counted in group {key}")
-            group.last[(seq, row_id)] = p.loose_values(row)
+            loose = p.loose_values(row)
+            group.last[(seq, row_id)] = loose
             group.last_seq[row_id] = seq
+            self.loose_changes[(key, row_id)] = (seq, loose)
         return key
 
     def retract(self, row: Row, row_id: str, values: list[Any] | None = None) -> tuple[str, bool]:
@@ -151,6 +174,7 @@ class GroupTable:
             if seq is None:
                 raise StateError(f"retracting row {row_id}, which group {key} does not hold")
             del group.last[(seq, row_id)]
+            self.loose_changes[(key, row_id)] = None
         group.rows -= 1
         if group.rows == 0:
             del self.groups[key]

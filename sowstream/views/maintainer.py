@@ -35,7 +35,14 @@ __all__ = ["ViewChange", "ViewMaintainer"]
 STATE_VERSION = 1
 GROUP_PREFIX = b"g/"
 ROW_PREFIX = b"r/"
+# A group row's non-grouped values: b"l/" + group key + b"\x00" + row id (a group key is JSON
+# text, which holds no NUL, so the first NUL ends it).
+LOOSE_PREFIX = b"l/"
 LAST_SEQ_KEY = b"seq"
+
+
+def _loose_key(group: str, row_id: str) -> bytes:
+    return LOOSE_PREFIX + group.encode() + b"\x00" + row_id.encode()
 
 
 def _row_key(topic: int, sow_key: str) -> bytes:
@@ -205,8 +212,12 @@ class ViewMaintainer:
         for key in sorted(self._dirty_groups):
             group = self.groups.groups.get(key)
             out[GROUP_PREFIX + key.encode()] = (
-                None if group is None else orjson.dumps(group.encode(accumulators))
+                None if group is None else orjson.dumps(group.encode_head(accumulators))
             )
+        loose = self.groups.loose_changes
+        for (key, row_id), entry in sorted(loose.items()):
+            out[_loose_key(key, row_id)] = None if entry is None else orjson.dumps(entry)
+        loose.clear()
         if self.joins is not None:
             for topic, sow_key in sorted(self._dirty_rows):
                 row = self.joins.rows[topic].get(sow_key)
@@ -223,21 +234,42 @@ class ViewMaintainer:
         """Replace the state with what :meth:`take_entries` wrote (other keys are ignored)."""
         groups: dict[str, Any] = {}
         rows: list[dict[str, Any]] = [{} for _ in self.projection.topics]
+        loose: list[tuple[str, str, Any]] = []
         self.last_seq = -1
         for key, value in entries:
             if key.startswith(GROUP_PREFIX):
                 groups[key[len(GROUP_PREFIX) :].decode()] = orjson.loads(value)
+            elif key.startswith(LOOSE_PREFIX):
+                owner, _, row = key[len(LOOSE_PREFIX) :].partition(b"\x00")
+                loose.append((owner.decode(), row.decode(), orjson.loads(value)))
             elif key.startswith(ROW_PREFIX):
                 topic, _, sow_key = key[len(ROW_PREFIX) :].decode().partition("/")
                 rows[int(topic)][sow_key] = orjson.loads(value)
             elif key == LAST_SEQ_KEY:
                 self.last_seq = int(value)
+        # A group written whole by an older release (its rows' values inside its entry) is
+        # written again in this layout with the next batch.
+        whole = {
+            k for k, data in groups.items() if isinstance(data, list) and len(data) == 4 and data[3]
+        }
         self.groups.load(groups)
+        for group_key_text, row_id, entry in loose:
+            if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int)):
+                raise StateError(f"malformed row values of group {group_key_text}: {entry!r:.80}")
+            target = self.groups.groups.get(group_key_text)
+            if target is None:
+                raise StateError(f"row values of group {group_key_text}, which is not stored")
+            target.put_loose(row_id, entry[0], entry[1])
         if self.joins is not None:
             self.joins.load(rows)
         self._dirty_groups.clear()
         self._dirty_rows.clear()
         self._records.clear()
+        self.groups.loose_changes.clear()
+        for text in whole:
+            self._dirty_groups.add(text)
+            for (seq, row_id), values in self.groups.groups[text].last.items():
+                self.groups.loose_changes[(text, row_id)] = (seq, values)
 
     # ---- state, whole
 
@@ -265,6 +297,7 @@ class ViewMaintainer:
             self.joins.load(state["rows"])
         self.last_seq = int(state["last_seq"])
         self._records.clear()
+        self.groups.loose_changes.clear()
 
     @classmethod
     def from_bytes(

@@ -23,6 +23,7 @@ from sowstream.engine.processor import TopicProcessor
 from sowstream.engine.store import MemoryPartition, is_record_key
 from sowstream.engine.views import ViewRunner
 from sowstream.errors import StateStoreError
+from sowstream.sow.aggregate import StateError
 from sowstream.sow.compiled import compile_topic
 from sowstream.sow.ops import RawRecord
 from sowstream.sow.record import SowRecord
@@ -105,12 +106,23 @@ def test_join_partners_meet_on_one_partition_whatever_the_spelling() -> None:
 # -- the maintainer's store entries ----------------------------------------------------------
 
 
+# Shows a non-grouped field outside aggregates: each group keeps its rows' values of it (the
+# latest row's is shown), stored as entries of their own.
+LOOSE = ViewConfig(
+    name="L",
+    underlying_topic="t",
+    projection=("/g AS /g", "SUM(/v) AS /s", "/v AS /latest"),
+    grouping=("/g",),
+)
+
+
+@pytest.mark.parametrize("view", [VIEW, LOOSE], ids=["aggregates", "with-row-values"])
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2), st.integers(0, 9)), max_size=40))
 def test_entries_written_per_change_restore_the_same_state(
-    changes: list[tuple[int, int, int]],
+    view: ViewConfig, changes: list[tuple[int, int, int]]
 ) -> None:
-    live = ViewMaintainer(VIEW)
+    live = ViewMaintainer(view)
     store: dict[bytes, bytes] = {}
     rows: dict[str, dict[str, Any]] = {}
     for seq, (i, g, v) in enumerate(changes):
@@ -126,10 +138,71 @@ def test_entries_written_per_change_restore_the_same_state(
                 store.pop(k, None)
             else:
                 store[k] = value
-        restored = ViewMaintainer(VIEW)
+        restored = ViewMaintainer(view)
         restored.load_entries(sorted(store.items()))
         assert restored.records() == live.records()
         assert restored.last_seq == seq
+
+
+def _loose_state(steps: int) -> ViewMaintainer:
+    live = ViewMaintainer(LOOSE)
+    for seq in range(steps):
+        live.apply("t", f"k{seq}", None, {"id": seq, "g": seq % 2, "v": seq}, seq=seq)
+    return live
+
+
+def test_a_change_writes_its_groups_head_and_its_rows_values_not_the_whole_group() -> None:
+    """A group of many rows was written whole (every row's values) at each change to one."""
+    live = _loose_state(40)
+    live.take_entries()
+    live.apply("t", "k40", None, {"id": 40, "g": 0, "v": 40}, seq=40)
+    written = live.take_entries()
+    group = live.groups.key_of({"g": 0})
+    assert orjson.loads(written[b"g/" + group.encode()])[0] == 21  # rows, spellings, states
+    assert len(orjson.loads(written[b"g/" + group.encode()])) == 3
+    assert written[b"l/" + group.encode() + b"\x00k40"] == orjson.dumps([40, [40]])
+    assert len(written) == 3  # the head, the row, last_seq
+    live.apply("t", "k40", {"id": 40, "g": 0, "v": 40}, None, seq=41)
+    assert live.take_entries()[b"l/" + group.encode() + b"\x00k40"] is None
+
+
+def test_a_store_of_the_older_layout_is_read_and_rewritten_row_by_row() -> None:
+    """An older release wrote each group whole: its rows' values inside the group's entry."""
+    live = _loose_state(10)
+    live.take_entries()
+    older = {
+        b"g/" + key.encode(): orjson.dumps(group.encode(live.groups.accumulators))
+        for key, group in live.groups.groups.items()
+    }
+    older[b"seq"] = b"9"
+    restored = ViewMaintainer(LOOSE)
+    restored.load_entries(sorted(older.items()))
+    assert restored.records() == live.records()
+    migrated = restored.take_entries()  # the next batch writes them in this layout
+    assert sum(1 for k in migrated if k.startswith(b"l/")) == 10
+    store = {**older, **{k: v for k, v in migrated.items() if v is not None}}
+    again = ViewMaintainer(LOOSE)
+    again.load_entries(sorted(store.items()))
+    assert again.records() == live.records()
+    assert again.apply("t", "k3", {"id": 3, "g": 1, "v": 3}, None, seq=10) == live.apply(
+        "t", "k3", {"id": 3, "g": 1, "v": 3}, None, seq=10
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ((b"l/" + b'["0"]' + b"\x00k1", b'{"seq": 1}'), "malformed row values of group"),
+        ((b"l/" + b'["7"]' + b"\x00k1", b"[1, [1]]"), "which is not stored"),
+    ],
+)
+def test_damaged_row_values_are_refused_naming_the_group(
+    entry: tuple[bytes, bytes], problem: str
+) -> None:
+    live = _loose_state(4)
+    entries = sorted({**live.take_entries(), entry[0]: entry[1]}.items())
+    with pytest.raises(StateError, match=problem):
+        ViewMaintainer(LOOSE).load_entries([(k, v) for k, v in entries if v is not None])
 
 
 def test_join_entries_restore_rows_and_groups() -> None:
