@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
 import signal
 import statistics
 import subprocess
@@ -30,7 +31,7 @@ from typing import Any
 import orjson
 import psutil
 import yaml
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
@@ -47,7 +48,9 @@ from bench.common import (
 from bench.share_groups import share_group_latency, share_group_rate
 from bench.spy_split import split_file
 from sowstream.client import Client, Message
+from sowstream.wire import headers as h
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
+from sowstream.wire.leases import PUBLISH_PACKED, LeaseBatch
 
 console = Console(stderr=True)
 PARTITIONS = 4
@@ -223,6 +226,47 @@ def consumer_group_rate(bootstrap: str, topic: str, messages: int, members: int)
     return messages / max(times[-1] - times[0], 1e-3)
 
 
+def publish_paced(bootstrap: str, prefix: str, rate: float, seconds: float, out: Any) -> None:
+    """The latency run's publisher, in a process of its own (``--latency-publisher-process``):
+    puts the rate achieved on ``out``."""
+    with Client(bootstrap, prefix=prefix, config={"linger.ms": "0"}) as pub:
+        achieved = paced(
+            lambda i: pub.publish("jobs", {"n": 10**9 + i, "sent": time.time(), "pad": "x" * 64}),
+            rate,
+            seconds,
+        )
+        pub.flush()
+    out.put(achieved)
+
+
+def worker_hop(reply_topic: str, bootstrap: str) -> list[float]:
+    """Per lease of the latency run on ``reply_topic``: the lease record's Kafka timestamp
+    minus the leased message's log timestamp (ms), i.e. the worker's part of the latency."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"peek-{uuid.uuid4().hex}"})
+    out: list[float] = []
+    try:
+        tp = TopicPartition(reply_topic, 0, 0)
+        _, end = consumer.get_watermark_offsets(tp, timeout=10)
+        consumer.assign([tp])
+        seen, deadline = 0, time.monotonic() + 30
+        while seen < end and time.monotonic() < deadline:
+            for msg in consumer.consume(500, 0.5):
+                if msg.error():
+                    continue
+                seen = (msg.offset() or 0) + 1
+                if h.header_map(msg.headers() or []).get(h.COMMAND) != PUBLISH_PACKED:
+                    continue
+                produced_ms = msg.timestamp()[1]
+                batch = LeaseBatch(msg.value() or b"")
+                for i in range(batch.count):
+                    lease = batch.lease(i)
+                    if b'"warm-up"' not in lease.data:
+                        out.append(produced_ms - lease.timestamp)
+    finally:
+        consumer.close()
+    return out
+
+
 def timed_hops(msg: Message, latencies: list[float], hops: dict[str, list[float]]) -> None:
     """Publish→delivery of a lease (ms), and its two hops: to the log (the log record's Kafka
     timestamp, in the lease) and from there to the subscriber."""
@@ -241,6 +285,7 @@ def queue_latency(
     worker: psutil.Process,
     profile: Path | None = None,
     backlog: int = 100,
+    publisher_process: bool = False,
 ) -> tuple[list[float], list[float], float, dict[str, float]]:
     """Publish→delivery latencies (ms) at ``rate``, ack round trips (ms), the publish rate
     achieved, one subscriber; and the share of one core the worker and this process (the
@@ -266,16 +311,37 @@ def queue_latency(
             ack_interval=0.05,
             on_message=lambda msg: timed_hops(msg, latencies, hops),
         )
+        # Until a first lease comes back: the subscription's placement and the first lease of
+        # a new subscriber take a few seconds, and messages published meanwhile would wait for
+        # it (the whole run then measures the drain of that start-up backlog).
+        deadline = time.monotonic() + 60
+        while not latencies and time.monotonic() < deadline:
+            pub.publish("jobs", {"n": 10**9 - 1, "sent": time.time(), "pad": "warm-up"})
+            pub.flush()
+            time.sleep(0.5)
         time.sleep(1.0)
+        latencies.clear()
+        for values in hops.values():
+            values.clear()
         spy = profiled(worker.pid, profile, gil=True) if profile is not None else None
         me = psutil.Process()
         started = time.perf_counter()
         worker_before, me_before = cpu_seconds(worker), cpu_seconds(me)
-        achieved = paced(
-            lambda i: pub.publish("jobs", {"n": 10**9 + i, "sent": time.time(), "pad": "x" * 64}),
-            rate,
-            seconds,
-        )
+        if publisher_process:
+            ctx = multiprocessing.get_context("spawn")
+            out = ctx.Queue()
+            child = ctx.Process(target=publish_paced, args=(bootstrap, prefix, rate, seconds, out))
+            child.start()
+            achieved = float(out.get(timeout=seconds + 120))
+            child.join(60)
+        else:
+            achieved = paced(
+                lambda i: pub.publish(
+                    "jobs", {"n": 10**9 + i, "sent": time.time(), "pad": "x" * 64}
+                ),
+                rate,
+                seconds,
+            )
         span = time.perf_counter() - started
         busy["worker"] = (cpu_seconds(worker) - worker_before) / span
         busy["clients"] = (cpu_seconds(me) - me_before) / span
@@ -288,6 +354,11 @@ def queue_latency(
         pub.flush()
         time.sleep(2.0)
         timed.close()
+        # Where the worker stood: each lease record's Kafka timestamp (set when the worker
+        # produced it) against the log time of the leases in it.
+        produced = worker_hop(sub_client.reply_topic, bootstrap)
+        busy["log → lease produced p50"] = pct(produced, 0.5)
+        busy["log → lease produced p99"] = pct(produced, 0.99)
         n = 2 * 10**9  # numbers the paced run did not use
         # The ack round trip on its own: one message at a time, each ack waiting for its answer.
         sub = sub_client.subscribe("BQ")
@@ -352,6 +423,11 @@ def main() -> None:
     parser.add_argument("--subscribers", default="1,4,16")
     parser.add_argument("--backlogs", default="1,10,100")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--latency-publisher-process",
+        action="store_true",
+        help="publish the latency run from a process of its own (not beside the subscriber)",
+    )
     parser.add_argument(
         "--latency-backlog",
         type=int,
@@ -423,6 +499,7 @@ def main() -> None:
             psutil.Process(worker.pid),
             latency_profile,
             args.latency_backlog,
+            args.latency_publisher_process,
         )
         bare, bare_rate = kafka_latency(bootstrap, bare_topic, half, args.latency_seconds)
         shared, share_rate = share_group_latency(
@@ -510,7 +587,7 @@ def main() -> None:
         "the queue's hops: "
         + "; ".join(
             f"{hop} p50 / p99 {busy[f'{hop} p50']:.1f} / {busy[f'{hop} p99']:.1f} ms"
-            for hop in ("publish → log", "log → lease delivered")
+            for hop in ("publish → log", "log → lease produced", "log → lease delivered")
         )
     )
     if args.profile is not None:
