@@ -56,11 +56,13 @@ console = Console(stderr=True)
 PARTITIONS = 4
 
 
-def write_config(work: Path, prefix: str, view: bool = False) -> Path:
+def write_config(work: Path, prefix: str, view: bool = False, backlog: int = 100) -> Path:
+    """The run's configuration; ``backlog``: the queue's MaxPerSubscriptionBacklog, which caps
+    every subscriber's max_backlog (the largest the run asks for)."""
     config: dict[str, Any] = {
         "engine": {"app_id": prefix, "topic_prefix": prefix},
         "topics": [{"Name": "jobs", "Key": "/n", "Partitions": PARTITIONS}],
-        "queues": [{"Name": "BQ", "UnderlyingTopic": "jobs", "MaxPerSubscriptionBacklog": 100}],
+        "queues": [{"Name": "BQ", "UnderlyingTopic": "jobs", "MaxPerSubscriptionBacklog": backlog}],
     }
     if view:
         # The worst case for the view: every lease and removal changes its one group.
@@ -449,7 +451,9 @@ def main() -> None:
     with ExitStack() as stack:
         bootstrap = bench_bootstrap(stack)
         work, prefix = workspace(stack, "queuebench")
-        config = write_config(work, prefix, args.view)
+        config = write_config(
+            work, prefix, args.view, backlog=max([*backlogs, args.latency_backlog])
+        )
         log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
         stack.callback(log.close)
         worker = subprocess.Popen(
