@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
@@ -47,6 +48,7 @@ from bench.common import (
 )
 from bench.share_groups import share_group_latency, share_group_rate
 from bench.spy_split import split_file
+from bench.view_bench import free_port
 from sowstream.client import Client, Message
 from sowstream.wire import headers as h
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config
@@ -269,6 +271,42 @@ def worker_hop(reply_topic: str, bootstrap: str) -> list[float]:
     return out
 
 
+def stage_buckets(port: int) -> dict[str, dict[float, float]]:
+    """The worker's ``sowstream_batch_stage_seconds`` buckets per stage (cumulative counts)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, dict[float, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("sowstream_batch_stage_seconds_bucket{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        stage = labels.split('stage="', 1)[1].split('"', 1)[0]
+        bound = labels.split('le="', 1)[1].split('"', 1)[0]
+        out.setdefault(stage, {})[float(bound)] = float(value)
+    return out
+
+
+def stage_quantiles(
+    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+) -> dict[str, tuple[float, float, int]]:
+    """Per stage, the p50 and p99 bucket bounds (s) and the count of the batches between two
+    scrapes."""
+    out: dict[str, tuple[float, float, int]] = {}
+    for stage, buckets in after.items():
+        old = before.get(stage, {})
+        counts = sorted((bound, n - old.get(bound, 0.0)) for bound, n in buckets.items())
+        total = counts[-1][1] if counts else 0.0
+        if total <= 0:
+            continue
+        p50 = next(bound for bound, n in counts if n >= total * 0.5)
+        p99 = next(bound for bound, n in counts if n >= total * 0.99)
+        out[stage] = (p50, p99, int(total))
+    return out
+
+
 def timed_hops(msg: Message, latencies: list[float], hops: dict[str, list[float]]) -> None:
     """Publish→delivery of a lease (ms), and its two hops: to the log (the log record's Kafka
     timestamp, in the lease) and from there to the subscriber."""
@@ -288,6 +326,7 @@ def queue_latency(
     profile: Path | None = None,
     backlog: int = 100,
     publisher_process: bool = False,
+    metrics_port: int | None = None,
 ) -> tuple[list[float], list[float], float, dict[str, float]]:
     """Publish→delivery latencies (ms) at ``rate``, ack round trips (ms), the publish rate
     achieved, one subscriber; and the share of one core the worker and this process (the
@@ -327,6 +366,7 @@ def queue_latency(
             values.clear()
         spy = profiled(worker.pid, profile, gil=True) if profile is not None else None
         me = psutil.Process()
+        stages_before = stage_buckets(metrics_port) if metrics_port else {}
         started = time.perf_counter()
         worker_before, me_before = cpu_seconds(worker), cpu_seconds(me)
         if publisher_process:
@@ -345,6 +385,13 @@ def queue_latency(
                 seconds,
             )
         span = time.perf_counter() - started
+        if metrics_port:
+            stages = stage_quantiles(stages_before, stage_buckets(metrics_port))
+            console.print(
+                "the log batches of the latency run, seconds since their fetch at the end of "
+                "each stage (bucket bounds, p50 / p99): "
+                + "; ".join(f"{k} {a:g} / {b:g} ({n})" for k, (a, b, n) in stages.items())
+            )
         busy["worker"] = (cpu_seconds(worker) - worker_before) / span
         busy["clients"] = (cpu_seconds(me) - me_before) / span
         for hop, values in hops.items():
@@ -456,8 +503,11 @@ def main() -> None:
         )
         log = open(work / "worker.log", "ab")  # noqa: SIM115 - closed with the stack
         stack.callback(log.close)
+        port = free_port()
         worker = subprocess.Popen(
-            worker_command(config, bootstrap, work), stdout=log, stderr=subprocess.STDOUT
+            worker_command(config, bootstrap, work, "--metrics-port", str(port)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         stack.callback(stop_process, worker)
         ready = wait_queryable(bootstrap, prefix, ["BQ"], 120)
@@ -504,6 +554,7 @@ def main() -> None:
             latency_profile,
             args.latency_backlog,
             args.latency_publisher_process,
+            port,
         )
         bare, bare_rate = kafka_latency(bootstrap, bare_topic, half, args.latency_seconds)
         shared, share_rate = share_group_latency(
