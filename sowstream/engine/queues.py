@@ -125,30 +125,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class AppliedAcks:
-    """Acknowledgements applied to a queue whose removals are being stored (see
-    :meth:`QueueRuntime.apply_acks`)."""
-
-    __slots__ = ("_outcomes", "_stored", "_touched")
-
-    def __init__(
-        self,
-        outcomes: list[AckAnswer | InvalidCommandError | None],
-        touched: list[set[tuple[str, int]]],
-        stored: asyncio.Future[set[tuple[str, int]]],
-    ) -> None:
-        self._outcomes, self._touched, self._stored = outcomes, touched, stored
-
-    async def outcomes(self) -> list[AckAnswer | InvalidCommandError | None]:
-        """Per command, once the removals are stored: its answer, the InvalidCommandError
-        refusing it, or None when its removals were not stored (its partition was revoked)."""
-        unstored = await self._stored
-        return [
-            None if where & unstored else outcome
-            for outcome, where in zip(self._outcomes, self._touched, strict=True)
-        ]
-
-
 class QueueRuntime:
     """One queue on this worker: who is subscribed, what is leased, what is due."""
 
@@ -509,13 +485,6 @@ class QueueRuntime:
         Returns once the removals are stored, so an answer sent after it is never followed by
         another delivery of a message it acknowledged. A command whose removals were not stored
         (its partition was revoked meanwhile) gets None: it must not be answered as done."""
-        return await self.apply_acks(commands, topic).outcomes()
-
-    def apply_acks(self, commands: Sequence[tuple[Command, int]], topic: str) -> AppliedAcks:
-        """:meth:`acknowledge_all` in two steps: the commands are applied now (the backlog they
-        free is leased again at once) and their removals' store write has started; the result
-        says per command what to answer once that write is done. A caller may apply the next
-        acknowledgements meanwhile: the writes are stored in the order they were started."""
         now = _now_ms()
         removed: list[Removed] = []
         acked_by: dict[Bookmark, str] = {}
@@ -540,8 +509,11 @@ class QueueRuntime:
         # The backlog the acks freed is leased again while their removals are stored: a crash
         # in between only delivers the acknowledged messages again (they were not answered).
         self.kick()
-        stored = asyncio.ensure_future(self._removed(removed, acked_by, now))
-        return AppliedAcks(outcomes, touched, stored)
+        unstored = await self._removed(removed, acked_by, now)
+        return [
+            None if where & unstored else outcome
+            for outcome, where in zip(outcomes, touched, strict=True)
+        ]
 
     def _ack(
         self,

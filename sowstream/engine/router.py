@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 import orjson
@@ -59,10 +58,6 @@ ROWS_BATCH = 500  # status and queue rows per reply batch
 
 # One command with the control partition it came on.
 Addressed = tuple[Command, int]
-# What answers a run of queue acknowledgements once their removals are stored.
-Finish = Callable[[], Awaitable[None]]
-# Batches of commands whose acknowledgements may be storing at once before the next waits.
-MAX_ACKS_IN_FLIGHT = 8
 
 
 class TopicCreation(Protocol):
@@ -162,55 +157,21 @@ class CommandRouter:
         )
 
     async def _serve(self, unit: TopicUnit, inbox: ControlInbox) -> None:
-        # Batches whose queue acknowledgements are still being stored, oldest first: the next
-        # batch is handled meanwhile (the backlog an acknowledgement frees is leased again at
-        # once), and each batch's records are acknowledged to faust in order, after its own.
-        finishing: deque[asyncio.Task[None]] = deque()
         while True:
             batch = await inbox.take()
             await self._gates.passing(COMMANDS)
-            later: list[Finish] = []
             try:
-                await self.handle(unit, [record for _, record in batch], later=later)
+                await self.handle(unit, [record for _, record in batch])
             except Exception:  # one bad batch must not stop every later command
                 log.exception("topic %s: handling commands failed", unit.topic.name)
-            previous = finishing[-1] if finishing else None
-            finishing.append(asyncio.create_task(self._finish(unit, batch, later, previous)))
-            while finishing and (finishing[0].done() or len(finishing) > MAX_ACKS_IN_FLIGHT):
-                await finishing.popleft()
+            for ack, record in batch:
+                # A record read while its partition is not held (a rebalance is running) stays
+                # unacknowledged: its offset is not committed before the owner has read it.
+                if self._holds(unit, record.partition):
+                    await ack()
 
-    async def _finish(
-        self,
-        unit: TopicUnit,
-        batch: Sequence[tuple[Callable[[], Awaitable[object]], ControlRecord]],
-        later: list[Finish],
-        previous: asyncio.Task[None] | None,
-    ) -> None:
-        """What is left of a handled batch, after the batch before it: answering its queue
-        acknowledgements once stored, then acknowledging its records to faust."""
-        if previous is not None:
-            await previous
-        for finish in later:
-            try:
-                await finish()
-            except Exception:
-                log.exception("topic %s: finishing queue acknowledgements failed", unit.topic.name)
-        for ack, record in batch:
-            # A record read while its partition is not held (a rebalance is running) stays
-            # unacknowledged: its offset is not committed before the owner has read it.
-            if self._holds(unit, record.partition):
-                await ack()
-
-    async def handle(
-        self,
-        unit: TopicUnit,
-        records: Sequence[ControlRecord],
-        *,
-        later: list[Finish] | None = None,
-    ) -> None:
-        """Handle control-topic records in order; consecutive queue acknowledgements together.
-        With ``later``, acknowledgements are applied and their answers left in it, to be sent
-        once stored (see ``_serve``); without, this returns once they are answered."""
+    async def handle(self, unit: TopicUnit, records: Sequence[ControlRecord]) -> None:
+        """Handle control-topic records in order; consecutive queue acknowledgements together."""
         commands: list[Addressed] = []
         for record in records:
             read = decode_command(record, self._topology.ctx.names)
@@ -227,40 +188,19 @@ class CommandRouter:
         for run in runs(commands, self._is_queue_ack):
             try:
                 if run.together:
-                    finish = await self._apply_queue_acks(unit, run.items)
-                    if later is None:
-                        await finish()
-                    else:
-                        later.append(self._refusing(unit, run.items, finish))
+                    await self._queue_acks(unit, run.items)
                 else:
                     await self.answer(unit, *run.items[0])
             except Exception as exc:
                 log.exception(
                     "topic %s: command %s failed", unit.topic.name, run.items[0][0].command_id
                 )
-                await self._refuse_run(unit, run.items, exc)
-
-    def _refusing(self, unit: TopicUnit, items: list[Addressed], finish: Finish) -> Finish:
-        """``finish``, refusing ``items`` if it fails (as ``handle`` does a run)."""
-
-        async def run() -> None:
-            try:
-                await finish()
-            except Exception as exc:
-                log.exception(
-                    "topic %s: command %s failed", unit.topic.name, items[0][0].command_id
-                )
-                await self._refuse_run(unit, items, exc)
-
-        return run
-
-    async def _refuse_run(self, unit: TopicUnit, items: list[Addressed], exc: Exception) -> None:
-        # The client is told rather than left to time out (an ack run may have stored some
-        # removals: acknowledging again is harmless, they come back as acked).
-        for cmd, partition in items:
-            await self.refuse(
-                cmd, unit.topic.name, partition, INTERNAL_ERROR, f"the engine failed: {exc}"
-            )
+                # The client is told rather than left to time out (an ack run may have stored
+                # some removals: acknowledging again is harmless, they come back as acked).
+                for cmd, partition in run.items:
+                    await self.refuse(
+                        cmd, unit.topic.name, partition, INTERNAL_ERROR, f"the engine failed: {exc}"
+                    )
 
     async def refuse(
         self, cmd: Command, topic: str, partition: int, reason: str, message: str
@@ -362,7 +302,7 @@ class CommandRouter:
             await writer.failure(UNKNOWN_TOPIC, f"topic {named!r} is not known to the engine")
             return
         if unit.feeds_queues and self._is_queue_ack((cmd, record.partition)):
-            await (await self._apply_queue_acks(unit, [(cmd, record.partition)]))()
+            await self._queue_acks(unit, [(cmd, record.partition)])
             return
         await self.answer(unit, cmd, record.partition)
 
@@ -466,10 +406,9 @@ class CommandRouter:
 
     # -- queue acknowledgements, together ---------------------------------------------------------
 
-    async def _apply_queue_acks(self, unit: TopicUnit, commands: list[Addressed]) -> Finish:
+    async def _queue_acks(self, unit: TopicUnit, commands: list[Addressed]) -> None:
         """Apply ``queue_ack`` commands together: per queue one pass and one store write per log
-        partition; returns what answers each command (unless it asked for no answer) once its
-        removals are stored.
+        partition; then each command is answered (unless it asked for no answer).
 
         An answer says the acknowledgement is stored for good; it is sent only when the group
         is still at the generation the partitions were held under (``still_current``): a worker
@@ -481,70 +420,52 @@ class CommandRouter:
             by_queue.setdefault(topic_ident(cmd.topic, cmd.message_type), []).append(
                 (cmd, partition)
             )
-        applied = [
-            (name, acks, self._topology.queues[name].apply_acks(acks, topic))
-            for name, acks in by_queue.items()
-        ]
-
-        async def finish() -> None:
-            for name, acks, pending in applied:
-                await self._answer_acks(topic, generation, name, acks, await pending.outcomes())
-
-        return finish
-
-    async def _answer_acks(
-        self,
-        topic: str,
-        generation: int,
-        name: str,
-        acks: list[Addressed],
-        outcomes: list[AckAnswer | InvalidCommandError | None],
-    ) -> None:
-        """Answer queue ``name``'s acknowledgements ``acks`` of ``topic`` (now stored)."""
-        # Only answers need the check: acknowledgements sent with no answer wanted (a
-        # client acking as it goes) cost no round trip to the coordinator.
-        answered = any(
-            isinstance(o, AckAnswer) and cmd.option("ack_type") != NO_ANSWER
-            for (cmd, _), o in zip(acks, outcomes, strict=True)
-        )
-        if answered and not await self._assignment.still_current(generation):
-            log.warning(
-                "topic %s: the group moved past generation %d while queue %s's "
-                "acknowledgements were stored: left unanswered, for the owner to answer",
-                topic,
-                generation,
-                name,
+        for name, acks in by_queue.items():
+            outcomes = await self._topology.queues[name].acknowledge_all(acks, topic)
+            # Only answers need the check: acknowledgements sent with no answer wanted (a
+            # client acking as it goes) cost no round trip to the coordinator.
+            answered = any(
+                isinstance(o, AckAnswer) and cmd.option("ack_type") != NO_ANSWER
+                for (cmd, _), o in zip(acks, outcomes, strict=True)
             )
-            outcomes = [o if isinstance(o, InvalidCommandError) else None for o in outcomes]
-        for (cmd, partition), outcome in zip(acks, outcomes, strict=True):
-            if outcome is None:
-                # Not stored (the partition moved meanwhile): no answer, so no client takes
-                # it as done; the command is read again by the partition's next owner.
-                log.info(
-                    "topic %s partition %d: queue ack left to the next owner", topic, partition
+            if answered and not await self._assignment.still_current(generation):
+                log.warning(
+                    "topic %s: the group moved past generation %d while queue %s's "
+                    "acknowledgements were stored: left unanswered, for the owner to answer",
+                    topic,
+                    generation,
+                    name,
                 )
-                continue
-            if cmd.option("ack_type") == NO_ANSWER:
-                continue
-            # One answer per log partition: a command read twice after a rebalance is
-            # answered twice, and the client counts (topic, partition) once.
-            base = Reply(
-                command=ACK,
-                command_id=cmd.command_id,
-                query_id=cmd.query_id,
-                topic=topic,
-                partition=partition,
-            )
-            if isinstance(outcome, InvalidCommandError):
-                answer = base.with_(
-                    topic=name, status=FAILURE, reason=INVALID, message=str(outcome)
+                outcomes = [o if isinstance(o, InvalidCommandError) else None for o in outcomes]
+            for (cmd, partition), outcome in zip(acks, outcomes, strict=True):
+                if outcome is None:
+                    # Not stored (the partition moved meanwhile): no answer, so no client takes
+                    # it as done; the command is read again by the partition's next owner.
+                    log.info(
+                        "topic %s partition %d: queue ack left to the next owner", topic, partition
+                    )
+                    continue
+                if cmd.option("ack_type") == NO_ANSWER:
+                    continue
+                # One answer per log partition: a command read twice after a rebalance is
+                # answered twice, and the client counts (topic, partition) once.
+                base = Reply(
+                    command=ACK,
+                    command_id=cmd.command_id,
+                    query_id=cmd.query_id,
+                    topic=topic,
+                    partition=partition,
                 )
-            else:
-                count, results = outcome
-                answer = base.with_(
-                    log_offset=0, count=count, message=orjson.dumps(results).decode()
-                )
-            await ReplyWriter(self._sender, cmd.reply_to, base).send(answer)
+                if isinstance(outcome, InvalidCommandError):
+                    answer = base.with_(
+                        topic=name, status=FAILURE, reason=INVALID, message=str(outcome)
+                    )
+                else:
+                    count, results = outcome
+                    answer = base.with_(
+                        log_offset=0, count=count, message=orjson.dumps(results).decode()
+                    )
+                await ReplyWriter(self._sender, cmd.reply_to, base).send(answer)
 
     async def _held_acks(self, unit: TopicUnit, commands: list[Addressed]) -> list[Addressed]:
         """The acknowledgements this worker applies: those of log partitions it holds, once each

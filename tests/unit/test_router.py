@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import orjson
 import pytest
@@ -358,70 +357,3 @@ def test_queue_acks_that_want_no_answer_do_not_ask_the_coordinator() -> None:
     asyncio.run(setup.router.handle(setup.orders, [record(answered, offset=1)]))
     (reply,) = setup.replies()
     assert reply.command_id == "loud" and setup.held.probes == 1
-
-
-def test_the_next_acknowledgements_are_applied_while_earlier_ones_are_stored() -> None:
-    """The router handled the next batch of commands only once the previous batch's queue
-    acknowledgements were stored, so a subscriber's room came back one store round trip at a
-    time, and a full backlog stalled leasing (the queue benchmark's seconds-long lag). Now the
-    next batch is applied meanwhile; answers and the records' acknowledgements to faust still
-    come in batch order, each once its own removals are stored."""
-    setup = Setup()
-    queue = setup.topology.queues["work"]
-    applied: list[str] = []
-    stored: dict[str, asyncio.Event] = {}
-    real = queue.apply_acks
-
-    def apply_acks(commands: Any, topic: str) -> Any:
-        pending = real(commands, topic)
-        name = commands[0][0].command_id
-        applied.append(name)
-        stored[name] = asyncio.Event()
-
-        class Held:
-            async def outcomes(self) -> Any:
-                await stored[name].wait()
-                return await pending.outcomes()
-
-        return Held()
-
-    queue.apply_acks = apply_acks  # type: ignore[method-assign]
-    acked: list[int] = []
-
-    def acknowledge(offset: int) -> Callable[[], Awaitable[None]]:
-        async def ack() -> None:
-            acked.append(offset)
-
-        return ack
-
-    async def go() -> None:
-        inbox = setup.orders.inbox
-        assert inbox is not None
-        serving = asyncio.create_task(setup.router.run())
-        for offset in range(2):
-            cmd = command(
-                "queue_ack",
-                topic="work",
-                command_id=f"a{offset}",
-                options={"bookmarks": f"orders|0|{offset + 5}"},
-            )
-            await inbox.put(acknowledge(offset), record(cmd, 0, offset))
-            for _ in range(100):
-                if len(applied) > offset:
-                    break
-                await asyncio.sleep(0.01)
-        assert applied == ["a0", "a1"]  # the second applied while the first is being stored
-        assert acked == [] and setup.replies() == []
-        stored["a1"].set()
-        await asyncio.sleep(0.05)
-        assert acked == []  # ... but not acknowledged to faust before the first
-        stored["a0"].set()
-        for _ in range(100):
-            if len(acked) == 2:
-                break
-            await asyncio.sleep(0.01)
-        serving.cancel()
-
-    asyncio.run(go())
-    assert acked == [0, 1]
-    assert [reply.command_id for reply in setup.replies()] == ["a0", "a1"]
