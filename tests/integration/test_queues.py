@@ -606,7 +606,14 @@ def test_entitlements_decide_which_messages_a_subscriber_leases_and_browses(
             for n, owner in enumerate(["bob", "alice", "bob", "alice"]):
                 anyone.publish("ejobs", {"n": n, "owner": owner})
             anyone.flush()
-            browsed = [m.json()["n"] for m in alice.sow("EQ2") if m.command == "sow"]
+            # Another client's publishes are browsable once the worker applied them (no
+            # read-your-writes across clients): browse until two show, which must be hers (with
+            # bob's visible too, the first two to show would include one of his).
+            deadline = time.monotonic() + 30
+            browsed: list[int] = []
+            while len(browsed) < 2 and time.monotonic() < deadline:
+                browsed = [m.json()["n"] for m in alice.sow("EQ2") if m.command == "sow"]
+                time.sleep(0.2)
             assert sorted(browsed) == [1, 3]
             sub = alice.subscribe("EQ2", options="max_backlog=10")
             got = take(sub, 2)
