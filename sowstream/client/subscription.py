@@ -354,18 +354,12 @@ class Subscription:
                 return
             held, self._held = self._held, []
             log.debug("%s: released %d held", self.sub_id, len(held))
-            order = sorted(
-                range(len(held)),
-                key=lambda i: (
-                    self._stream(held[i].topic),
-                    held[i].partition,
-                    held[i].offset,
-                    held[i].seq,
-                    -i,
-                ),
+            held.reverse()  # a stable sort then puts the later of equal positions first
+            held.sort(
+                key=lambda live: (self._stream(live.topic), live.partition, live.offset, live.seq)
             )
-            for i in order:
-                self._accept(held[i])
+            for live in held:
+                self._accept(live)
 
     def deliver_group(self, messages: Iterator[Message]) -> None:
         """Pass the SOW part's messages (group_begin … group_end) to the application."""

@@ -4,6 +4,7 @@ sending what conflation buffered.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -96,17 +97,21 @@ class Placement:
     async def _flush_partition(self, keys: list[str], partition: int, ps: PartitionState) -> None:
         """Send ``keys``' buffered changes of ``partition`` (caller holds ps.lock)."""
         sent = await self._outbox.deliver(self._subs.flush_due(keys, partition))
-        cleared = self._subs.take_cleared(partition)
-        if cleared and self._table.holds(partition, ps):
-            self._applier.enqueue(partition, ps, Outcome(journal=cleared), sent)
+        self._clear_journal(partition, ps, sent)
 
     def _drop_buffered(self, key: str, partition: int, ps: PartitionState) -> None:
         """Drop ``key``'s buffered changes of ``partition`` before a bookmark replay, which
         sends them all from what the subscriber holds (caller holds ps.lock)."""
         self._subs.discard_partition(key, partition)
+        self._clear_journal(partition, ps, [])
+
+    def _clear_journal(
+        self, partition: int, ps: PartitionState, sent: list[asyncio.Future[Any]]
+    ) -> None:
+        """Remove the journal entries of what left the buffers, once Kafka has ``sent``."""
         cleared = self._subs.take_cleared(partition)
         if cleared and self._table.holds(partition, ps):
-            self._applier.enqueue(partition, ps, Outcome(journal=cleared), [])
+            self._applier.enqueue(partition, ps, Outcome(journal=cleared), sent)
 
     async def _registration_read(self, cmd: Command) -> None:
         """Wait until this worker has read the registration the command follows (its option

@@ -114,7 +114,7 @@ class GroupTable:
         self.groups: dict[str, Group] = {}
         # (group key, row id) -> the row's (seq, non-grouped values), None when it left the
         # group: what changed since take_loose(), for a store that keeps them row by row.
-        self.loose_changes: dict[tuple[str, str], tuple[int, list[Any]] | None] = {}
+        self._loose_changes: dict[tuple[str, str], tuple[int, list[Any]] | None] = {}
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -145,7 +145,7 @@ class GroupTable:
             loose = p.loose_values(row)
             group.last[(seq, row_id)] = loose
             group.last_seq[row_id] = seq
-            self.loose_changes[(key, row_id)] = (seq, loose)
+            self._loose_changes[(key, row_id)] = (seq, loose)
         return key
 
     def retract(self, row: Row, row_id: str, values: list[Any] | None = None) -> tuple[str, bool]:
@@ -174,7 +174,7 @@ class GroupTable:
             if seq is None:
                 raise StateError(f"retracting row {row_id}, which group {key} does not hold")
             del group.last[(seq, row_id)]
-            self.loose_changes[(key, row_id)] = None
+            self._loose_changes[(key, row_id)] = None
         group.rows -= 1
         if group.rows == 0:
             del self.groups[key]
@@ -193,6 +193,16 @@ class GroupTable:
     def sow_key(self, key: str) -> str:
         """The view record's SowKey: the grouping values hashed with the KeyDomain."""
         return _sow_key(self.key_domain, key)
+
+    def take_loose(self) -> dict[tuple[str, str], tuple[int, list[Any]] | None]:
+        """The rows' non-grouped values changed since the last call (None: the row left)."""
+        taken, self._loose_changes = self._loose_changes, {}
+        return taken
+
+    def mark_loose(self, key: str) -> None:
+        """Take every row of group ``key`` as changed (a group read in an older layout)."""
+        for (seq, row_id), values in self.groups[key].last.items():
+            self._loose_changes[(key, row_id)] = (seq, values)
 
     def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
         """Every (SowKey, record) of the view."""

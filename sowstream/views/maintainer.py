@@ -214,10 +214,8 @@ class ViewMaintainer:
             out[GROUP_PREFIX + key.encode()] = (
                 None if group is None else orjson.dumps(group.encode_head(accumulators))
             )
-        loose = self.groups.loose_changes
-        for (key, row_id), entry in sorted(loose.items()):
+        for (key, row_id), entry in sorted(self.groups.take_loose().items()):
             out[_loose_key(key, row_id)] = None if entry is None else orjson.dumps(entry)
-        loose.clear()
         if self.joins is not None:
             for topic, sow_key in sorted(self._dirty_rows):
                 row = self.joins.rows[topic].get(sow_key)
@@ -265,11 +263,10 @@ class ViewMaintainer:
         self._dirty_groups.clear()
         self._dirty_rows.clear()
         self._records.clear()
-        self.groups.loose_changes.clear()
+        self.groups.take_loose()
         for text in whole:
             self._dirty_groups.add(text)
-            for (seq, row_id), values in self.groups.groups[text].last.items():
-                self.groups.loose_changes[(text, row_id)] = (seq, values)
+            self.groups.mark_loose(text)
 
     # ---- state, whole
 
@@ -297,7 +294,7 @@ class ViewMaintainer:
             self.joins.load(state["rows"])
         self.last_seq = int(state["last_seq"])
         self._records.clear()
-        self.groups.loose_changes.clear()
+        self.groups.take_loose()
 
     @classmethod
     def from_bytes(
