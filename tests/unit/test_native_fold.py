@@ -458,31 +458,31 @@ def test_events_no_subscription_can_take_are_not_made() -> None:
 
 
 def test_a_views_own_records_are_folded_compiled_and_a_stranger_in_python() -> None:
-    """The view's maintainer writes its log with ``sow.view``: those records take the compiled
-    fold; a record someone else put there stops it and is refused by the Python fold."""
+    """The view's maintainer writes its log with ``sow.view``: a chunk of those records takes
+    the compiled fold; a chunk holding a record someone else put there is folded in Python
+    whole, which refuses that record. (Cutting the chunk at the stranger left the memo index
+    entries of the compiled and the Python part different: the differential test found it.)"""
     recs = log_of([("publish", {"id": "a", "v": 1}), ("publish", {"id": "b", "v": 2})])
     for rec in recs:
         rec.headers[h.VIEW] = "v"
-    recs.append(
-        RawRecord(0, 9, 1, b"k", orjson.dumps({"id": "c"}), {h.COMMAND: "publish", h.REPLY_TO: "r"})
+    stranger = RawRecord(
+        0, 9, 1, b"k", orjson.dumps({"id": "c"}), {h.COMMAND: "publish", h.REPLY_TO: "r"}
     )
 
     async def go() -> tuple[float, float, Outcome]:
         proc, ps = await processor("keyed", "on", view="v")
-        folded = metrics.NATIVE_RECORDS.labels("t", "folded")._value.get()
-        declined = metrics.NATIVE_RECORDS.labels("t", "declined")._value.get()
-        outcome = proc.applier.apply(ps, recs, replay=False)
-        return (
-            metrics.NATIVE_RECORDS.labels("t", "folded")._value.get() - folded,
-            metrics.NATIVE_RECORDS.labels("t", "declined")._value.get() - declined,
-            outcome,
-        )
+        counter = metrics.NATIVE_RECORDS.labels("t", "folded")
+        before = counter._value.get()
+        proc.applier.apply(ps, recs, replay=False)
+        own = counter._value.get() - before
+        outcome = proc.applier.apply(ps, [stranger], replay=False)
+        return own, counter._value.get() - before - own, outcome
 
-    folded, declined, outcome = asyncio.run(go())
-    assert (folded, declined) == (2, 1)
+    own, mixed, outcome = asyncio.run(go())
+    assert (own, mixed) == (2, 0)
     assert [r.record.offset for r in outcome.dead] == [9]
     assert "computed by the engine" in str(outcome.dead[0].error)
-    assert len(outcome.overlay) == 2
+    assert len(outcome.overlay) == 0
 
 
 def test_shadow_mode_counts_a_difference(caplog: pytest.LogCaptureFixture) -> None:
