@@ -48,7 +48,7 @@ from bench.common import (
 )
 from bench.share_groups import share_group_latency, share_group_rate
 from bench.spy_split import split_file
-from bench.view_bench import free_port
+from sowstream.broker.local import free_port
 from sowstream.client import Client, Message
 from sowstream.wire import headers as h
 from sowstream.wire.kafka import TopicSpec, ensure_topics, producer_config

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import random
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -55,6 +54,7 @@ from bench.common import (
     workspace,
 )
 from bench.spy_split import split_file
+from sowstream.broker.local import free_port
 from sowstream.client import Client, Message
 from sowstream.wire.topics import TopicNames
 
@@ -128,12 +128,6 @@ def write_config(work: Path, prefix: str) -> Path:
     path = work / "views.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def applied(port: int, topic: str) -> float:
